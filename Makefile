@@ -1,0 +1,45 @@
+# Ferry's two commands: `make demo` runs the whole loop on embedded defaults,
+# `make test` runs the whole suite (and is what .ci/run calls).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint proto clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Exact pins of everything, transitive included; the stamp re-installs when a lock changes.
+$(VENV)/.runtime: requirements.lock pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --disable-pip-version-check -q -r requirements.lock
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e . \
+		|| $(BIN)/pip install --disable-pip-version-check -q --no-deps -e .
+	touch $@
+
+$(VENV)/.test: requirements-test.lock $(VENV)/.runtime
+	$(BIN)/pip install --disable-pip-version-check -q -r requirements-test.lock
+	touch $@
+
+demo: $(VENV)/.runtime
+	$(BIN)/python manage.py demo
+
+# The browser tests drive Debian's chromium; install it once if it is missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing Debian's chromium for the browser tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
+
+test: $(VENV)/.test chromium
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Regenerate the committed gRPC stubs from deploy/proto/agent.proto (tests fail when they are stale).
+proto: $(VENV)/.test
+	$(BIN)/python -m deploy.proto.generate
+
+clean:
+	rm -rf $(VENV) var

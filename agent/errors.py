@@ -1,0 +1,17 @@
+"""Agent errors; each message is what the device reports to the control plane."""
+
+
+class AgentError(Exception):
+    """Base class of every error the agent raises on purpose."""
+
+
+class EnrolmentError(AgentError):
+    """Enrolment was refused, or the agent has neither a credential nor a token."""
+
+
+class DownloadError(AgentError):
+    """The package could not be fetched whole (too big, wrong digest, transport failure)."""
+
+
+class ActivationError(AgentError):
+    """A verified package failed to load or to pass its self-test."""

@@ -1,0 +1,108 @@
+"""The durable telemetry outbox: SQLite in WAL mode with synchronous=FULL.
+
+Every record gets the next per-device sequence number when it is written, so the
+control plane can store each one exactly once however often a batch is re-sent.
+The outbox is bounded: past ``max_records`` the oldest are dropped, and the drop
+is itself counted and reported in the next record.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    seq INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    timestamp REAL NOT NULL,
+    version_id TEXT NOT NULL,
+    payload TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta VALUES ('next_seq', 1), ('dropped', 0);
+"""
+
+
+@dataclass(frozen=True)
+class OutboxRecord:
+    seq: int
+    kind: str
+    timestamp: float
+    version_id: str
+    payload: dict[str, Any]
+
+
+class Outbox:
+    def __init__(self, path: Path, *, max_records: int = 100_000) -> None:
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()
+        self._max = max_records
+
+    def _meta(self, key: str) -> int:
+        return self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()[0]
+
+    def append(self, kind: str, payload: dict[str, Any], version_id: str = "") -> int:
+        """Store one record durably; return its sequence number."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                seq = self._meta("next_seq")
+                self._db.execute("UPDATE meta SET value=? WHERE key='next_seq'", (seq + 1,))
+                self._db.execute(
+                    "INSERT INTO records VALUES (?, ?, ?, ?, ?)",
+                    (seq, kind, time.time(), version_id, json.dumps(payload, sort_keys=True)),
+                )
+                self._drop_oldest_over_bound()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            return seq
+
+    def _drop_oldest_over_bound(self) -> None:
+        excess = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0] - self._max
+        if excess > 0:
+            self._db.execute(
+                "DELETE FROM records WHERE seq IN (SELECT seq FROM records ORDER BY seq LIMIT ?)", (excess,)
+            )
+            self._db.execute("UPDATE meta SET value=value+? WHERE key='dropped'", (excess,))
+
+    def take_dropped(self) -> int:
+        """How many records were dropped since the last call (to report it), resetting the count."""
+        with self._lock:
+            dropped = self._meta("dropped")
+            if dropped:
+                self._db.execute("UPDATE meta SET value=0 WHERE key='dropped'")
+            return dropped
+
+    def batch(self, limit: int = 500) -> list[OutboxRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM records ORDER BY seq LIMIT ?", (limit,)).fetchall()
+        return [OutboxRecord(seq, kind, ts, version, json.loads(payload)) for seq, kind, ts, version, payload in rows]
+
+    def acknowledge(self, seqs: list[int]) -> None:
+        if not seqs:
+            return
+        with self._lock:
+            self._db.executemany("DELETE FROM records WHERE seq=?", [(s,) for s in seqs])
+
+    def pending(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+
+    def last_seq(self) -> int:
+        with self._lock:
+            return self._meta("next_seq") - 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,128 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DeviceAttributes(_message.Message):
+    __slots__ = ("hardware", "os", "agent_version", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    OS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    hardware: str
+    os: str
+    agent_version: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, hardware: _Optional[str] = ..., os: _Optional[str] = ..., agent_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class EnrolRequest(_message.Message):
+    __slots__ = ("token", "name", "attributes")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    name: str
+    attributes: DeviceAttributes
+    def __init__(self, token: _Optional[str] = ..., name: _Optional[str] = ..., attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ...) -> None: ...
+
+class EnrolResponse(_message.Message):
+    __slots__ = ("device_id", "credential", "release_public_key", "checkin_interval_seconds")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    CHECKIN_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    credential: str
+    release_public_key: bytes
+    checkin_interval_seconds: int
+    def __init__(self, device_id: _Optional[str] = ..., credential: _Optional[str] = ..., release_public_key: _Optional[bytes] = ..., checkin_interval_seconds: _Optional[int] = ...) -> None: ...
+
+class CheckInRequest(_message.Message):
+    __slots__ = ("attributes", "running_version_id", "running_package_digest")
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_VERSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_PACKAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    attributes: DeviceAttributes
+    running_version_id: str
+    running_package_digest: str
+    def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ...) -> None: ...
+
+class PackageOffer(_message.Message):
+    __slots__ = ("release_id", "version_id", "version_label", "model_name", "package_digest", "package_size")
+    RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_LABEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    PACKAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PACKAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    release_id: str
+    version_id: str
+    version_label: str
+    model_name: str
+    package_digest: str
+    package_size: int
+    def __init__(self, release_id: _Optional[str] = ..., version_id: _Optional[str] = ..., version_label: _Optional[str] = ..., model_name: _Optional[str] = ..., package_digest: _Optional[str] = ..., package_size: _Optional[int] = ...) -> None: ...
+
+class CheckInResponse(_message.Message):
+    __slots__ = ("checkin_interval_seconds", "desired")
+    CHECKIN_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
+    checkin_interval_seconds: int
+    desired: PackageOffer
+    def __init__(self, checkin_interval_seconds: _Optional[int] = ..., desired: _Optional[_Union[PackageOffer, _Mapping]] = ...) -> None: ...
+
+class DownloadRequest(_message.Message):
+    __slots__ = ("package_digest", "offset")
+    PACKAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    package_digest: str
+    offset: int
+    def __init__(self, package_digest: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class PackageChunk(_message.Message):
+    __slots__ = ("offset", "data", "total_size")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    data: bytes
+    total_size: int
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ...) -> None: ...
+
+class TelemetryRecord(_message.Message):
+    __slots__ = ("seq", "kind", "timestamp", "version_id", "payload_json")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    VERSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    kind: str
+    timestamp: float
+    version_id: str
+    payload_json: str
+    def __init__(self, seq: _Optional[int] = ..., kind: _Optional[str] = ..., timestamp: _Optional[float] = ..., version_id: _Optional[str] = ..., payload_json: _Optional[str] = ...) -> None: ...
+
+class TelemetryBatch(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[TelemetryRecord]
+    def __init__(self, records: _Optional[_Iterable[_Union[TelemetryRecord, _Mapping]]] = ...) -> None: ...
+
+class TelemetryAck(_message.Message):
+    __slots__ = ("stored_seqs", "duplicate_seqs")
+    STORED_SEQS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_SEQS_FIELD_NUMBER: _ClassVar[int]
+    stored_seqs: _containers.RepeatedScalarFieldContainer[int]
+    duplicate_seqs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, stored_seqs: _Optional[_Iterable[int]] = ..., duplicate_seqs: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -1,0 +1,19 @@
+"""Reads: which organisation a request acts for."""
+
+from __future__ import annotations
+
+from accounts.models import Organisation
+from ferry_cloud.api_errors import ServiceError
+
+
+class NoOrganisation(ServiceError):
+    status_code = 403
+    code = "no_organisation"
+
+
+def organisation_for_user(*, user) -> Organisation:
+    """The user's organisation (one per user for now; the first membership wins)."""
+    membership = user.memberships.select_related("organisation").order_by("id").first() if user else None
+    if membership is None:
+        raise NoOrganisation("This account belongs to no organisation; ask an admin to add you to one.")
+    return membership.organisation

@@ -1,0 +1,107 @@
+"""Start and stop the control plane's processes (web, worker, gateway) and agents.
+
+Used by `manage.py demo` and by the end-to-end tests, so both run the very same
+processes the way an operator would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+
+MANAGE = str(settings.REPO_ROOT / "manage.py")
+
+
+def free_port(preferred: int = 0, host: str = "127.0.0.1") -> int:
+    """preferred if it is free, otherwise any free port."""
+    for port in (preferred, 0) if preferred else (0,):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free port")
+
+
+def wait_for_port(port: int, timeout: float, host: str = "127.0.0.1", process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{process.args[:4]} exited with {process.returncode} before listening on {port}")
+        with socket.socket() as s:
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f} s")
+
+
+@dataclass
+class Stack:
+    """Child processes with their logs in log_dir; stopped in reverse order of start."""
+
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    processes: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{name}.log", "ab")
+        process = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env},
+            cwd=settings.REPO_ROOT,
+            start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
+        )
+        log.close()
+        self.processes.append((name, process))
+        return process
+
+    def start_control_plane(self, http_port: int, gateway_port: int) -> None:
+        web = self.spawn("web", [sys.executable, MANAGE, "runserver", f"127.0.0.1:{http_port}", "--noreload"])
+        gateway = self.spawn("gateway", [sys.executable, MANAGE, "gateway", "--address", f"127.0.0.1:{gateway_port}"])
+        self.spawn(
+            "worker",
+            [sys.executable, "-m", "celery", "-A", "ferry_cloud", "worker", "--pool", "solo", "--loglevel", "INFO"],
+        )
+        wait_for_port(http_port, 60, process=web)
+        wait_for_port(gateway_port, 60, process=gateway)
+
+    def start_agent(self, name: str, gateway_port: int, state_dir: Path, token: str, labels: dict[str, str],
+                    extra: list[str] | None = None) -> subprocess.Popen:
+        args = [sys.executable, "-m", "agent.cli", "run", "--gateway", f"127.0.0.1:{gateway_port}",
+                "--state-dir", str(state_dir), "--name", name]
+        if token:
+            args += ["--token", token]
+        args += [arg for k, v in labels.items() for arg in ("--label", f"{k}={v}")]
+        return self.spawn(name, args + (extra or []))
+
+    def check_alive(self) -> None:
+        for name, process in self.processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {process.returncode}; see {self.log_dir / name}.log")
+
+    def stop(self, timeout: float = 20.0) -> dict[str, int]:
+        """SIGTERM every child (agents first, they flush telemetry), then SIGKILL stragglers."""
+        codes: dict[str, int] = {}
+        for name, process in reversed(self.processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            try:
+                codes[name] = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                codes[name] = process.wait()
+        self.processes.clear()
+        return codes

@@ -1,0 +1,28 @@
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from fleet.api import DeviceListApi, DeviceRevokeApi, EnrolmentTokenCreateApi
+from registry.api import ModelDetailApi, ModelListCreateApi, VersionCreateApi, VersionDetailApi
+from releases.api import ReleaseActionApi, ReleaseDetailApi, ReleaseListCreateApi
+from telemetry.api import FleetSummaryApi
+
+api = [
+    path("models/", ModelListCreateApi.as_view(), name="models"),
+    path("models/<int:model_id>/", ModelDetailApi.as_view(), name="model"),
+    path("models/<int:model_id>/versions/", VersionCreateApi.as_view(), name="model-versions"),
+    path("versions/<str:version_id>/", VersionDetailApi.as_view(), name="version"),
+    path("enrolment-tokens/", EnrolmentTokenCreateApi.as_view(), name="enrolment-tokens"),
+    path("devices/", DeviceListApi.as_view(), name="devices"),
+    path("devices/<str:device_id>/revoke/", DeviceRevokeApi.as_view(), name="device-revoke"),
+    path("releases/", ReleaseListCreateApi.as_view(), name="releases"),
+    path("releases/<str:release_id>/", ReleaseDetailApi.as_view(), name="release"),
+    path("releases/<str:release_id>/<str:action>/", ReleaseActionApi.as_view(), name="release-action"),
+    path("fleet/summary/", FleetSummaryApi.as_view(), name="fleet-summary"),
+]
+
+urlpatterns = [
+    path("api/v1/", include((api, "api"))),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("", include("console.urls")),
+]

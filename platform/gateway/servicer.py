@@ -1,0 +1,124 @@
+"""The agents' gRPC door: authenticate, then hand over to fleet/releases/telemetry services."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import grpc
+from django.conf import settings
+from django.db import close_old_connections
+
+from deploy.proto import agent_pb2, agent_pb2_grpc
+from ferry_cloud.api_errors import ServiceError
+from ferry_cloud.release_key import release_public_key
+from fleet.models import Device
+from fleet.services import device_authenticate, device_enrol, device_record_check_in
+from registry import storage
+from registry.models import Artifact
+from releases.selectors import desired_release_for
+from telemetry.services import IncomingRecord, telemetry_ingest
+
+log = logging.getLogger(__name__)
+CHUNK_BYTES = 256 * 1024
+MAX_BATCH = 1000
+
+
+def _attributes(message: agent_pb2.DeviceAttributes) -> tuple[dict[str, str], dict[str, str]]:
+    attributes = {"hardware": message.hardware, "os": message.os, "agent_version": message.agent_version}
+    return {k: v for k, v in attributes.items() if v}, dict(message.labels)
+
+
+def _abort_on_service_error(context: grpc.ServicerContext, exc: ServiceError) -> None:
+    code = {401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED,
+            404: grpc.StatusCode.NOT_FOUND}.get(exc.status_code, grpc.StatusCode.INVALID_ARGUMENT)
+    context.abort(code, str(exc))
+
+
+def _device(context: grpc.ServicerContext) -> Device:
+    metadata = dict(context.invocation_metadata())
+    scheme, _, credential = metadata.get("authorization", "").partition(" ")
+    if scheme != "Bearer" or not credential:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization: Bearer <credential>' metadata")
+    try:
+        return device_authenticate(credential=credential)
+    except ServiceError as exc:
+        _abort_on_service_error(context, exc)
+        raise  # unreachable: abort raises
+
+
+class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
+    def Enrol(self, request, context):
+        close_old_connections()
+        attributes, labels = _attributes(request.attributes)
+        try:
+            enrolment = device_enrol(token=request.token, name=request.name, attributes=attributes, labels=labels)
+        except ServiceError as exc:
+            _abort_on_service_error(context, exc)
+        log.info("device %s enrolled as %s", enrolment.device.name, enrolment.device.pk)
+        return agent_pb2.EnrolResponse(
+            device_id=str(enrolment.device.pk),
+            credential=enrolment.credential,
+            release_public_key=release_public_key(),
+            checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS,
+        )
+
+    def CheckIn(self, request, context):
+        close_old_connections()
+        device = _device(context)
+        attributes, _ = _attributes(request.attributes)
+        device = device_record_check_in(
+            device=device, attributes=attributes, running_version_id=request.running_version_id
+        )
+        response = agent_pb2.CheckInResponse(checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS)
+        release = desired_release_for(device)
+        if release is not None:
+            version = release.version
+            response.desired.CopyFrom(
+                agent_pb2.PackageOffer(
+                    release_id=str(release.pk),
+                    version_id=str(version.pk),
+                    version_label=version.label,
+                    model_name=version.model.name,
+                    package_digest=version.package.sha256,
+                    package_size=version.package.size,
+                )
+            )
+        return response
+
+    def DownloadPackage(self, request, context) -> Iterator[agent_pb2.PackageChunk]:
+        close_old_connections()
+        device = _device(context)
+        artifact = Artifact.objects.filter(
+            organisation=device.organisation, kind=Artifact.Kind.PACKAGE, sha256=request.package_digest
+        ).first()
+        if artifact is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no package {request.package_digest} for this device")
+        if request.offset > artifact.size:
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} is past the package's end")
+        offset = request.offset
+        with storage.open_at(artifact.file.name, offset) as stream:
+            while offset < artifact.size:
+                data = stream.read(min(CHUNK_BYTES, artifact.size - offset))
+                if not data:
+                    break
+                yield agent_pb2.PackageChunk(offset=offset, data=data, total_size=artifact.size)
+                offset += len(data)
+
+    def ReportTelemetry(self, request, context):
+        close_old_connections()
+        device = _device(context)
+        if len(request.records) > MAX_BATCH:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"at most {MAX_BATCH} records per batch")
+        records = []
+        for r in request.records:
+            try:
+                payload = json.loads(r.payload_json or "{}")
+            except ValueError:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record {r.seq}: payload_json is not JSON")
+            if not isinstance(payload, dict):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record {r.seq}: payload must be an object")
+            records.append(IncomingRecord(r.seq, r.kind, r.timestamp, r.version_id, payload))
+        result = telemetry_ingest(device=device, records=records)
+        return agent_pb2.TelemetryAck(stored_seqs=result.stored, duplicate_seqs=result.duplicates)

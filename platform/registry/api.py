@@ -1,0 +1,96 @@
+"""REST doors onto registry services: input/output serializers, no logic."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.response import Response
+
+from accounts.api import OrganisationApi
+from registry import selectors, services
+from registry.models import ConversionJob, Model, ModelVersion
+
+
+class JobOutput(serializers.ModelSerializer):
+    class Meta:
+        model = ConversionJob
+        fields = ["status", "progress", "log", "error", "attempts", "updated_at"]
+
+
+class VersionOutput(serializers.ModelSerializer):
+    model = serializers.CharField(source="model.name")
+    job = JobOutput()
+    package_sha256 = serializers.CharField(source="package.sha256", default=None)
+    package_size = serializers.IntegerField(source="package.size", default=None)
+
+    class Meta:
+        model = ModelVersion
+        fields = ["id", "model", "label", "status", "options", "report", "released",
+                  "package_sha256", "package_size", "job", "created_at"]
+
+
+class ModelOutput(serializers.ModelSerializer):
+    versions = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Model
+        fields = ["id", "name", "description", "created_at", "versions"]
+
+    def get_versions(self, obj: Model) -> list[dict]:
+        return [{"id": str(v.id), "label": v.label, "status": v.status} for v in obj.versions.all()]
+
+
+class ModelInput(serializers.Serializer):
+    name = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class ModelListCreateApi(OrganisationApi):
+    @extend_schema(responses=ModelOutput(many=True))
+    def get(self, request):
+        return Response(ModelOutput(selectors.model_list(organisation=self.organisation), many=True).data)
+
+    @extend_schema(request=ModelInput, responses={201: ModelOutput})
+    def post(self, request):
+        data = ModelInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        model = services.model_create(organisation=self.organisation, **data.validated_data)
+        return Response(ModelOutput(model).data, status=status.HTTP_201_CREATED)
+
+
+class ModelDetailApi(OrganisationApi):
+    @extend_schema(responses=ModelOutput)
+    def get(self, request, model_id: int):
+        return Response(ModelOutput(selectors.model_get(organisation=self.organisation, model_id=model_id)).data)
+
+
+class VersionInput(serializers.Serializer):
+    file = serializers.FileField(help_text="The ONNX model.")
+    label = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
+    quantize = serializers.ChoiceField(choices=["fp16", "int8", "int4"], required=False)
+    block_size = serializers.ChoiceField(choices=[32, 64, 128], required=False)
+
+
+class VersionCreateApi(OrganisationApi):
+    parser_classes = [MultiPartParser, FormParser]
+
+    @extend_schema(request={"multipart/form-data": VersionInput}, responses={201: VersionOutput})
+    def post(self, request, model_id: int):
+        model = selectors.model_get(organisation=self.organisation, model_id=model_id)
+        data = VersionInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        upload = data.validated_data["file"]
+        options = {k: data.validated_data[k] for k in ("quantize", "block_size") if k in data.validated_data}
+        version = services.version_upload(
+            model=model, label=data.validated_data["label"], stream=upload, size=upload.size, options=options
+        )
+        version = selectors.version_get(organisation=self.organisation, version_id=version.pk)
+        return Response(VersionOutput(version).data, status=status.HTTP_201_CREATED)
+
+
+class VersionDetailApi(OrganisationApi):
+    @extend_schema(responses=VersionOutput)
+    def get(self, request, version_id):
+        version = selectors.version_get(organisation=self.organisation, version_id=version_id)
+        return Response(VersionOutput(version).data)

@@ -1,0 +1,85 @@
+import uuid
+
+from django.db import models
+
+from accounts.models import Organisation
+
+
+class Artifact(models.Model):
+    """Bytes in storage (an uploaded ONNX file or a signed package), addressed by their sha256."""
+
+    class Kind(models.TextChoices):
+        ONNX = "onnx", "ONNX model"
+        PACKAGE = "package", "Ferry package"
+
+    organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="artifacts")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    file = models.FileField(max_length=300)
+    sha256 = models.CharField(max_length=64)
+    size = models.BigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organisation", "kind", "sha256"], name="one_artifact_per_digest")
+        ]
+
+
+class Model(models.Model):
+    organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="models")
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["organisation", "name"], name="unique_model_name")]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelVersion(models.Model):
+    """One uploaded revision of a model; immutable once a release has used it."""
+
+    class Status(models.TextChoices):
+        CONVERTING = "converting", "Converting"
+        READY = "ready", "Ready"
+        FAILED = "failed", "Failed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="versions")
+    label = models.CharField(max_length=100)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.CONVERTING)
+    source = models.ForeignKey(Artifact, on_delete=models.PROTECT, related_name="+")
+    package = models.ForeignKey(Artifact, on_delete=models.PROTECT, related_name="+", null=True, blank=True)
+    options = models.JSONField(default=dict, blank=True)
+    report = models.JSONField(default=dict, blank=True)
+    released = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "label"], name="unique_version_label")]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}:{self.label}"
+
+
+class ConversionJob(models.Model):
+    """The conversion of one version; the row (not Celery's result backend) is the job's truth."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+
+    version = models.OneToOneField(ModelVersion, on_delete=models.CASCADE, related_name="job")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    progress = models.FloatField(default=0.0)
+    log = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)

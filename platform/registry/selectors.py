@@ -1,0 +1,30 @@
+"""Reads for models and versions, always scoped to an organisation."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+
+from accounts.models import Organisation
+from ferry_cloud.api_errors import NotFound
+from registry.models import Model, ModelVersion
+
+
+def model_list(*, organisation: Organisation) -> QuerySet[Model]:
+    return Model.objects.filter(organisation=organisation).prefetch_related("versions")
+
+
+def model_get(*, organisation: Organisation, model_id: int) -> Model:
+    try:
+        return Model.objects.get(organisation=organisation, pk=model_id)
+    except (Model.DoesNotExist, ValueError):
+        raise NotFound(f"No model {model_id} in this organisation.") from None
+
+
+def version_get(*, organisation: Organisation, version_id) -> ModelVersion:
+    try:
+        return ModelVersion.objects.select_related("model", "package", "job").get(
+            model__organisation=organisation, pk=version_id
+        )
+    except (ModelVersion.DoesNotExist, ValueError, ValidationError):
+        raise NotFound(f"No model version {version_id} in this organisation.") from None

@@ -1,0 +1,71 @@
+"""Verify, unpack, activate atomically, health-check, roll back: with real packages and files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.errors import ActivationError
+from agent.install import Installer, Offer
+from converter import convert
+from converter.samples import build_image_classifier
+from deploy.errors import SignatureError
+from deploy.signing import file_sha256, generate_keypair, sign_package
+from engine.format import read_package, write_package
+
+KEYS = generate_keypair()
+
+
+def _signed(tmp_path: Path, name: str, *, seed: int = 0, break_selftest: bool = False) -> Path:
+    unsigned = tmp_path / f"{name}.unsigned"
+    convert(build_image_classifier(seed=seed), unsigned)
+    if break_selftest:  # a validly signed package whose model no longer matches its expected output
+        package = read_package(unsigned)
+        tensors = {k: np.array(v) for k, v in package.tensors.items()}
+        for tensor in package.manifest["metadata"]["selftest"]["outputs"].values():
+            tensors[tensor] = tensors[tensor] + 0.5
+        graph = {k: v for k, v in package.graph.items() if k != "tensors"}
+        write_package(unsigned, graph=graph, tensors=tensors, inputs=package.manifest["inputs"],
+                      outputs=package.manifest["outputs"], metadata=package.manifest["metadata"])
+    signed = tmp_path / f"{name}.ferry"
+    sign_package(unsigned, signed, KEYS.private_key)
+    return signed
+
+
+def _offer(version_id: str, archive: Path) -> Offer:
+    return Offer("release", version_id, version_id, "m", file_sha256(archive), archive.stat().st_size)
+
+
+def _install(installer: Installer, version_id: str, archive: Path) -> None:
+    offer = _offer(version_id, archive)
+    installer.activate(offer, installer.unpack(offer, archive))
+
+
+def test_activation_switches_the_pointer_and_keeps_the_previous_version(tmp_path: Path):
+    installer = Installer(tmp_path / "state", client=None, public_key=KEYS.public_key)
+    _install(installer, "v1", _signed(tmp_path, "one"))
+    assert installer.current_version() == "v1"
+    _install(installer, "v2", _signed(tmp_path, "two", seed=1))
+    assert installer.current_version() == "v2"
+    assert os.readlink(tmp_path / "state" / "previous") == "versions/v1"
+    assert (tmp_path / "state" / "versions" / "v1" / "weights.bin").exists()
+
+
+def test_failed_health_check_rolls_back_to_the_running_version(tmp_path: Path):
+    installer = Installer(tmp_path / "state", client=None, public_key=KEYS.public_key)
+    _install(installer, "v1", _signed(tmp_path, "good"))
+    with pytest.raises(ActivationError, match="self-test output"):
+        _install(installer, "v2", _signed(tmp_path, "bad", break_selftest=True))
+    assert installer.current_version() == "v1"
+
+
+def test_package_signed_by_another_key_never_reaches_versions(tmp_path: Path):
+    installer = Installer(tmp_path / "state", client=None, public_key=generate_keypair().public_key)
+    archive = _signed(tmp_path, "one")
+    with pytest.raises(SignatureError):
+        installer.unpack(_offer("v1", archive), archive)
+    assert list((tmp_path / "state" / "versions").iterdir()) == []
+    assert installer.current_version() == ""

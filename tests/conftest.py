@@ -1,0 +1,74 @@
+"""Suite-wide fixtures: the real services the control plane talks to.
+
+PostgreSQL and Redis must be running on loopback (see the README); the S3 server is
+moto in server mode, started here on the port FERRY_S3_ENDPOINT_URL names.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+DEFAULT_PORTS = {"postgres": 5432, "redis": 6379}
+
+
+def _require(url_var: str, what: str) -> None:
+    """Stop the run with an actionable message when a service the settings name is down."""
+    url = urlparse(os.environ.get(url_var, ""))
+    port = url.port or DEFAULT_PORTS.get(url.scheme)
+    if url.hostname and port and not _listening(url.hostname, port):
+        pytest.exit(
+            f"{what} is not reachable at {url.hostname}:{port} ({url_var}). Start it (README: "
+            f"'Testing'), or point {url_var} elsewhere.",
+            returncode=3,
+        )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _require("FERRY_DATABASE_URL", "PostgreSQL")
+    _require("REDIS_URL", "Redis")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def s3_server():
+    """A real S3-compatible server (moto) for the storage backend, with the test bucket created."""
+    endpoint = os.environ.get("FERRY_S3_ENDPOINT_URL")
+    if not os.environ.get("FERRY_S3_BUCKET") or not endpoint:
+        yield None
+        return
+    url = urlparse(endpoint)
+    process = None
+    if not _listening(url.hostname, url.port):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", url.hostname, "-p", str(url.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while not _listening(url.hostname, url.port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.exit(f"could not start the S3 server (moto) on {url.netloc}", returncode=3)
+            time.sleep(0.1)
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
+    if os.environ["FERRY_S3_BUCKET"] not in existing:
+        s3.create_bucket(Bucket=os.environ["FERRY_S3_BUCKET"])
+    yield endpoint
+    if process is not None:
+        process.terminate()
+        process.wait(timeout=10)

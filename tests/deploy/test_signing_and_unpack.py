@@ -1,0 +1,139 @@
+"""Package signing and the device-side verify-then-unpack, fed every kind of bad package."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deploy.errors import IntegrityError, SignatureError, UnsafeArchiveError
+from deploy.signing import generate_keypair, sign_package
+from deploy.unpack import UnpackLimits, verify_and_unpack
+from engine.format import write_package
+
+KEYS = generate_keypair()
+
+
+def _unsigned(path: Path) -> Path:
+    write_package(
+        path,
+        graph={"nodes": [{"name": "r", "op": "Relu", "inputs": ["x"], "outputs": ["y"], "attrs": {}}],
+               "inputs": ["x"], "outputs": ["y"]},
+        tensors={"w": np.arange(16, dtype=np.float32)},
+        inputs=[{"name": "x", "dtype": "float32", "shape": [1, 4]}],
+        outputs=[{"name": "y", "dtype": "float32", "shape": [1, 4]}],
+    )
+    return path
+
+
+@pytest.fixture
+def signed(tmp_path: Path) -> Path:
+    sign_package(_unsigned(tmp_path / "unsigned.ferry"), tmp_path / "signed.ferry", KEYS.private_key)
+    return tmp_path / "signed.ferry"
+
+
+def _members(path: Path) -> list[tuple[tarfile.TarInfo, bytes]]:
+    with tarfile.open(path) as tar:
+        return [(m, tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers()]
+
+
+def _rewrite(path: Path, members: list[tuple[tarfile.TarInfo, bytes]]) -> Path:
+    out = path.with_name("tampered.ferry")
+    with tarfile.open(out, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for info, data in members:
+            info.size = len(data) if info.isfile() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+    return out
+
+
+def test_signed_package_unpacks_whole(signed: Path, tmp_path: Path):
+    result = verify_and_unpack(signed, tmp_path / "out", KEYS.public_key)
+    assert sorted(result.files) == ["graph.json", "weights.bin"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["graph.json", "manifest.json", "weights.bin"]
+
+
+def test_signing_is_deterministic(tmp_path: Path):
+    unsigned = _unsigned(tmp_path / "u.ferry")
+    first = sign_package(unsigned, tmp_path / "a.ferry", KEYS.private_key)
+    second = sign_package(unsigned, tmp_path / "b.ferry", KEYS.private_key)
+    assert first == second
+    assert (tmp_path / "a.ferry").read_bytes() == (tmp_path / "b.ferry").read_bytes()
+
+
+def test_other_key_is_refused_and_nothing_is_left(signed: Path, tmp_path: Path):
+    with pytest.raises(SignatureError, match="does not verify against the trusted release key"):
+        verify_and_unpack(signed, tmp_path / "out", generate_keypair().public_key)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsigned_package_is_refused(tmp_path: Path):
+    with pytest.raises(SignatureError, match="not signed"):
+        verify_and_unpack(_unsigned(tmp_path / "u.ferry"), tmp_path / "out", KEYS.public_key)
+
+
+def test_tampered_weights_are_refused(signed: Path, tmp_path: Path):
+    members = _members(signed)
+    info, data = members[-1]
+    members[-1] = (info, bytes([data[0] ^ 1]) + data[1:])
+    with pytest.raises(IntegrityError, match="weights.bin does not match"):
+        verify_and_unpack(_rewrite(signed, members), tmp_path / "out", KEYS.public_key)
+    assert not (tmp_path / "out").exists()
+
+
+def test_tampered_manifest_is_refused(signed: Path, tmp_path: Path):
+    members = _members(signed)
+    manifest = json.loads(members[0][1])
+    manifest["files"][1]["size"] += 1
+    members[0] = (members[0][0], json.dumps(manifest).encode())
+    with pytest.raises(SignatureError):
+        verify_and_unpack(_rewrite(signed, members), tmp_path / "out", KEYS.public_key)
+
+
+def test_bigger_file_than_signed_is_refused(signed: Path, tmp_path: Path):
+    members = _members(signed)
+    info, data = members[-1]
+    members[-1] = (info, data + b"\0" * 4096)
+    with pytest.raises(IntegrityError, match="larger than"):
+        verify_and_unpack(_rewrite(signed, members), tmp_path / "out", KEYS.public_key)
+
+
+@pytest.mark.parametrize("name", ["../evil", "/etc/evil", "sub/dir"])
+def test_unsafe_paths_are_refused(signed: Path, tmp_path: Path, name: str):
+    members = _members(signed)
+    info = tarfile.TarInfo(name)
+    members.append((info, b"x"))
+    with pytest.raises(UnsafeArchiveError, match="unsafe path"):
+        verify_and_unpack(_rewrite(signed, members), tmp_path / "out", KEYS.public_key)
+    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "evil").exists()
+
+
+def test_links_are_refused(signed: Path, tmp_path: Path):
+    members = _members(signed)
+    link = tarfile.TarInfo("weights.bin")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    members[-1] = (link, b"")
+    with pytest.raises(UnsafeArchiveError, match="not a regular file"):
+        verify_and_unpack(_rewrite(signed, members), tmp_path / "out", KEYS.public_key)
+
+
+def test_missing_listed_file_is_refused(signed: Path, tmp_path: Path):
+    members = _members(signed)[:-1]
+    with pytest.raises(IntegrityError, match="lacks them"):
+        verify_and_unpack(_rewrite(signed, members), tmp_path / "out", KEYS.public_key)
+
+
+def test_entry_limit(signed: Path, tmp_path: Path):
+    with pytest.raises(UnsafeArchiveError, match="over the 3 limit"):
+        verify_and_unpack(signed, tmp_path / "out", KEYS.public_key, UnpackLimits(max_entries=3))
+
+
+def test_garbage_is_refused(tmp_path: Path):
+    junk = tmp_path / "junk.ferry"
+    junk.write_bytes(b"not a tar at all" * 100)
+    with pytest.raises(UnsafeArchiveError, match="not a readable package archive"):
+        verify_and_unpack(junk, tmp_path / "out", KEYS.public_key)
