@@ -43,7 +43,10 @@ class GatewayClient:
         batch = agent_pb2.TelemetryBatch(
             records=[
                 agent_pb2.TelemetryRecord(
-                    seq=r.seq, kind=r.kind, timestamp=r.timestamp, version_id=r.version_id,
+                    seq=r.seq,
+                    kind=r.kind,
+                    timestamp=r.timestamp,
+                    version_id=r.version_id,
                     payload_json=json.dumps(r.payload),
                 )
                 for r in records

@@ -96,10 +96,18 @@ class Agent:
         self._resume_current()
         self.inference.start()
         threads = [
-            threading.Thread(target=self._every, args=(self.config.metrics_interval, self.record_metrics),
-                             name="metrics", daemon=True),
-            threading.Thread(target=self._every, args=(self.config.upload_interval, self.upload),
-                             name="upload", daemon=True),
+            threading.Thread(
+                target=self._every,
+                args=(self.config.metrics_interval, self.record_metrics),
+                name="metrics",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=self._every,
+                args=(self.config.upload_interval, self.upload),
+                name="upload",
+                daemon=True,
+            ),
         ]
         for t in threads:
             t.start()
@@ -140,12 +148,16 @@ class Agent:
 
     def check_in(self) -> None:
         running = read_json(self.state_file, {})
-        reply = self.client.check_in(self.attributes(), self.inference.version, running.get("package_digest", ""))
+        reply = self.client.check_in(
+            self.attributes(), self.inference.version, running.get("package_digest", "")
+        )
         self.interval = float(reply.checkin_interval_seconds or self.interval)
         if not reply.HasField("desired"):
             return
         d = reply.desired
-        offer = Offer(d.release_id, d.version_id, d.version_label, d.model_name, d.package_digest, d.package_size)
+        offer = Offer(
+            d.release_id, d.version_id, d.version_label, d.model_name, d.package_digest, d.package_size
+        )
         if offer.version_id == self.inference.version or offer.package_digest in self.failed_offers:
             return
         self.install(offer)
@@ -159,12 +171,16 @@ class Agent:
         except (AgentError, PackageRejected) as exc:
             self.failed_offers.add(offer.package_digest)
             log.error("update to %s refused: %s", offer.version_label, exc)
-            self.outbox.append("activation", {"ok": False, "version_id": offer.version_id,
-                                              "reason": str(exc)}, previous)
+            self.outbox.append(
+                "activation", {"ok": False, "version_id": offer.version_id, "reason": str(exc)}, previous
+            )
             return
-        write_json_atomic(self.state_file, {"version_id": offer.version_id, "package_digest": offer.package_digest})
-        self.outbox.append("activation", {"ok": True, "version_id": offer.version_id, "from": previous},
-                           offer.version_id)
+        write_json_atomic(
+            self.state_file, {"version_id": offer.version_id, "package_digest": offer.package_digest}
+        )
+        self.outbox.append(
+            "activation", {"ok": True, "version_id": offer.version_id, "from": previous}, offer.version_id
+        )
         log.info("now running %s:%s", offer.model_name, offer.version_label)
 
     # --- telemetry ----------------------------------------------------------------------

@@ -132,10 +132,13 @@ def health_check(directory: Path) -> None:
         outputs = session.run(feeds)
         for name, tensor in selftest["outputs"].items():
             expected = package.tensors[tensor]
-            if not np.allclose(outputs[name], expected, atol=selftest.get("atol", 1e-4),
-                               rtol=selftest.get("rtol", 1e-3)):
+            if not np.allclose(
+                outputs[name], expected, atol=selftest.get("atol", 1e-4), rtol=selftest.get("rtol", 1e-3)
+            ):
                 diff = float(np.max(np.abs(outputs[name] - expected)))
-                raise ActivationError(f"self-test output {name!r} differs from the expected one by {diff:.3g}")
+                raise ActivationError(
+                    f"self-test output {name!r} differs from the expected one by {diff:.3g}"
+                )
     except EngineError as exc:
         raise ActivationError(f"the new version does not load or run: {exc}") from exc
     log.info("health check passed in %.1f ms", 1000 * (time.perf_counter() - started))

@@ -87,7 +87,10 @@ class Outbox:
     def batch(self, limit: int = 500) -> list[OutboxRecord]:
         with self._lock:
             rows = self._db.execute("SELECT * FROM records ORDER BY seq LIMIT ?", (limit,)).fetchall()
-        return [OutboxRecord(seq, kind, ts, version, json.loads(payload)) for seq, kind, ts, version, payload in rows]
+        return [
+            OutboxRecord(seq, kind, ts, version, json.loads(payload))
+            for seq, kind, ts, version, payload in rows
+        ]
 
     def acknowledge(self, seqs: list[int]) -> None:
         if not seqs:

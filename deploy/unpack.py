@@ -38,7 +38,9 @@ class VerifiedPackage:
 
 def _safe_name(member: tarfile.TarInfo) -> str:
     if not member.isfile():
-        raise UnsafeArchiveError(f"member {member.name!r} is not a regular file (links and devices are refused)")
+        raise UnsafeArchiveError(
+            f"member {member.name!r} is not a regular file (links and devices are refused)"
+        )
     path = PurePosixPath(member.name)
     if path.is_absolute() or ".." in path.parts or len(path.parts) != 1 or member.name in ("", "."):
         raise UnsafeArchiveError(f"member {member.name!r} has an unsafe path")
@@ -97,7 +99,9 @@ def _unpack_listed(
 ) -> VerifiedPackage:
     listed = {entry["path"]: entry for entry in manifest.get("files", [])}
     if len(listed) + 2 > limits.max_entries:
-        raise UnsafeArchiveError(f"the manifest lists {len(listed)} files, over the {limits.max_entries} limit")
+        raise UnsafeArchiveError(
+            f"the manifest lists {len(listed)} files, over the {limits.max_entries} limit"
+        )
     if sum(int(e["size"]) for e in listed.values()) > limits.max_total_bytes:
         raise UnsafeArchiveError(f"the package unpacks to more than {limits.max_total_bytes} bytes")
     seen: list[str] = []

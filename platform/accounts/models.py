@@ -24,4 +24,6 @@ class Membership(models.Model):
     role = models.CharField(max_length=32, choices=Role.choices, default=Role.VIEWER)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["user", "organisation"], name="one_membership_per_org")]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "organisation"], name="one_membership_per_org")
+        ]

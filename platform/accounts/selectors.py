@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from accounts.models import Organisation
 from ferry_cloud.api_errors import ServiceError
+
+from accounts.models import Organisation
 
 
 class NoOrganisation(ServiceError):

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from accounts.selectors import organisation_for_user
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
-
-from accounts.selectors import organisation_for_user
 from ferry_cloud.api_errors import ServiceError
 from fleet.selectors import device_list, devices_per_version
 from registry.selectors import model_list
@@ -39,8 +38,9 @@ def release_action(request, release_id: str, action: str):
     try:
         org = organisation_for_user(user=request.user)
         release = release_get(organisation=org, release_id=release_id)
-        release_transition(release_id=release.pk, action=action, actor=request.user,
-                           reason=request.POST.get("reason", ""))
+        release_transition(
+            release_id=release.pk, action=action, actor=request.user, reason=request.POST.get("reason", "")
+        )
         messages.success(request, f"Release {release.name}: {action} done.")
     except ServiceError as exc:
         messages.error(request, str(exc))

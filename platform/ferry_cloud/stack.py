@@ -32,11 +32,15 @@ def free_port(preferred: int = 0, host: str = "127.0.0.1") -> int:
     raise RuntimeError("no free port")
 
 
-def wait_for_port(port: int, timeout: float, host: str = "127.0.0.1", process: subprocess.Popen | None = None) -> None:
+def wait_for_port(
+    port: int, timeout: float, host: str = "127.0.0.1", process: subprocess.Popen | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{process.args[:4]} exited with {process.returncode} before listening on {port}")
+            raise RuntimeError(
+                f"{process.args[:4]} exited with {process.returncode} before listening on {port}"
+            )
         with socket.socket() as s:
             if s.connect_ex((host, port)) == 0:
                 return
@@ -54,34 +58,63 @@ class Stack:
 
     def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_dir / f"{name}.log", "ab")
-        process = subprocess.Popen(
-            args,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **self.env},
-            cwd=settings.REPO_ROOT,
-            start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
-        )
-        log.close()
+        with open(self.log_dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+            process = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                cwd=settings.REPO_ROOT,
+                start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
+            )
         self.processes.append((name, process))
         return process
 
     def start_control_plane(self, http_port: int, gateway_port: int) -> None:
         web = self.spawn("web", [sys.executable, MANAGE, "runserver", f"127.0.0.1:{http_port}", "--noreload"])
-        gateway = self.spawn("gateway", [sys.executable, MANAGE, "gateway", "--address", f"127.0.0.1:{gateway_port}"])
+        gateway = self.spawn(
+            "gateway", [sys.executable, MANAGE, "gateway", "--address", f"127.0.0.1:{gateway_port}"]
+        )
         self.spawn(
             "worker",
-            [sys.executable, "-m", "celery", "-A", "ferry_cloud", "worker", "--pool", "solo", "--loglevel", "INFO"],
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "ferry_cloud",
+                "worker",
+                "--pool",
+                "solo",
+                "--loglevel",
+                "INFO",
+            ],
         )
         wait_for_port(http_port, 60, process=web)
         wait_for_port(gateway_port, 60, process=gateway)
 
-    def start_agent(self, name: str, gateway_port: int, state_dir: Path, token: str, labels: dict[str, str],
-                    extra: list[str] | None = None) -> subprocess.Popen:
-        args = [sys.executable, "-m", "agent.cli", "run", "--gateway", f"127.0.0.1:{gateway_port}",
-                "--state-dir", str(state_dir), "--name", name]
+    def start_agent(
+        self,
+        name: str,
+        gateway_port: int,
+        state_dir: Path,
+        token: str,
+        labels: dict[str, str],
+        extra: list[str] | None = None,
+    ) -> subprocess.Popen:
+        args = [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "run",
+            "--gateway",
+            f"127.0.0.1:{gateway_port}",
+            "--state-dir",
+            str(state_dir),
+            "--name",
+            name,
+        ]
         if token:
             args += ["--token", token]
         args += [arg for k, v in labels.items() for arg in ("--label", f"{k}={v}")]

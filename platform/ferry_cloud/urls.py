@@ -1,6 +1,5 @@
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-
 from fleet.api import DeviceListApi, DeviceRevokeApi, EnrolmentTokenCreateApi
 from registry.api import ModelDetailApi, ModelListCreateApi, VersionCreateApi, VersionDetailApi
 from releases.api import ReleaseActionApi, ReleaseDetailApi, ReleaseListCreateApi

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from accounts.api import OrganisationApi
 from drf_spectacular.utils import extend_schema
+from ferry_cloud.api_errors import NotFound
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
-from accounts.api import OrganisationApi
 from fleet import selectors, services
 from fleet.models import Device
-from ferry_cloud.api_errors import NotFound
 
 
 class TokenInput(serializers.Serializer):
@@ -45,8 +45,17 @@ class DeviceOutput(serializers.ModelSerializer):
 
     class Meta:
         model = Device
-        fields = ["id", "name", "attributes", "labels", "running_version", "enrolled_at", "last_seen_at",
-                  "revoked_at", "telemetry_records"]
+        fields = [
+            "id",
+            "name",
+            "attributes",
+            "labels",
+            "running_version",
+            "enrolled_at",
+            "last_seen_at",
+            "revoked_at",
+            "telemetry_records",
+        ]
 
     def get_running_version(self, obj: Device) -> dict | None:
         v = obj.running_version

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from accounts.models import Organisation
 from django.db.models import Count, QuerySet
 
-from accounts.models import Organisation
 from fleet.models import Device
 
 

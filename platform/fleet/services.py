@@ -8,14 +8,14 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
+from accounts.models import Organisation
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
-
-from accounts.models import Organisation
 from ferry_cloud.api_errors import ServiceError
-from fleet.models import Device, EnrolmentToken
 from registry.models import ModelVersion
+
+from fleet.models import Device, EnrolmentToken
 
 
 class EnrolmentRefused(ServiceError):

@@ -9,8 +9,6 @@ from collections.abc import Iterator
 import grpc
 from django.conf import settings
 from django.db import close_old_connections
-
-from deploy.proto import agent_pb2, agent_pb2_grpc
 from ferry_cloud.api_errors import ServiceError
 from ferry_cloud.release_key import release_public_key
 from fleet.models import Device
@@ -19,6 +17,8 @@ from registry import storage
 from registry.models import Artifact
 from releases.selectors import desired_release_for
 from telemetry.services import IncomingRecord, telemetry_ingest
+
+from deploy.proto import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 256 * 1024
@@ -31,8 +31,11 @@ def _attributes(message: agent_pb2.DeviceAttributes) -> tuple[dict[str, str], di
 
 
 def _abort_on_service_error(context: grpc.ServicerContext, exc: ServiceError) -> None:
-    code = {401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED,
-            404: grpc.StatusCode.NOT_FOUND}.get(exc.status_code, grpc.StatusCode.INVALID_ARGUMENT)
+    code = {
+        401: grpc.StatusCode.UNAUTHENTICATED,
+        403: grpc.StatusCode.PERMISSION_DENIED,
+        404: grpc.StatusCode.NOT_FOUND,
+    }.get(exc.status_code, grpc.StatusCode.INVALID_ARGUMENT)
     context.abort(code, str(exc))
 
 
@@ -40,7 +43,9 @@ def _device(context: grpc.ServicerContext) -> Device:
     metadata = dict(context.invocation_metadata())
     scheme, _, credential = metadata.get("authorization", "").partition(" ")
     if scheme != "Bearer" or not credential:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization: Bearer <credential>' metadata")
+        context.abort(
+            grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization: Bearer <credential>' metadata"
+        )
     try:
         return device_authenticate(credential=credential)
     except ServiceError as exc:
@@ -53,7 +58,9 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
         close_old_connections()
         attributes, labels = _attributes(request.attributes)
         try:
-            enrolment = device_enrol(token=request.token, name=request.name, attributes=attributes, labels=labels)
+            enrolment = device_enrol(
+                token=request.token, name=request.name, attributes=attributes, labels=labels
+            )
         except ServiceError as exc:
             _abort_on_service_error(context, exc)
         log.info("device %s enrolled as %s", enrolment.device.name, enrolment.device.pk)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from accounts.api import OrganisationApi
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
-from accounts.api import OrganisationApi
 from registry import selectors, services
 from registry.models import ConversionJob, Model, ModelVersion
 
@@ -26,8 +26,19 @@ class VersionOutput(serializers.ModelSerializer):
 
     class Meta:
         model = ModelVersion
-        fields = ["id", "model", "label", "status", "options", "report", "released",
-                  "package_sha256", "package_size", "job", "created_at"]
+        fields = [
+            "id",
+            "model",
+            "label",
+            "status",
+            "options",
+            "report",
+            "released",
+            "package_sha256",
+            "package_size",
+            "job",
+            "created_at",
+        ]
 
 
 class ModelOutput(serializers.ModelSerializer):
@@ -62,7 +73,9 @@ class ModelListCreateApi(OrganisationApi):
 class ModelDetailApi(OrganisationApi):
     @extend_schema(responses=ModelOutput)
     def get(self, request, model_id: int):
-        return Response(ModelOutput(selectors.model_get(organisation=self.organisation, model_id=model_id)).data)
+        return Response(
+            ModelOutput(selectors.model_get(organisation=self.organisation, model_id=model_id)).data
+        )
 
 
 class VersionInput(serializers.Serializer):

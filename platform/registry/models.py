@@ -1,8 +1,7 @@
 import uuid
 
-from django.db import models
-
 from accounts.models import Organisation
+from django.db import models
 
 
 class Artifact(models.Model):

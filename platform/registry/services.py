@@ -8,16 +8,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from accounts.models import Organisation
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from ferry_cloud.api_errors import Conflict
+from ferry_cloud.release_key import release_private_key
 
-from accounts.models import Organisation
 from converter import convert
 from converter.errors import ConversionError
 from deploy.signing import sign_package
-from ferry_cloud.api_errors import Conflict
-from ferry_cloud.release_key import release_private_key
 from registry import storage
 from registry.errors import InvalidUpload, VersionImmutable
 from registry.models import Artifact, ConversionJob, Model, ModelVersion
@@ -50,14 +50,18 @@ def version_upload(
     """Store an uploaded ONNX file as a new version and queue its conversion."""
     options = options or {}
     if options.get("quantize") not in QUANTIZE_CHOICES:
-        raise InvalidUpload(f"quantize must be one of fp16, int8, int4 or absent, not {options['quantize']!r}")
+        raise InvalidUpload(
+            f"quantize must be one of fp16, int8, int4 or absent, not {options['quantize']!r}"
+        )
     if size == 0:
         raise InvalidUpload("The uploaded file is empty.")
     if size > settings.FERRY_MAX_UPLOAD_BYTES:
         raise InvalidUpload(f"The file is {size} bytes; the limit is {settings.FERRY_MAX_UPLOAD_BYTES}.")
     if ModelVersion.objects.filter(model=model, label=label).exists():
         raise Conflict(f"{model.name} already has a version labelled {label!r}.")
-    source = artifact_store(organisation=model.organisation, kind=Artifact.Kind.ONNX, stream=stream, suffix=".onnx")
+    source = artifact_store(
+        organisation=model.organisation, kind=Artifact.Kind.ONNX, stream=stream, suffix=".onnx"
+    )
     try:
         with transaction.atomic():
             version = ModelVersion.objects.create(model=model, label=label, source=source, options=options)
@@ -145,10 +149,15 @@ def conversion_run(*, job_id: int) -> ConversionJob:
     """
     if not conversion_claim(job_id=job_id):
         return ConversionJob.objects.get(pk=job_id)
-    job = ConversionJob.objects.select_related("version__model__organisation", "version__source").get(pk=job_id)
+    job = ConversionJob.objects.select_related("version__model__organisation", "version__source").get(
+        pk=job_id
+    )
     version = job.version
     try:
-        with storage.local_copy(version.source.file.name, ".onnx") as src, tempfile.TemporaryDirectory() as tmp:
+        with (
+            storage.local_copy(version.source.file.name, ".onnx") as src,
+            tempfile.TemporaryDirectory() as tmp,
+        ):
             unsigned, signed = Path(tmp) / "unsigned.ferry", Path(tmp) / "signed.ferry"
             report = convert(
                 src,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from accounts.api import OrganisationApi
 from drf_spectacular.utils import extend_schema
+from registry.selectors import version_get
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
-from accounts.api import OrganisationApi
-from registry.selectors import version_get
 from releases import selectors, services
 from releases.models import Release, ReleaseEvent
 

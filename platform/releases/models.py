@@ -1,10 +1,9 @@
 import secrets
 import uuid
 
+from accounts.models import Organisation
 from django.conf import settings
 from django.db import models
-
-from accounts.models import Organisation
 from registry.models import ModelVersion
 
 

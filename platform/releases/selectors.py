@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from accounts.models import Organisation
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
-
-from accounts.models import Organisation
-from deploy.rollout import DeviceFacts, ReleasePolicy, Target, desired_release
 from ferry_cloud.api_errors import NotFound
 from fleet.models import Device
+
+from deploy.rollout import DeviceFacts, ReleasePolicy, Target, desired_release
 from releases.models import Release
 
 
@@ -31,7 +31,9 @@ def policy_from_release(release: Release) -> ReleasePolicy:
 
 
 def release_list(*, organisation: Organisation) -> QuerySet[Release]:
-    return Release.objects.filter(organisation=organisation).select_related("version__model", "version__package")
+    return Release.objects.filter(organisation=organisation).select_related(
+        "version__model", "version__package"
+    )
 
 
 def release_get(*, organisation: Organisation, release_id) -> Release:

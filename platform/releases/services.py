@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
-
 from accounts.models import Organisation
-from deploy.errors import PolicyError
+from django.db import transaction
 from ferry_cloud.api_errors import Conflict, ServiceError
 from registry.models import ModelVersion
 from registry.services import version_mark_released
+
+from deploy.errors import PolicyError
 from releases.models import Release, ReleaseEvent
 from releases.selectors import policy_from_release
 
@@ -54,7 +54,9 @@ def release_create(
     if version.model.organisation_id != organisation.pk:
         raise InvalidRelease("That version belongs to another organisation.")
     if version.status != ModelVersion.Status.READY:
-        raise InvalidRelease(f"Version {version} is {version.status}; only a converted version can be released.")
+        raise InvalidRelease(
+            f"Version {version} is {version.status}; only a converted version can be released."
+        )
     release = Release(
         organisation=organisation,
         version=version,
@@ -68,10 +70,14 @@ def release_create(
     except (PolicyError, TypeError, ValueError) as exc:
         raise InvalidRelease(f"Invalid target: {exc}") from None
     release.save()
-    ReleaseEvent.objects.create(release=release, action="create", from_state="", to_state=release.state, actor=actor)
+    ReleaseEvent.objects.create(
+        release=release, action="create", from_state="", to_state=release.state, actor=actor
+    )
     version_mark_released(version=version)
     if start:
-        release = release_transition(release_id=release.pk, action="start", actor=actor, reason="created started")
+        release = release_transition(
+            release_id=release.pk, action="start", actor=actor, reason="created started"
+        )
     return release
 
 
@@ -91,7 +97,12 @@ def release_transition(*, release_id, action: str, actor=None, reason: str = "")
     if release.state not in sources:
         raise TransitionConflict(f"Cannot {action} a release that is {release.state}.")
     ReleaseEvent.objects.create(
-        release=release, action=action, from_state=release.state, to_state=destination, actor=actor, reason=reason
+        release=release,
+        action=action,
+        from_state=release.state,
+        to_state=destination,
+        actor=actor,
+        reason=reason,
     )
     release.state = destination
     release.save(update_fields=["state", "updated_at"])

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from accounts.api import OrganisationApi
 from drf_spectacular.utils import extend_schema
+from fleet.selectors import devices_per_version
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from accounts.api import OrganisationApi
-from fleet.selectors import devices_per_version
 from telemetry.selectors import fleet_rates, record_counts
 
 

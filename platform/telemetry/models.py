@@ -1,5 +1,4 @@
 from django.db import models
-
 from fleet.models import Device
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 from statistics import median
 
+from accounts.models import Organisation
 from django.db.models import Count
 from django.utils import timezone
 
-from accounts.models import Organisation
 from telemetry.models import TelemetryRecord
 
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from django.db import transaction
-
 from fleet.models import Device
+
 from telemetry.models import TelemetryRecord
 
 
@@ -30,9 +30,7 @@ class IngestResult:
 def telemetry_ingest(*, device: Device, records: list[IncomingRecord]) -> IngestResult:
     """Store new records, skip ones already stored; both kinds are acknowledged to the device."""
     seqs = {r.seq for r in records}
-    existing = set(
-        TelemetryRecord.objects.filter(device=device, seq__in=seqs).values_list("seq", flat=True)
-    )
+    existing = set(TelemetryRecord.objects.filter(device=device, seq__in=seqs).values_list("seq", flat=True))
     fresh = {r.seq: r for r in records if r.seq not in existing}  # a batch may repeat a seq
     TelemetryRecord.objects.bulk_create(
         [

@@ -28,8 +28,14 @@ def _signed(tmp_path: Path, name: str, *, seed: int = 0, break_selftest: bool = 
         for tensor in package.manifest["metadata"]["selftest"]["outputs"].values():
             tensors[tensor] = tensors[tensor] + 0.5
         graph = {k: v for k, v in package.graph.items() if k != "tensors"}
-        write_package(unsigned, graph=graph, tensors=tensors, inputs=package.manifest["inputs"],
-                      outputs=package.manifest["outputs"], metadata=package.manifest["metadata"])
+        write_package(
+            unsigned,
+            graph=graph,
+            tensors=tensors,
+            inputs=package.manifest["inputs"],
+            outputs=package.manifest["outputs"],
+            metadata=package.manifest["metadata"],
+        )
     signed = tmp_path / f"{name}.ferry"
     sign_package(unsigned, signed, KEYS.private_key)
     return signed

@@ -6,15 +6,21 @@ import shutil
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
-
 from releases.services import release_create
 
 pytestmark = [pytest.mark.browser]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Without these, Chromium tries to reach Google's services, which this network refuses.
-QUIET_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+QUIET_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture
@@ -28,8 +34,14 @@ def page():
 
 @pytest.fixture
 def console_data(transactional_db, org, admin, ready_version):
-    release = release_create(organisation=org, version=ready_version, name="to the lab",
-                             target={"labels": {"site": "lab"}}, actor=admin[0], start=True)
+    release = release_create(
+        organisation=org,
+        version=ready_version,
+        name="to the lab",
+        target={"labels": {"site": "lab"}},
+        actor=admin[0],
+        start=True,
+    )
     return release
 
 

@@ -21,8 +21,11 @@ KEYS = generate_keypair()
 def _unsigned(path: Path) -> Path:
     write_package(
         path,
-        graph={"nodes": [{"name": "r", "op": "Relu", "inputs": ["x"], "outputs": ["y"], "attrs": {}}],
-               "inputs": ["x"], "outputs": ["y"]},
+        graph={
+            "nodes": [{"name": "r", "op": "Relu", "inputs": ["x"], "outputs": ["y"], "attrs": {}}],
+            "inputs": ["x"],
+            "outputs": ["y"],
+        },
         tensors={"w": np.arange(16, dtype=np.float32)},
         inputs=[{"name": "x", "dtype": "float32", "shape": [1, 4]}],
         outputs=[{"name": "y", "dtype": "float32", "shape": [1, 4]}],
@@ -53,7 +56,11 @@ def _rewrite(path: Path, members: list[tuple[tarfile.TarInfo, bytes]]) -> Path:
 def test_signed_package_unpacks_whole(signed: Path, tmp_path: Path):
     result = verify_and_unpack(signed, tmp_path / "out", KEYS.public_key)
     assert sorted(result.files) == ["graph.json", "weights.bin"]
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["graph.json", "manifest.json", "weights.bin"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "graph.json",
+        "manifest.json",
+        "weights.bin",
+    ]
 
 
 def test_signing_is_deterministic(tmp_path: Path):

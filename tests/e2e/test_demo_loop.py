@@ -23,9 +23,23 @@ pytestmark = pytest.mark.slow
 
 def _demo(env: dict[str, str], duration: int) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, "manage.py", "demo", "--duration", str(duration), "--no-live",
-         "--http-port", "0", "--gateway-port", "0"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "manage.py",
+            "demo",
+            "--duration",
+            str(duration),
+            "--no-live",
+            "--http-port",
+            "0",
+            "--gateway-port",
+            "0",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, f"demo failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
@@ -33,8 +47,14 @@ def _demo(env: dict[str, str], duration: int) -> subprocess.CompletedProcess:
 
 def _query(env: dict[str, str], code: str):
     """Run ORM code in a fresh process on the same settings as the stack; it prints JSON."""
-    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -112,9 +132,13 @@ def test_demo_on_postgres_redis_and_s3(tmp_path: Path, s3_server):
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=bucket)
     redis_url = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/14"
     redis.Redis.from_url(redis_url).flushdb()
-    env = {**os.environ, "FERRY_DATA_DIR": str(tmp_path / "data"), "REDIS_URL": redis_url,
-           "FERRY_DATABASE_URL": os.environ["FERRY_DATABASE_URL"].rsplit("/", 1)[0] + f"/{database}",
-           "FERRY_S3_BUCKET": bucket}
+    env = {
+        **os.environ,
+        "FERRY_DATA_DIR": str(tmp_path / "data"),
+        "REDIS_URL": redis_url,
+        "FERRY_DATABASE_URL": os.environ["FERRY_DATABASE_URL"].rsplit("/", 1)[0] + f"/{database}",
+        "FERRY_S3_BUCKET": bucket,
+    }
     try:
         _demo(env, duration=12)
         _check_fleet(env, tmp_path / "data")

@@ -4,12 +4,12 @@ import io
 
 import onnx
 import pytest
-from rest_framework.test import APIClient
-
 from accounts.services import organisation_ensure, user_ensure_admin
-from converter.samples import build_image_classifier
 from registry.models import ModelVersion
 from registry.services import conversion_run
+from rest_framework.test import APIClient
+
+from converter.samples import build_image_classifier
 
 
 @pytest.fixture

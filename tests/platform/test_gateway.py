@@ -6,17 +6,17 @@ import json
 
 import grpc
 import pytest
-
-from agent.client import GatewayClient
-from agent.outbox import OutboxRecord
-from deploy.proto import agent_pb2
-from deploy.unpack import verify_and_unpack
 from ferry_cloud.release_key import release_public_key
 from fleet.models import Device
 from fleet.services import device_revoke, enrolment_token_create
 from gateway.server import build_server
 from releases.services import release_create
 from telemetry.models import TelemetryRecord
+
+from agent.client import GatewayClient
+from agent.outbox import OutboxRecord
+from deploy.proto import agent_pb2
+from deploy.unpack import verify_and_unpack
 
 ATTRS = agent_pb2.DeviceAttributes(hardware="pi4", os="linux", agent_version="test", labels={"fleet": "demo"})
 
@@ -31,7 +31,9 @@ def gateway(transactional_db):
 
 def _enrolled(org, gateway) -> tuple[GatewayClient, agent_pb2.EnrolResponse]:
     client = GatewayClient(gateway)
-    reply = client.enrol(enrolment_token_create(organisation=org, labels={"site": "lab"}).token, "dev-1", ATTRS)
+    reply = client.enrol(
+        enrolment_token_create(organisation=org, labels={"site": "lab"}).token, "dev-1", ATTRS
+    )
     client.credential = reply.credential
     return client, reply
 
@@ -43,8 +45,14 @@ def test_enrol_check_in_download_and_verify(org, admin, ready_version, gateway, 
     assert device.labels == {"fleet": "demo", "site": "lab"}
 
     assert not client.check_in(ATTRS, "", "").HasField("desired")  # nothing released yet
-    release_create(organisation=org, version=ready_version, name="r", target={"labels": {"fleet": "demo"}},
-                   actor=admin[0], start=True)
+    release_create(
+        organisation=org,
+        version=ready_version,
+        name="r",
+        target={"labels": {"fleet": "demo"}},
+        actor=admin[0],
+        start=True,
+    )
     offer = client.check_in(ATTRS, "", "").desired
     assert offer.version_id == str(ready_version.pk)
     assert offer.package_digest == ready_version.package.sha256
@@ -104,10 +112,12 @@ def test_telemetry_is_stored_exactly_once_when_batches_are_replayed(org, gateway
 
 def test_malformed_telemetry_is_refused_whole(org, gateway):
     client, reply = _enrolled(org, gateway)
-    batch = agent_pb2.TelemetryBatch(records=[
-        agent_pb2.TelemetryRecord(seq=1, kind="metrics", payload_json=json.dumps({"ok": 1})),
-        agent_pb2.TelemetryRecord(seq=2, kind="metrics", payload_json="{not json"),
-    ])
+    batch = agent_pb2.TelemetryBatch(
+        records=[
+            agent_pb2.TelemetryRecord(seq=1, kind="metrics", payload_json=json.dumps({"ok": 1})),
+            agent_pb2.TelemetryRecord(seq=2, kind="metrics", payload_json="{not json"),
+        ]
+    )
     with pytest.raises(grpc.RpcError) as refused:
         client._stub.ReportTelemetry(batch, metadata=client._metadata(), timeout=10)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT

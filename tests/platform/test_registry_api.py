@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from django.core.files.storage import default_storage
-
 from registry.models import Artifact, ConversionJob, ModelVersion
 from registry.services import conversion_run
+
 from tests.platform.conftest import onnx_bytes, upload
 
 

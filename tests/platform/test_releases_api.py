@@ -15,8 +15,15 @@ def test_release_lifecycle_is_audited(api, ready_version):
     assert created.status_code == 201, created.content
     release_id = created.json()["id"]
     assert created.json()["state"] == "draft"
-    for action, state in [("start", "active"), ("pause", "paused"), ("resume", "active"), ("abort", "aborted")]:
-        response = api.post(f"/api/v1/releases/{release_id}/{action}/", {"reason": f"test {action}"}, format="json")
+    for action, state in [
+        ("start", "active"),
+        ("pause", "paused"),
+        ("resume", "active"),
+        ("abort", "aborted"),
+    ]:
+        response = api.post(
+            f"/api/v1/releases/{release_id}/{action}/", {"reason": f"test {action}"}, format="json"
+        )
         assert response.status_code == 200, response.content
         assert response.json()["state"] == state
     events = api.get(f"/api/v1/releases/{release_id}/").json()["events"]
@@ -46,8 +53,9 @@ def test_released_version_is_marked_immutable(api, ready_version):
 def test_bad_release_requests(api, ready_version):
     assert _create(api, ready_version, target={"percentage": 140}).status_code == 400
     assert _create(api, ready_version, target={"colour": "red"}).status_code == 400
-    missing = api.post("/api/v1/releases/", {"name": "x", "version": "00000000-0000-0000-0000-000000000000"},
-                       format="json")
+    missing = api.post(
+        "/api/v1/releases/", {"name": "x", "version": "00000000-0000-0000-0000-000000000000"}, format="json"
+    )
     assert missing.status_code == 404
 
 

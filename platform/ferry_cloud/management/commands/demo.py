@@ -17,6 +17,7 @@ from pathlib import Path
 
 import onnx
 import requests
+from accounts.services import organisation_ensure, user_ensure_admin
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
@@ -24,7 +25,6 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from accounts.services import organisation_ensure, user_ensure_admin
 from converter.samples import build_image_classifier
 from ferry_cloud.stack import Stack, free_port
 
@@ -54,9 +54,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--http-port", type=int, default=int(os.environ.get("FERRY_HTTP_PORT", 8000)))
-        parser.add_argument("--gateway-port", type=int, default=int(os.environ.get("FERRY_GATEWAY_PORT", 50051)))
-        parser.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: Ctrl-C)")
-        parser.add_argument("--no-live", action="store_true", help="print summaries as lines, not a live screen")
+        parser.add_argument(
+            "--gateway-port", type=int, default=int(os.environ.get("FERRY_GATEWAY_PORT", 50051))
+        )
+        parser.add_argument(
+            "--duration", type=float, default=0, help="stop after this many seconds (0: Ctrl-C)"
+        )
+        parser.add_argument(
+            "--no-live", action="store_true", help="print summaries as lines, not a live screen"
+        )
 
     def handle(self, *args, http_port, gateway_port, duration, no_live, **options):
         console = Console()
@@ -72,15 +78,19 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
-            console.print(f"starting web :{http_port}, gateway :{gateway_port} and a Celery worker "
-                          f"(logs in {stack.log_dir})")
+            console.print(
+                f"starting web :{http_port}, gateway :{gateway_port} and a Celery worker "
+                f"(logs in {stack.log_dir})"
+            )
             stack.start_control_plane(http_port, gateway_port)
             api = Api(base, api_token)
             version = _ensure_version(api, console, stop)
             _ensure_release(api, version)
             _start_agents(api, stack, demo_dir, gateway_port)
-            console.print(f"\n[bold]console[/] {base}/   [bold]login[/] admin / {password}   "
-                          f"[bold]API[/] {base}/api/docs/   (Ctrl-C stops everything)\n")
+            console.print(
+                f"\n[bold]console[/] {base}/   [bold]login[/] admin / {password}   "
+                f"[bold]API[/] {base}/api/docs/   (Ctrl-C stops everything)\n"
+            )
             _watch(api, stack, console, stop, duration, live=not no_live and console.is_terminal)
         finally:
             console.print("stopping agents, gateway, worker and web ...")
@@ -109,13 +119,17 @@ def _ensure_version(api: Api, console: Console, stop: threading.Event) -> dict:
         buf = io.BytesIO(build_image_classifier().SerializeToString())
         onnx.checker.check_model(buf.getvalue())
         files = {"file": (f"{MODEL}.onnx", buf, "application/octet-stream")}
-        version_id = api.call("POST", f"models/{model['id']}/versions/", files=files, data={"label": label})["id"]
+        version_id = api.call("POST", f"models/{model['id']}/versions/", files=files, data={"label": label})[
+            "id"
+        ]
         console.print(f"uploaded {MODEL}:{label} through the REST API; the worker converts it ...")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not stop.is_set():
         version = api.call("GET", f"versions/{version_id}/")
         if version["status"] == "ready":
-            console.print(f"converted: package {version['package_sha256'][:12]} ({version['package_size']} bytes)")
+            console.print(
+                f"converted: package {version['package_sha256'][:12]} ({version['package_size']} bytes)"
+            )
             return version
         if version["status"] == "failed":
             raise CommandError(f"conversion failed: {version['job']['error']}")
@@ -127,21 +141,33 @@ def _ensure_release(api: Api, version: dict) -> None:
     for release in api.call("GET", "releases/"):
         if release["version"]["id"] == version["id"] and release["state"] == "active":
             return
-    api.call("POST", "releases/", json={
-        "name": f"{MODEL} {version['label']} to the demo fleet",
-        "version": version["id"],
-        "target": {"labels": FLEET_LABELS, "percentage": 100},
-        "start": True,
-    })
+    api.call(
+        "POST",
+        "releases/",
+        json={
+            "name": f"{MODEL} {version['label']} to the demo fleet",
+            "version": version["id"],
+            "target": {"labels": FLEET_LABELS, "percentage": 100},
+            "start": True,
+        },
+    )
 
 
 def _start_agents(api: Api, stack: Stack, demo_dir: Path, gateway_port: int) -> None:
     for i in range(1, AGENTS + 1):
         state_dir = demo_dir / "agents" / f"agent-{i}"
         enrolled = (state_dir / "credential.json").exists()
-        token = "" if enrolled else api.call("POST", "enrolment-tokens/", json={"labels": FLEET_LABELS})["token"]
-        stack.start_agent(f"agent-{i}", gateway_port, state_dir, token, FLEET_LABELS,
-                          extra=["--metrics-interval", "2", "--upload-interval", "1"])
+        token = (
+            "" if enrolled else api.call("POST", "enrolment-tokens/", json={"labels": FLEET_LABELS})["token"]
+        )
+        stack.start_agent(
+            f"agent-{i}",
+            gateway_port,
+            state_dir,
+            token,
+            FLEET_LABELS,
+            extra=["--metrics-interval", "2", "--upload-interval", "1"],
+        )
 
 
 def _summary_table(summary: dict) -> Table:
@@ -152,13 +178,17 @@ def _summary_table(summary: dict) -> Table:
         table.add_row(row["version"] or "(none yet)", str(row["devices"]))
     rates = summary["rates"]
     p50 = rates["latency_ms_p50"]
-    table.caption = (f"{rates['inferences_per_second']:.1f} inferences/s · p50 "
-                     f"{'–' if p50 is None else f'{p50:.2f} ms'} · "
-                     f"{sum(summary['telemetry_records_per_device'].values())} telemetry records")
+    table.caption = (
+        f"{rates['inferences_per_second']:.1f} inferences/s · p50 "
+        f"{'–' if p50 is None else f'{p50:.2f} ms'} · "
+        f"{sum(summary['telemetry_records_per_device'].values())} telemetry records"
+    )
     return table
 
 
-def _watch(api: Api, stack: Stack, console: Console, stop: threading.Event, duration: float, live: bool) -> None:
+def _watch(
+    api: Api, stack: Stack, console: Console, stop: threading.Event, duration: float, live: bool
+) -> None:
     ends = time.monotonic() + duration if duration else float("inf")
     if live:
         with Live(console=console, refresh_per_second=2) as screen:
