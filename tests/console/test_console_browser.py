@@ -24,7 +24,10 @@ QUIET_FLAGS = [
 
 
 @pytest.fixture
-def page():
+def page(monkeypatch):
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes
+    # between browser steps are still plain synchronous code, so Django's guard is lifted.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=QUIET_FLAGS)
         page = browser.new_page()
@@ -52,12 +55,12 @@ def _login(page, live_server, password="correct horse"):
     page.get_by_role("button", name="Log in").click()
 
 
-def test_wrong_password_is_refused(page, live_server, console_data):
+def test_wrong_password_is_refused(console_data, live_server, page):
     _login(page, live_server, password="wrong")
     expect(page.get_by_role("alert")).to_contain_text("did not match")
 
 
-def test_release_manager_sees_fleet_and_pauses_a_release(page, live_server, console_data):
+def test_release_manager_sees_fleet_and_pauses_a_release(console_data, live_server, page):
     _login(page, live_server)
     expect(page.get_by_role("heading", name="Acme")).to_be_visible()
     models = page.locator("#models")

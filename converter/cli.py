@@ -1,0 +1,98 @@
+"""`ferry convert model.onnx -o model.ferry [--quantize fp16]`: the converter from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+
+from converter.convert import ConversionReport, convert
+from converter.errors import ConversionError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ferry", description="Ferry model tools.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    conv = commands.add_parser("convert", help="convert an ONNX model into a Ferry package")
+    conv.add_argument("source", type=Path, help="the .onnx model")
+    conv.add_argument("-o", "--output", type=Path, help="the package to write (default: SOURCE with .ferry)")
+    conv.add_argument(
+        "--quantize",
+        choices=["fp16", "int8", "int4"],
+        help="weight storage precision (default: float32; int8/int4 are not implemented yet)",
+    )
+    conv.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed its usage message
+        return int(exc.code or 0)
+    return _convert(args)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    out, err = Console(), Console(stderr=True)
+    dst = args.output or args.source.with_suffix(".ferry")
+    try:
+        columns = (TextColumn("{task.description}"), BarColumn())
+        with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+            task = bar.add_task("converting", total=1.0)
+            report = convert(
+                args.source,
+                dst,
+                quantize=args.quantize,
+                progress=lambda fraction, message: bar.update(task, completed=fraction, description=message),
+            )
+    except ConversionError as exc:
+        err.print(f"[bold red]error:[/] {_one_line(exc)}", highlight=False, soft_wrap=True)
+        return 1
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        out.print(_table(report, dst))
+    return 0
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def _table(report: ConversionReport, dst: Path) -> Table:
+    table = Table(title=f"{report.source} -> {dst}", show_header=False)
+    rows = [
+        (
+            "source",
+            f"{report.source_size:,} bytes, opset {report.source_opset}, sha256 {report.source_sha256[:16]}…",
+        ),
+        (
+            "package",
+            f"{report.package_size:,} bytes, opset {report.opset}, weights {report.weights_bytes:,} bytes",
+        ),
+        ("nodes", f"{report.nodes_before} -> {report.nodes_after}"),
+        ("inputs", ", ".join(f"{s['name']} {s['dtype']}{s['shape']}" for s in report.inputs)),
+        ("outputs", ", ".join(f"{s['name']} {s['dtype']}{s['shape']}" for s in report.outputs)),
+        ("quantize", report.quantize or "none (float32)"),
+    ]
+    if report.fp16_max_abs_error is not None:
+        rows.append(
+            (
+                "fp16 accuracy",
+                f"max abs error {report.fp16_max_abs_error:.3g}, cosine {report.fp16_cosine_similarity:.6f}",
+            )
+        )
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main())

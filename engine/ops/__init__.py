@@ -1,0 +1,31 @@
+"""Operator kernels, one module per family; importing this package fills the registry."""
+
+from engine.ops import (  # noqa: F401  (imported for their registrations)
+    activation,
+    conv,
+    elementwise,
+    gemm,
+    normalization,
+    pool,
+    reduce,
+    shape,
+    softmax,
+)
+from engine.ops.registry import CHECKS, LEGACY, PREPARES, REGISTRY, SELECTORS, kernel_for, kernel_name
+
+
+def supported_operators() -> list[str]:
+    """Names of the ONNX operators (default domain) the engine can run, sorted."""
+    return sorted(REGISTRY)
+
+
+__all__ = [
+    "CHECKS",
+    "LEGACY",
+    "PREPARES",
+    "REGISTRY",
+    "SELECTORS",
+    "kernel_for",
+    "kernel_name",
+    "supported_operators",
+]

@@ -1,0 +1,91 @@
+"""MaxPool, AveragePool and the global pools, N-d, by summing/maxing over kernel taps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from engine.ops import window
+from engine.ops.registry import check, register
+
+
+def _geometry(x: np.ndarray, attrs: dict[str, Any]) -> window.Window:
+    if x.ndim < 3:
+        raise ValueError(f"pooling needs an input of rank >= 3, got {x.shape}")
+    kernel = attrs.get("kernel_shape")
+    if not kernel or len(kernel) != x.ndim - 2:
+        raise ValueError(f"kernel_shape {kernel} does not match input {x.shape}")
+    return window.geometry(attrs, tuple(x.shape[2:]), tuple(kernel))
+
+
+def _lowest(dtype: np.dtype) -> float | int:
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+@check("MaxPool")
+def check_max_pool(attrs: dict[str, Any], n_inputs: int, n_outputs: int) -> str | None:
+    if n_outputs > 1:
+        return "the Indices output of MaxPool is not implemented"
+    return None
+
+
+@register("MaxPool")
+def max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    x = inputs[0]
+    win = _geometry(x, attrs)
+    xp = window.pad(x, win, _lowest(x.dtype))
+    y = None
+    for _, sl in window.taps(win):
+        patch = xp[(slice(None), slice(None), *sl)]
+        y = patch.copy() if y is None else np.maximum(y, patch, out=y)
+    return [y]
+
+
+@register("AveragePool")
+def average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    x = inputs[0]
+    win = _geometry(x, attrs)
+    xp = window.pad(x, win, 0)
+    y = np.zeros((*x.shape[:2], *win.out), dtype=x.dtype)
+    for _, sl in window.taps(win):
+        y += xp[(slice(None), slice(None), *sl)]
+    return [y / _counts(x, win, attrs).astype(x.dtype)]
+
+
+def _counts(x: np.ndarray, win: window.Window, attrs: dict[str, Any]) -> np.ndarray:
+    """How many cells each window averages: the real ones, plus the padding if count_include_pad.
+
+    Cells added only to complete a ceil_mode window never count.
+    """
+    nd = len(win.out)
+    counted_begin, counted_end = [0] * nd, [0] * nd
+    if attrs.get("count_include_pad", 0):
+        if attrs.get("auto_pad", "NOTSET") == "NOTSET":
+            pads = list(attrs.get("pads") or [0] * (2 * nd))
+            counted_begin, counted_end = pads[:nd], pads[nd:]
+        else:
+            counted_begin, counted_end = list(win.pads_begin), list(win.pads_end)
+    mask = np.ones((1, 1, *x.shape[2:]), dtype=np.int64)
+    mask = np.pad(mask, [(0, 0), (0, 0), *zip(counted_begin, counted_end, strict=True)], constant_values=1)
+    rest = [
+        (b - cb, e - ce)
+        for b, e, cb, ce in zip(win.pads_begin, win.pads_end, counted_begin, counted_end, strict=True)
+    ]
+    mask = np.pad(mask, [(0, 0), (0, 0), *rest], constant_values=0)
+    counts = np.zeros((1, 1, *win.out), dtype=np.int64)
+    for _, sl in window.taps(win):
+        counts += mask[(slice(None), slice(None), *sl)]
+    return counts
+
+
+@register("GlobalAveragePool")
+def global_average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    x = inputs[0]
+    return [x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=x.dtype)]
+
+
+@register("GlobalMaxPool")
+def global_max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    x = inputs[0]
+    return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]

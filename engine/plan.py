@@ -1,0 +1,43 @@
+"""The per-input-shape half of planning: which kernel variant each node uses for given shapes.
+
+A plan is recorded during the first run with a new input-shape signature (selectors need
+the actual shapes reaching each node) and reused by every later run with that signature.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from engine.ops.registry import Kernel
+
+Signature = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    signature: Signature
+    kernels: tuple[Kernel, ...]
+
+
+class PlanCache:
+    """Plans by signature, least recently used dropped first (dynamic shapes must not grow it forever)."""
+
+    def __init__(self, capacity: int = 16) -> None:
+        self.capacity = capacity
+        self._plans: OrderedDict[Signature, Plan] = OrderedDict()
+
+    def get(self, signature: Signature) -> Plan | None:
+        plan = self._plans.get(signature)
+        if plan is not None:
+            self._plans.move_to_end(signature)
+        return plan
+
+    def put(self, plan: Plan) -> None:
+        self._plans[plan.signature] = plan
+        self._plans.move_to_end(plan.signature)
+        while len(self._plans) > self.capacity:
+            self._plans.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._plans)

@@ -1,0 +1,259 @@
+"""Session: load a Ferry package once, then run it on numpy feeds."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from threadpoolctl import ThreadpoolController
+
+from engine import debug
+from engine.errors import EngineError, InputError, NodeExecutionError, PackageError
+from engine.format import read_package
+from engine.ops.registry import kernel_name
+from engine.plan import Plan, PlanCache, Signature
+from engine.program import Program, Step, compile_program
+
+_controller: ThreadpoolController | None = None
+
+
+def _threadpools() -> ThreadpoolController:
+    """One controller for the process: discovering the BLAS libraries is the slow part."""
+    global _controller
+    if _controller is None:
+        _controller = ThreadpoolController()
+    return _controller
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model input or output: numpy dtype name, and dims as ints or symbolic names."""
+
+    name: str
+    dtype: str
+    shape: list[int | str] | None
+
+
+@dataclass(frozen=True)
+class NodeTiming:
+    node: str
+    op: str
+    kernel: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SelfTestResult:
+    """The package's stored self-test vectors re-run here; ``passed`` if every output is within tolerance."""
+
+    passed: bool
+    max_abs_error: float
+    failures: list[str]
+
+
+class Session:
+    """A loaded model.  Not thread-safe: use one Session per thread.
+
+    ``threads`` caps the BLAS thread pool during runs (default: every core).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], threads: int | None = None) -> None:
+        if threads is None:
+            threads = os.cpu_count() or 1
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+            raise ValueError(f"threads must be a positive int, got {threads!r}")
+        self.path = Path(path)
+        self.threads = threads
+        try:
+            package = read_package(self.path)
+            self.inputs = _specs(package.manifest.get("inputs"), "inputs", self.path)
+            self.outputs = _specs(package.manifest.get("outputs"), "outputs", self.path)
+            self._program = compile_program(package.graph, package.tensors, str(self.path))
+        except EngineError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise PackageError(f"{self.path}: unreadable package ({exc})") from exc
+        self.metadata: dict[str, Any] = package.manifest.get("metadata", {})
+        self._tensors = package.tensors
+        self._check_specs_match_graph()
+        self._plans = PlanCache()
+
+    def __repr__(self) -> str:
+        return f"Session({str(self.path)!r}, inputs={[s.name for s in self.inputs]}, threads={self.threads})"
+
+    # -- public API -----------------------------------------------------------------------------
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model; feeds must match ``inputs`` exactly (names, dtypes, fixed dims)."""
+        return self._run(feeds, on_node=None)
+
+    def profile(self, feeds: Mapping[str, np.ndarray]) -> list[NodeTiming]:
+        """Run once and return each node's kernel and wall time, in execution order."""
+        timings: list[NodeTiming] = []
+
+        def record(step: Step, kernel: Callable, seconds: float) -> None:
+            timings.append(NodeTiming(step.name, step.op, kernel_name(kernel), seconds))
+
+        self._run(feeds, on_node=record)
+        return timings
+
+    def self_test(self) -> SelfTestResult:
+        """Run the input vectors the converter stored and compare with its expected outputs."""
+        spec = self.metadata.get("selftest")
+        if not spec:
+            raise PackageError(f"{self.path}: the package has no self-test vectors")
+        feeds = {name: np.array(self._tensors[tensor]) for name, tensor in spec["inputs"].items()}
+        got = self.run(feeds)
+        failures, worst = [], 0.0
+        for name, tensor in spec["outputs"].items():
+            expected = self._tensors[tensor]
+            error = float(np.max(np.abs(got[name].astype(np.float64) - expected), initial=0.0))
+            worst = max(worst, error)
+            if got[name].shape != expected.shape or not np.allclose(
+                got[name], expected, atol=spec.get("atol", 1e-4), rtol=spec.get("rtol", 1e-3), equal_nan=True
+            ):
+                failures.append(f"output {name!r}: max abs error {error:.3g}")
+        return SelfTestResult(passed=not failures, max_abs_error=worst, failures=failures)
+
+    # -- running --------------------------------------------------------------------------------
+
+    def _run(self, feeds: Mapping[str, np.ndarray], on_node: Callable | None) -> dict[str, np.ndarray]:
+        signature = self._check_feeds(feeds)
+        arrays = {name: np.asarray(value) for name, value in feeds.items()}  # numpy scalars -> 0-d
+        plan = self._plans.get(signature)
+        with _threadpools().limit(limits=self.threads):
+            env, chosen = self._execute(arrays, plan, on_node)
+        if plan is None:
+            self._plans.put(Plan(signature, tuple(chosen)))
+        return {name: _owned(env[name], feeds) for name in self._program.outputs}
+
+    def _execute(
+        self, feeds: dict[str, np.ndarray], plan: Plan | None, on_node: Callable | None
+    ) -> tuple[dict[str, np.ndarray], list[Callable]]:
+        program: Program = self._program
+        env: dict[str, np.ndarray] = {**program.constants, **feeds}
+        chosen: list[Callable] = []
+        show = debug.enabled()
+        for index, step in enumerate(program.steps):
+            args = [env[name] if name else None for name in step.inputs]
+            kernel = plan.kernels[index] if plan is not None else _choose(step, args)
+            chosen.append(kernel)
+            start = time.perf_counter()
+            results = _call(step, kernel, args)
+            if on_node is not None:
+                on_node(step, kernel, time.perf_counter() - start)
+            for name, value in zip(step.outputs, results, strict=False):
+                if name:
+                    env[name] = value
+                    if show:
+                        debug.report(step.name, step.op, name, value)
+            for name in step.release:
+                env.pop(name, None)
+        return env, chosen
+
+    # -- validation -----------------------------------------------------------------------------
+
+    def _check_feeds(self, feeds: Mapping[str, np.ndarray]) -> Signature:
+        if not isinstance(feeds, Mapping):
+            raise InputError(f"feeds must be a dict of input name -> numpy array, got {type(feeds).__name__}")
+        expected = [spec.name for spec in self.inputs]
+        problems = [
+            f"unknown input {name!r} (the model's inputs are {expected})"
+            for name in feeds
+            if name not in expected
+        ]
+        problems += [f"missing input {name!r}" for name in expected if name not in feeds]
+        bindings: dict[str, tuple[int, str]] = {}
+        for spec in self.inputs:
+            if spec.name in feeds:
+                problems += _check_one(spec, feeds[spec.name], bindings)
+        if problems:
+            raise InputError("; ".join(problems))
+        return tuple((spec.name, tuple(np.shape(feeds[spec.name]))) for spec in self.inputs)
+
+    def _check_specs_match_graph(self) -> None:
+        names = [spec.name for spec in self.inputs]
+        if sorted(names) != sorted(self._program.inputs):
+            raise PackageError(
+                f"{self.path}: manifest inputs {names} do not match graph inputs {self._program.inputs}"
+            )
+
+
+def _specs(raw: Any, key: str, path: Path) -> list[TensorSpec]:
+    if not isinstance(raw, list):
+        raise PackageError(f"{path}: manifest has no {key} list")
+    specs = []
+    for item in raw:
+        np.dtype(item["dtype"])  # an unknown dtype fails here, at load
+        shape = item.get("shape")
+        specs.append(TensorSpec(item["name"], item["dtype"], list(shape) if shape is not None else None))
+    return specs
+
+
+def _check_one(spec: TensorSpec, value: Any, bindings: dict[str, tuple[int, str]]) -> list[str]:
+    """What is wrong with one feed (empty if nothing); symbolic dims must agree across inputs."""
+    if not isinstance(value, np.ndarray | np.generic):
+        return [f"input {spec.name!r} must be a numpy.ndarray, got {type(value).__name__}"]
+    problems = []
+    if value.dtype != np.dtype(spec.dtype):
+        problems.append(f"input {spec.name!r} has dtype {value.dtype.name}, expected {spec.dtype}")
+    if spec.shape is None:
+        return problems
+    if value.ndim != len(spec.shape):
+        problems.append(
+            f"input {spec.name!r} has shape {tuple(value.shape)} (rank {value.ndim}), "
+            f"expected rank {len(spec.shape)}: {spec.shape}"
+        )
+        return problems
+    for axis, (got, want) in enumerate(zip(value.shape, spec.shape, strict=True)):
+        if isinstance(want, int) and got != want:
+            problems.append(
+                f"input {spec.name!r} has shape {tuple(value.shape)}, expected {spec.shape} "
+                f"(dim {axis} must be {want})"
+            )
+        elif isinstance(want, str):
+            seen = bindings.setdefault(want, (got, spec.name))
+            if seen[0] != got:
+                problems.append(
+                    f"input {spec.name!r} dim {axis} ({want!r}) is {got}, but input {seen[1]!r} set {want!r} "
+                    f"to {seen[0]}"
+                )
+    return problems
+
+
+def _choose(step: Step, args: list[np.ndarray | None]) -> Callable:
+    if step.select is None:
+        return step.kernel
+    return step.select(step.attrs, [None if a is None else a.shape for a in args])
+
+
+def _call(step: Step, kernel: Callable, args: list[np.ndarray | None]) -> list[np.ndarray]:
+    """Run one kernel; any failure becomes a NodeExecutionError naming the node and its inputs."""
+    try:
+        results = [np.asarray(r) for r in kernel(args, step.attrs)]
+    except Exception as exc:  # noqa: BLE001 - every kernel failure is reported the same way
+        shapes = ", ".join(
+            f"{name or '<none>'}: " + ("-" if a is None else f"{a.dtype.name}{list(a.shape)}")
+            for name, a in zip(step.inputs, args, strict=True)
+        )
+        raise NodeExecutionError(
+            f"node {step.name!r} ({step.op}) failed on inputs [{shapes}]: {type(exc).__name__}: {exc}"
+        ) from exc
+    missing = [name for name in step.outputs[len(results) :] if name]
+    if missing:
+        raise NodeExecutionError(
+            f"node {step.name!r} ({step.op}) produced {len(results)} outputs; nothing computed {missing}"
+        )
+    return results
+
+
+def _owned(value: np.ndarray, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Outputs the caller may keep and modify: never read-only weights or views of its own feeds."""
+    if not value.flags.writeable or any(np.may_share_memory(value, f) for f in feeds.values()):
+        return value.copy()
+    return value

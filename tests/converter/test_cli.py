@@ -1,0 +1,65 @@
+"""`ferry convert` through converter.cli.main: exit codes and what the user sees."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from converter.cli import main
+from converter.samples import build_image_classifier
+from engine import Session
+
+
+@pytest.fixture
+def source(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(build_image_classifier(), path)
+    return path
+
+
+def test_convert_prints_the_report(source, tmp_path, capsys):
+    dst = tmp_path / "out.ferry"
+    assert main(["convert", str(source), "-o", str(dst), "--quantize", "fp16"]) == 0
+    out = capsys.readouterr().out
+    assert "nodes" in out and "9 -> 9" in out
+    assert "fp16 accuracy" in out and "cosine" in out
+    assert Session(dst).self_test().passed
+
+
+def test_output_defaults_to_the_source_name(source, capsys):
+    assert main(["convert", str(source)]) == 0
+    assert source.with_suffix(".ferry").exists()
+
+
+def test_json_report(source, tmp_path, capsys):
+    assert main(["convert", str(source), "-o", str(tmp_path / "o.ferry"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["nodes_after"] == 9 and report["quantize"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--quantize", "int8"], "quantize='int8' is not supported yet"),
+        ([], "not an ONNX model"),
+    ],
+    ids=["int8", "bad-source"],
+)
+def test_errors_are_one_readable_line(tmp_path, source, capsys, args, message):
+    src = source if args else tmp_path / "junk.onnx"
+    if not args:
+        src.write_bytes(b"\x00garbage\xff" * 10)
+    assert main(["convert", str(src), "-o", str(tmp_path / "o.ferry"), *args]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert not (tmp_path / "o.ferry").exists()
+
+
+def test_usage_errors_return_2(capsys):
+    assert main([]) == 2
+    assert main(["convert"]) == 2
+    assert "usage:" in capsys.readouterr().err
