@@ -1,10 +1,8 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -16,8 +14,7 @@ class DeviceAttributes(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: str
-        def __init__(self, key: str | None = ..., value: str | None = ...) -> None: ...
-
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     OS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -26,13 +23,7 @@ class DeviceAttributes(_message.Message):
     os: str
     agent_version: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(
-        self,
-        hardware: str | None = ...,
-        os: str | None = ...,
-        agent_version: str | None = ...,
-        labels: _Mapping[str, str] | None = ...,
-    ) -> None: ...
+    def __init__(self, hardware: _Optional[str] = ..., os: _Optional[str] = ..., agent_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class EnrolRequest(_message.Message):
     __slots__ = ("token", "name", "attributes")
@@ -42,12 +33,7 @@ class EnrolRequest(_message.Message):
     token: str
     name: str
     attributes: DeviceAttributes
-    def __init__(
-        self,
-        token: str | None = ...,
-        name: str | None = ...,
-        attributes: DeviceAttributes | _Mapping | None = ...,
-    ) -> None: ...
+    def __init__(self, token: _Optional[str] = ..., name: _Optional[str] = ..., attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ...) -> None: ...
 
 class EnrolResponse(_message.Message):
     __slots__ = ("device_id", "credential", "release_public_key", "checkin_interval_seconds")
@@ -59,13 +45,7 @@ class EnrolResponse(_message.Message):
     credential: str
     release_public_key: bytes
     checkin_interval_seconds: int
-    def __init__(
-        self,
-        device_id: str | None = ...,
-        credential: str | None = ...,
-        release_public_key: bytes | None = ...,
-        checkin_interval_seconds: int | None = ...,
-    ) -> None: ...
+    def __init__(self, device_id: _Optional[str] = ..., credential: _Optional[str] = ..., release_public_key: _Optional[bytes] = ..., checkin_interval_seconds: _Optional[int] = ...) -> None: ...
 
 class CheckInRequest(_message.Message):
     __slots__ = ("attributes", "running_version_id", "running_package_digest")
@@ -75,12 +55,7 @@ class CheckInRequest(_message.Message):
     attributes: DeviceAttributes
     running_version_id: str
     running_package_digest: str
-    def __init__(
-        self,
-        attributes: DeviceAttributes | _Mapping | None = ...,
-        running_version_id: str | None = ...,
-        running_package_digest: str | None = ...,
-    ) -> None: ...
+    def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ...) -> None: ...
 
 class PackageOffer(_message.Message):
     __slots__ = ("release_id", "version_id", "version_label", "model_name", "package_digest", "package_size")
@@ -96,15 +71,7 @@ class PackageOffer(_message.Message):
     model_name: str
     package_digest: str
     package_size: int
-    def __init__(
-        self,
-        release_id: str | None = ...,
-        version_id: str | None = ...,
-        version_label: str | None = ...,
-        model_name: str | None = ...,
-        package_digest: str | None = ...,
-        package_size: int | None = ...,
-    ) -> None: ...
+    def __init__(self, release_id: _Optional[str] = ..., version_id: _Optional[str] = ..., version_label: _Optional[str] = ..., model_name: _Optional[str] = ..., package_digest: _Optional[str] = ..., package_size: _Optional[int] = ...) -> None: ...
 
 class CheckInResponse(_message.Message):
     __slots__ = ("checkin_interval_seconds", "desired")
@@ -112,9 +79,7 @@ class CheckInResponse(_message.Message):
     DESIRED_FIELD_NUMBER: _ClassVar[int]
     checkin_interval_seconds: int
     desired: PackageOffer
-    def __init__(
-        self, checkin_interval_seconds: int | None = ..., desired: PackageOffer | _Mapping | None = ...
-    ) -> None: ...
+    def __init__(self, checkin_interval_seconds: _Optional[int] = ..., desired: _Optional[_Union[PackageOffer, _Mapping]] = ...) -> None: ...
 
 class DownloadRequest(_message.Message):
     __slots__ = ("package_digest", "offset")
@@ -122,7 +87,7 @@ class DownloadRequest(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     package_digest: str
     offset: int
-    def __init__(self, package_digest: str | None = ..., offset: int | None = ...) -> None: ...
+    def __init__(self, package_digest: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class PackageChunk(_message.Message):
     __slots__ = ("offset", "data", "total_size")
@@ -132,9 +97,7 @@ class PackageChunk(_message.Message):
     offset: int
     data: bytes
     total_size: int
-    def __init__(
-        self, offset: int | None = ..., data: bytes | None = ..., total_size: int | None = ...
-    ) -> None: ...
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ...) -> None: ...
 
 class TelemetryRecord(_message.Message):
     __slots__ = ("seq", "kind", "timestamp", "version_id", "payload_json")
@@ -148,20 +111,13 @@ class TelemetryRecord(_message.Message):
     timestamp: float
     version_id: str
     payload_json: str
-    def __init__(
-        self,
-        seq: int | None = ...,
-        kind: str | None = ...,
-        timestamp: float | None = ...,
-        version_id: str | None = ...,
-        payload_json: str | None = ...,
-    ) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., kind: _Optional[str] = ..., timestamp: _Optional[float] = ..., version_id: _Optional[str] = ..., payload_json: _Optional[str] = ...) -> None: ...
 
 class TelemetryBatch(_message.Message):
     __slots__ = ("records",)
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[TelemetryRecord]
-    def __init__(self, records: _Iterable[TelemetryRecord | _Mapping] | None = ...) -> None: ...
+    def __init__(self, records: _Optional[_Iterable[_Union[TelemetryRecord, _Mapping]]] = ...) -> None: ...
 
 class TelemetryAck(_message.Message):
     __slots__ = ("stored_seqs", "duplicate_seqs")
@@ -169,6 +125,4 @@ class TelemetryAck(_message.Message):
     DUPLICATE_SEQS_FIELD_NUMBER: _ClassVar[int]
     stored_seqs: _containers.RepeatedScalarFieldContainer[int]
     duplicate_seqs: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self, stored_seqs: _Iterable[int] | None = ..., duplicate_seqs: _Iterable[int] | None = ...
-    ) -> None: ...
+    def __init__(self, stored_seqs: _Optional[_Iterable[int]] = ..., duplicate_seqs: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -95,7 +95,8 @@ TEMPLATES = [
 # --- Database: SQLite in var/ by default, PostgreSQL through FERRY_DATABASE_URL --------------
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("FERRY_DATABASE_URL", f"sqlite:///{DATA_DIR / 'ferry.sqlite3'}"), conn_max_age=60
+        os.environ.get("FERRY_DATABASE_URL", f"sqlite:///{DATA_DIR / 'ferry.sqlite3'}"),
+        conn_max_age=int(os.environ.get("FERRY_DB_CONN_MAX_AGE", "60")),
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
