@@ -58,20 +58,36 @@ class CheckInRequest(_message.Message):
     def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ...) -> None: ...
 
 class PackageOffer(_message.Message):
-    __slots__ = ("release_id", "version_id", "version_label", "model_name", "package_digest", "package_size")
+    __slots__ = ("release_id", "version_id", "version_label", "model_name", "package_digest", "package_size", "download_only", "rollback", "window")
     RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_LABEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     PACKAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PACKAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOAD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
     release_id: str
     version_id: str
     version_label: str
     model_name: str
     package_digest: str
     package_size: int
-    def __init__(self, release_id: _Optional[str] = ..., version_id: _Optional[str] = ..., version_label: _Optional[str] = ..., model_name: _Optional[str] = ..., package_digest: _Optional[str] = ..., package_size: _Optional[int] = ...) -> None: ...
+    download_only: bool
+    rollback: bool
+    window: MaintenanceWindow
+    def __init__(self, release_id: _Optional[str] = ..., version_id: _Optional[str] = ..., version_label: _Optional[str] = ..., model_name: _Optional[str] = ..., package_digest: _Optional[str] = ..., package_size: _Optional[int] = ..., download_only: _Optional[bool] = ..., rollback: _Optional[bool] = ..., window: _Optional[_Union[MaintenanceWindow, _Mapping]] = ...) -> None: ...
+
+class MaintenanceWindow(_message.Message):
+    __slots__ = ("cron", "duration_seconds", "timezone")
+    CRON_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TIMEZONE_FIELD_NUMBER: _ClassVar[int]
+    cron: str
+    duration_seconds: int
+    timezone: str
+    def __init__(self, cron: _Optional[str] = ..., duration_seconds: _Optional[int] = ..., timezone: _Optional[str] = ...) -> None: ...
 
 class CheckInResponse(_message.Message):
     __slots__ = ("checkin_interval_seconds", "desired")
@@ -126,3 +142,15 @@ class TelemetryAck(_message.Message):
     stored_seqs: _containers.RepeatedScalarFieldContainer[int]
     duplicate_seqs: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, stored_seqs: _Optional[_Iterable[int]] = ..., duplicate_seqs: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("running_version_id",)
+    RUNNING_VERSION_ID_FIELD_NUMBER: _ClassVar[int]
+    running_version_id: str
+    def __init__(self, running_version_id: _Optional[str] = ...) -> None: ...
+
+class Hint(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...

@@ -54,6 +54,11 @@ class AgentGatewayStub:
                 request_serializer=deploy_dot_proto_dot_agent__pb2.TelemetryBatch.SerializeToString,
                 response_deserializer=deploy_dot_proto_dot_agent__pb2.TelemetryAck.FromString,
                 _registered_method=True)
+        self.WatchHints = channel.unary_stream(
+                '/ferry.agent.v1.AgentGateway/WatchHints',
+                request_serializer=deploy_dot_proto_dot_agent__pb2.WatchRequest.SerializeToString,
+                response_deserializer=deploy_dot_proto_dot_agent__pb2.Hint.FromString,
+                _registered_method=True)
 
 
 class AgentGatewayServicer:
@@ -87,6 +92,14 @@ class AgentGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchHints(self, request, context):
+        """Held open by the agent: the gateway pushes a hint when the device should check in now
+        (push then pull: the hint carries no instruction, the next CheckIn does).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentGatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +122,11 @@ def add_AgentGatewayServicer_to_server(servicer, server):
                     servicer.ReportTelemetry,
                     request_deserializer=deploy_dot_proto_dot_agent__pb2.TelemetryBatch.FromString,
                     response_serializer=deploy_dot_proto_dot_agent__pb2.TelemetryAck.SerializeToString,
+            ),
+            'WatchHints': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchHints,
+                    request_deserializer=deploy_dot_proto_dot_agent__pb2.WatchRequest.FromString,
+                    response_serializer=deploy_dot_proto_dot_agent__pb2.Hint.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +237,33 @@ class AgentGateway:
             '/ferry.agent.v1.AgentGateway/ReportTelemetry',
             deploy_dot_proto_dot_agent__pb2.TelemetryBatch.SerializeToString,
             deploy_dot_proto_dot_agent__pb2.TelemetryAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchHints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ferry.agent.v1.AgentGateway/WatchHints',
+            deploy_dot_proto_dot_agent__pb2.WatchRequest.SerializeToString,
+            deploy_dot_proto_dot_agent__pb2.Hint.FromString,
             options,
             channel_credentials,
             insecure,
