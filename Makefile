@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint proto clean
+.PHONY: demo test lint proto bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ lint: $(VENV)/.test
 # Regenerate the committed gRPC stubs from deploy/proto/agent.proto (tests fail when they are stale).
 proto: $(VENV)/.test
 	$(BIN)/python -m deploy.proto.generate
+
+# Benchmarks print figures (Ferry beside its peer, in one run); they are not tests.
+# torch (bench/requirements.txt, an exact CPU pin) builds the benchmark models.
+bench: $(VENV)/.test
+	$(BIN)/pip install --disable-pip-version-check -q -r bench/requirements.txt
+	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) var
