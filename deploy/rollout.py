@@ -1,22 +1,36 @@
-"""Which release a checking-in device should run.
+"""Which version a checking-in device should run, and why.
 
 Plain data in, plain data out: the control plane builds ``ReleasePolicy`` values from
-its rows and asks ``desired_release`` for each device, and tests and benchmarks call
-the same function without a database.
+its rows and ``DeviceFacts`` from a device, and asks ``decide`` (or a prepared
+``PolicySet``); tests and benchmarks call the same code without a database.
 
-Overlapping releases are settled by one documented rule: the most specific target
-wins (explicit device list, then static groups, then label/attribute filters, then
-the whole fleet), then the higher priority, then the newer release.
+The order of precedence, documented in the README:
+
+1. a version pinned on the device, then one pinned on one of its groups, wins outright;
+2. otherwise, among the releases that cover the device, the most specific target wins
+   (explicit device list, then groups, then filter/labels, then the whole fleet), then
+   the higher priority, then the newer release (then the release id, so ties are stable);
+3. an aborted or rolled-back release that wins sends the device back to the version it
+   ran before it first received the release (``rollback=True``).
+
+A release covers a device when the device is in its organisation, matches every part of
+its target (device list, groups, filter and labels combine with AND) and its stable
+bucket is below the current phase's percentage. A paused release keeps only the devices
+that already run its version; an aborted or rolled-back one covers the devices it reached
+that still run its version.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 from deploy.errors import PolicyError
+from deploy.filters import Filter
+from deploy.phases import ROLLING_BACK, Status
+from deploy.windows import MaintenanceWindow
 
 
 class Specificity(IntEnum):
@@ -27,12 +41,23 @@ class Specificity(IntEnum):
 
 
 @dataclass(frozen=True)
+class VersionRef:
+    version_id: str
+    package_digest: str
+
+
+@dataclass(frozen=True)
 class DeviceFacts:
     device_id: str
     organisation_id: str
     attributes: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
-    group_ids: frozenset[str] = frozenset()
+    group_ids: frozenset[str] = frozenset()  # static groups the device is a member of
+    running_version_id: str = ""
+    pin: VersionRef | None = None  # the device's own pin, else its group's (resolved by the caller)
+    window: MaintenanceWindow | None = None  # its group's maintenance window, if any
+    # release id -> the version the device ran before that release first reached it
+    previous_versions: Mapping[str, VersionRef | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -41,10 +66,16 @@ class Target:
     group_ids: frozenset[str] = frozenset()
     labels: Mapping[str, str] = field(default_factory=dict)
     percentage: float = 100.0
+    filter: Filter | None = None
+    # dynamic groups among group_ids: id -> saved filter, so devices that appear later join
+    group_filters: Mapping[str, Filter] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.percentage <= 100.0:
             raise PolicyError(f"percentage must be between 0 and 100, got {self.percentage}")
+        stray = set(self.group_filters) - set(self.group_ids)
+        if stray:
+            raise PolicyError(f"group filters given for groups not in the target: {sorted(stray)}")
 
     @property
     def specificity(self) -> Specificity:
@@ -52,7 +83,7 @@ class Target:
             return Specificity.DEVICE_LIST
         if self.group_ids:
             return Specificity.GROUP
-        if self.labels:
+        if self.labels or self.filter is not None:
             return Specificity.FILTER
         return Specificity.FLEET
 
@@ -64,9 +95,29 @@ class ReleasePolicy:
     version_id: str
     package_digest: str
     salt: str
-    target: Target = Target()
+    target: Target = Target()  # its percentage is the current phase's
     priority: int = 0
     created_at: float = 0.0
+    status: str = Status.ACTIVE
+    download_only: bool = False
+    window: MaintenanceWindow | None = None
+
+    @property
+    def rank(self) -> tuple:
+        return (self.target.specificity, self.priority, self.created_at, self.release_id)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a device should run. release_id is empty for a pin."""
+
+    version_id: str
+    package_digest: str
+    release_id: str = ""
+    download_only: bool = False
+    rollback: bool = False
+    window: MaintenanceWindow | None = None
+    reason: str = "release"  # "release", "pin" or "rollback"
 
 
 def bucket(salt: str, device_id: str) -> float:
@@ -79,26 +130,148 @@ def bucket(salt: str, device_id: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64 * 100.0
 
 
+def _in_groups(target: Target, device: DeviceFacts) -> bool:
+    if target.group_ids & device.group_ids:
+        return True
+    return any(f.predicate(device.attributes, device.labels) for f in target.group_filters.values())
+
+
 def matches(target: Target, device: DeviceFacts) -> bool:
     """Whether the device is in the target's population (before the percentage is applied)."""
     if target.device_ids and device.device_id not in target.device_ids:
         return False
-    if target.group_ids and not (target.group_ids & device.group_ids):
+    if target.group_ids and not _in_groups(target, device):
         return False
-    return all(device.labels.get(k, device.attributes.get(k)) == v for k, v in target.labels.items())
+    for key, value in target.labels.items():
+        if device.labels.get(key, device.attributes.get(key)) != value:
+            return False
+    return target.filter is None or target.filter.predicate(device.attributes, device.labels)
 
 
 def includes(policy: ReleasePolicy, device: DeviceFacts) -> bool:
+    """Whether the device is in the release's current phase (its state aside)."""
     return (
         policy.organisation_id == device.organisation_id
+        and policy.target.percentage > 0
         and matches(policy.target, device)
         and bucket(policy.salt, device.device_id) < policy.target.percentage
     )
 
 
-def desired_release(device: DeviceFacts, releases: Iterable[ReleasePolicy]) -> ReleasePolicy | None:
-    """The active release this device should follow, or None to keep what it runs."""
-    candidates = [r for r in releases if includes(r, device)]
-    if not candidates:
+def covers(policy: ReleasePolicy, device: DeviceFacts) -> bool:
+    """Whether the release has a say over this device in its current state."""
+    if policy.status in ROLLING_BACK:
+        # only while the device still runs the withdrawn version: once it is back, the other
+        # releases decide again (an old abort must not hold devices forever)
+        return (
+            policy.organisation_id == device.organisation_id
+            and device.running_version_id == policy.version_id
+            and policy.release_id in device.previous_versions
+        )
+    if policy.status == Status.PAUSED:
+        return device.running_version_id == policy.version_id and includes(policy, device)
+    if policy.status in (Status.ACTIVE, Status.COMPLETED):
+        return includes(policy, device)
+    return False
+
+
+def _decision(policy: ReleasePolicy, device: DeviceFacts) -> Decision | None:
+    window = policy.window or device.window
+    if policy.status in ROLLING_BACK:
+        previous = device.previous_versions.get(policy.release_id)
+        if previous is None or previous.version_id == policy.version_id:
+            return None  # nothing to go back to: keep what it runs
+        return Decision(
+            previous.version_id, previous.package_digest, policy.release_id, False, True, window, "rollback"
+        )
+    return Decision(
+        policy.version_id, policy.package_digest, policy.release_id, policy.download_only, False, window
+    )
+
+
+Check = Callable[[DeviceFacts], bool]
+
+
+def _compile_covers(policy: ReleasePolicy) -> Check:
+    """covers() for one release as a closure over its fields, cheapest test first.
+
+    The same rules as covers(), which stays the reference (a property test holds the two
+    equal); this form only saves attribute look-ups on the check-in path.
+    """
+    if policy.status not in ROLLING_BACK and policy.status not in (
+        Status.PAUSED,
+        Status.ACTIVE,
+        Status.COMPLETED,
+    ):
+        return lambda device: False
+    organisation, version, release_id = policy.organisation_id, policy.version_id, policy.release_id
+    if policy.status in ROLLING_BACK:
+        return lambda device: (
+            device.organisation_id == organisation
+            and device.running_version_id == version
+            and release_id in device.previous_versions
+        )
+    target, salt = policy.target, policy.salt
+    percentage = target.percentage
+    if percentage <= 0:
+        return lambda device: False
+    tests: list[Check] = []
+    if policy.status == Status.PAUSED:
+        tests.append(lambda device: device.running_version_id == version)
+    if target.device_ids:
+        ids = target.device_ids
+        tests.append(lambda device: device.device_id in ids)
+    if target.group_ids:
+        tests.append(lambda device: _in_groups(target, device))
+    if target.labels:
+        labels = tuple(target.labels.items())
+        tests.append(
+            lambda device: all(device.labels.get(k, device.attributes.get(k)) == v for k, v in labels)
+        )
+    if target.filter is not None:
+        predicate = target.filter.predicate
+        tests.append(lambda device: predicate(device.attributes, device.labels))
+    if percentage < 100:
+        tests.append(lambda device: bucket(salt, device.device_id) < percentage)
+
+    def check(device: DeviceFacts) -> bool:
+        if device.organisation_id != organisation:
+            return False
+        for test in tests:  # noqa: SIM110 - a plain loop: all() over a generator costs a frame per call
+            if not test(device):
+                return False
+        return True
+
+    return check
+
+
+class PolicySet:
+    """An organisation's releases, ranked once, so each check-in stops at the first that covers it."""
+
+    def __init__(self, policies: Iterable[ReleasePolicy]) -> None:
+        self.policies = sorted(policies, key=lambda p: p.rank, reverse=True)
+        self._checks = [(_compile_covers(p), p) for p in self.policies]
+
+    def winner(self, device: DeviceFacts) -> ReleasePolicy | None:
+        for check, policy in self._checks:
+            if check(device):
+                return policy
         return None
-    return max(candidates, key=lambda r: (r.target.specificity, r.priority, r.created_at, r.release_id))
+
+    def decide(self, device: DeviceFacts) -> Decision | None:
+        if device.pin is not None:
+            return Decision(
+                device.pin.version_id, device.pin.package_digest, window=device.window, reason="pin"
+            )
+        policy = self.winner(device)
+        return None if policy is None else _decision(policy, device)
+
+
+def decide(device: DeviceFacts, releases: Iterable[ReleasePolicy]) -> Decision | None:
+    """What the device should run, or None to keep what it runs."""
+    return PolicySet(releases).decide(device)
+
+
+def desired_release(device: DeviceFacts, releases: Iterable[ReleasePolicy]) -> ReleasePolicy | None:
+    """The release that has the say over this device (pins aside), or None."""
+    return PolicySet(releases).winner(device)

@@ -8,5 +8,11 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.dashboard, name="dashboard"),
+    path("groups/", views.groups, name="groups"),
+    path("groups/<str:group_id>/pin/", views.group_pin, name="group-pin"),
+    path("devices/<str:device_id>/pin/", views.device_pin_view, name="device-pin"),
+    path("releases/new/", views.release_new, name="release-new"),
+    path("releases/<str:release_id>/", views.release_detail, name="release"),
+    path("releases/<str:release_id>/gate/", views.release_gate, name="release-gate"),
     path("releases/<str:release_id>/<str:action>/", views.release_action, name="release-action"),
 ]

@@ -136,6 +136,14 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True  # the database row is the job's source of truth
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# `celery beat` (one per deployment) evaluates the health gates of active releases.
+CELERY_BEAT_SCHEDULE = {
+    "evaluate-release-gates": {
+        "task": "releases.tasks.evaluate_release_gates",
+        "schedule": float(os.environ.get("FERRY_GATE_INTERVAL_SECONDS", "30")),
+    },
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 # --- REST API -----------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -76,21 +76,10 @@ class Stack:
         gateway = self.spawn(
             "gateway", [sys.executable, MANAGE, "gateway", "--address", f"127.0.0.1:{gateway_port}"]
         )
-        self.spawn(
-            "worker",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "ferry_cloud",
-                "worker",
-                "--pool",
-                "solo",
-                "--loglevel",
-                "INFO",
-            ],
-        )
+        celery = [sys.executable, "-m", "celery", "-A", "ferry_cloud"]
+        self.spawn("worker", [*celery, "worker", "--pool", "solo", "--loglevel", "INFO"])
+        # exactly one beat per deployment: it schedules the releases' health-gate evaluation
+        self.spawn("beat", [*celery, "beat", "--loglevel", "INFO"])
         wait_for_port(http_port, 60, process=web)
         wait_for_port(gateway_port, 60, process=gateway)
 

@@ -1,8 +1,16 @@
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from fleet.api import DeviceListApi, DeviceRevokeApi, EnrolmentTokenCreateApi
+from fleet.api import (
+    DeviceListApi,
+    DevicePinApi,
+    DeviceRevokeApi,
+    EnrolmentTokenCreateApi,
+    FilterPreviewApi,
+    GroupDetailApi,
+    GroupListCreateApi,
+)
 from registry.api import ModelDetailApi, ModelListCreateApi, VersionCreateApi, VersionDetailApi
-from releases.api import ReleaseActionApi, ReleaseDetailApi, ReleaseListCreateApi
+from releases.api import ReleaseActionApi, ReleaseDetailApi, ReleaseGateApi, ReleaseListCreateApi
 from telemetry.api import FleetSummaryApi
 
 api = [
@@ -13,8 +21,13 @@ api = [
     path("enrolment-tokens/", EnrolmentTokenCreateApi.as_view(), name="enrolment-tokens"),
     path("devices/", DeviceListApi.as_view(), name="devices"),
     path("devices/<str:device_id>/revoke/", DeviceRevokeApi.as_view(), name="device-revoke"),
+    path("devices/<str:device_id>/pin/", DevicePinApi.as_view(), name="device-pin"),
+    path("device-groups/", GroupListCreateApi.as_view(), name="device-groups"),
+    path("device-filters/preview/", FilterPreviewApi.as_view(), name="device-filter-preview"),
+    path("device-groups/<str:group_id>/", GroupDetailApi.as_view(), name="device-group"),
     path("releases/", ReleaseListCreateApi.as_view(), name="releases"),
     path("releases/<str:release_id>/", ReleaseDetailApi.as_view(), name="release"),
+    path("releases/<str:release_id>/gate/", ReleaseGateApi.as_view(), name="release-gate"),
     path("releases/<str:release_id>/<str:action>/", ReleaseActionApi.as_view(), name="release-action"),
     path("fleet/summary/", FleetSummaryApi.as_view(), name="fleet-summary"),
 ]

@@ -26,6 +26,10 @@ class Device(models.Model):
     running_version = models.ForeignKey(
         ModelVersion, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
+    # pinned devices run this version whatever the releases say
+    pinned_version = models.ForeignKey(
+        ModelVersion, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
     enrolled_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -35,3 +39,45 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class DeviceGroup(models.Model):
+    """A named set of devices: static (explicit members) or dynamic (a saved filter, so devices
+    that enrol later join, also into running releases)."""
+
+    class Kind(models.TextChoices):
+        STATIC = "static", "Static"
+        DYNAMIC = "dynamic", "Dynamic"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="device_groups")
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.STATIC)
+    filter = models.TextField(blank=True)  # the deploy/filters language; dynamic groups only
+    members = models.ManyToManyField(Device, blank=True, related_name="groups")
+    pinned_version = models.ForeignKey(
+        ModelVersion, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    # {"cron", "duration_seconds", "timezone"}: when its devices may activate new versions
+    window = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["organisation", "name"], name="unique_group_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DeviceVersionChange(models.Model):
+    """A device began running another version: the history rollbacks read ("what ran before")."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="version_changes")
+    from_version = models.ForeignKey(ModelVersion, on_delete=models.SET_NULL, null=True, related_name="+")
+    to_version = models.ForeignKey(ModelVersion, on_delete=models.SET_NULL, null=True, related_name="+")
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["device", "to_version"])]

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from accounts.models import Organisation
+from django.core.exceptions import ValidationError
 from django.db.models import Count, QuerySet
+from ferry_cloud.api_errors import NotFound
 
-from fleet.models import Device
+from deploy.filters import Filter
+from fleet.models import Device, DeviceGroup
 
 
 def device_list(*, organisation: Organisation) -> QuerySet[Device]:
-    return Device.objects.filter(organisation=organisation).select_related("running_version__model")
+    return Device.objects.filter(organisation=organisation).select_related(
+        "running_version__model", "pinned_version__model"
+    )
 
 
 def devices_per_version(*, organisation: Organisation) -> list[dict]:
@@ -31,3 +36,42 @@ def devices_per_version(*, organisation: Organisation) -> list[dict]:
         }
         for r in rows
     ]
+
+
+def device_group_list(*, organisation: Organisation) -> QuerySet[DeviceGroup]:
+    return DeviceGroup.objects.filter(organisation=organisation).select_related("pinned_version__model")
+
+
+def device_group_get(*, organisation: Organisation, group_id) -> DeviceGroup:
+    try:
+        return device_group_list(organisation=organisation).get(pk=group_id)
+    except (DeviceGroup.DoesNotExist, ValueError, ValidationError):
+        raise NotFound(f"No device group {group_id} in this organisation.") from None
+
+
+def device_get(*, organisation: Organisation, device_id) -> Device:
+    try:
+        return device_list(organisation=organisation).get(pk=device_id)
+    except (Device.DoesNotExist, ValueError, ValidationError):
+        raise NotFound(f"No device {device_id} in this organisation.") from None
+
+
+def devices_matching(*, organisation_id, filter_text: str) -> list[str]:
+    """Ids of the organisation's live devices the filter selects now; PolicyError if it is malformed."""
+    matches = Filter.parse(filter_text)
+    devices = Device.objects.filter(organisation_id=organisation_id, revoked_at__isnull=True)
+    return [
+        str(pk)
+        for pk, attributes, labels in devices.values_list("pk", "attributes", "labels")
+        if matches(
+            {str(k): str(v) for k, v in (attributes or {}).items()},
+            {str(k): str(v) for k, v in (labels or {}).items()},
+        )
+    ]
+
+
+def device_group_member_ids(*, group: DeviceGroup) -> list[str]:
+    """Static members, or for a dynamic group the devices its filter matches right now."""
+    if group.kind == DeviceGroup.Kind.STATIC:
+        return [str(pk) for pk in group.members.values_list("pk", flat=True)]
+    return devices_matching(organisation_id=group.organisation_id, filter_text=group.filter)

@@ -13,9 +13,13 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 from ferry_cloud.api_errors import ServiceError
+from gateway.hints import fleet_changed
 from registry.models import ModelVersion
 
-from fleet.models import Device, EnrolmentToken
+from deploy.errors import PolicyError
+from deploy.filters import Filter
+from deploy.windows import MaintenanceWindow
+from fleet.models import Device, DeviceGroup, DeviceVersionChange, EnrolmentToken
 
 
 class EnrolmentRefused(ServiceError):
@@ -106,8 +110,163 @@ def device_record_check_in(*, device: Device, attributes: dict[str, str], runnin
         running = ModelVersion.objects.filter(
             pk=running_version_id, model__organisation=device.organisation
         ).first()
+    if (running.pk if running else None) != device.running_version_id:
+        # the history rollbacks read: what the device ran before a release reached it
+        DeviceVersionChange.objects.create(
+            device=device, from_version_id=device.running_version_id, to_version=running
+        )
     device.attributes = attributes or device.attributes
     device.running_version = running
     device.last_seen_at = timezone.now()
     device.save(update_fields=["attributes", "running_version", "last_seen_at"])
+    return device
+
+
+# --- groups and pins ----------------------------------------------------------------------
+
+
+class InvalidGroup(ServiceError):
+    code = "invalid_group"
+
+
+class InvalidPin(ServiceError):
+    code = "invalid_pin"
+
+
+def _check_group_fields(*, kind: str, filter_text: str, window: dict | None) -> str:
+    if kind not in DeviceGroup.Kind.values:
+        raise InvalidGroup(f"Group kind must be one of {', '.join(DeviceGroup.Kind.values)}, got {kind!r}.")
+    canonical = ""
+    if kind == DeviceGroup.Kind.DYNAMIC:
+        if not filter_text.strip():
+            raise InvalidGroup(
+                "A dynamic group needs a filter, e.g. 'hardware == rpi4 and region == eu-west'."
+            )
+        try:
+            canonical = Filter.parse(filter_text).text
+        except PolicyError as exc:
+            raise InvalidGroup(f"Invalid filter: {exc}") from None
+    elif filter_text.strip():
+        raise InvalidGroup("Only dynamic groups have a filter; a static group lists its members.")
+    try:
+        MaintenanceWindow.from_dict(window)
+    except PolicyError as exc:
+        raise InvalidGroup(f"Invalid window: {exc}") from None
+    return canonical
+
+
+def _version_of(organisation: Organisation, version_id) -> ModelVersion | None:
+    if version_id in (None, ""):
+        return None
+    try:
+        version = ModelVersion.objects.get(pk=version_id, model__organisation=organisation)
+    except (ModelVersion.DoesNotExist, ValueError, ValidationError):
+        raise InvalidPin(f"No version {version_id} in this organisation.") from None
+    if version.package_id is None:
+        raise InvalidPin(f"Version {version} has no package yet; only a converted version can be pinned.")
+    return version
+
+
+def _devices_of(organisation: Organisation, device_ids: list) -> list[Device]:
+    ids = {str(d) for d in device_ids}
+    try:
+        devices = list(Device.objects.filter(organisation=organisation, pk__in=ids))
+    except (ValueError, ValidationError):
+        raise InvalidGroup("Device ids must be UUIDs.") from None
+    missing = ids - {str(d.pk) for d in devices}
+    if missing:
+        raise InvalidGroup(f"No device(s) {', '.join(sorted(missing))} in this organisation.")
+    return devices
+
+
+@transaction.atomic
+def device_group_create(
+    *,
+    organisation: Organisation,
+    name: str,
+    kind: str = DeviceGroup.Kind.STATIC,
+    filter_text: str = "",
+    device_ids: list | None = None,
+    window: dict | None = None,
+    pinned_version_id=None,
+) -> DeviceGroup:
+    canonical = _check_group_fields(kind=kind, filter_text=filter_text, window=window)
+    if DeviceGroup.objects.filter(organisation=organisation, name=name).exists():
+        raise InvalidGroup(f"A group named {name!r} exists already.")
+    if device_ids and kind == DeviceGroup.Kind.DYNAMIC:
+        raise InvalidGroup("A dynamic group's members come from its filter; do not list devices.")
+    group = DeviceGroup.objects.create(
+        organisation=organisation,
+        name=name,
+        kind=kind,
+        filter=canonical,
+        window=window or {},
+        pinned_version=_version_of(organisation, pinned_version_id),
+    )
+    if device_ids:
+        group.members.set(_devices_of(organisation, device_ids))
+    fleet_changed(organisation_id=organisation.pk)
+    return group
+
+
+@transaction.atomic
+def device_group_update(*, group: DeviceGroup, **changes) -> DeviceGroup:
+    """Change any of name, filter_text, window, pinned_version_id, add_device_ids, remove_device_ids."""
+    unknown = set(changes) - {
+        "name",
+        "filter_text",
+        "window",
+        "pinned_version_id",
+        "add_device_ids",
+        "remove_device_ids",
+    }
+    if unknown:
+        raise InvalidGroup(f"Unknown group field(s): {', '.join(sorted(unknown))}.")
+    group = DeviceGroup.objects.select_for_update().get(pk=group.pk)
+    filter_text = changes.get("filter_text", group.filter)
+    window = changes.get("window", group.window)
+    group.filter = _check_group_fields(kind=group.kind, filter_text=filter_text, window=window)
+    group.window = window or {}
+    if "name" in changes:
+        if (
+            DeviceGroup.objects.filter(organisation=group.organisation, name=changes["name"])
+            .exclude(pk=group.pk)
+            .exists()
+        ):
+            raise InvalidGroup(f"A group named {changes['name']!r} exists already.")
+        group.name = changes["name"]
+    if "pinned_version_id" in changes:
+        group.pinned_version = _version_of(group.organisation, changes["pinned_version_id"])
+    group.save()
+    for key, method in (("add_device_ids", group.members.add), ("remove_device_ids", group.members.remove)):
+        if changes.get(key):
+            if group.kind == DeviceGroup.Kind.DYNAMIC:
+                raise InvalidGroup(
+                    "A dynamic group's members come from its filter; change the filter instead."
+                )
+            method(*_devices_of(group.organisation, changes[key]))
+    fleet_changed(organisation_id=group.organisation_id)
+    return group
+
+
+def device_group_delete(*, group: DeviceGroup) -> None:
+    from releases.models import Release  # releases depend on fleet, not the other way round
+
+    live = Release.objects.filter(organisation=group.organisation).exclude(
+        state__in=["aborted", "rolled_back"]
+    )
+    # JSON "contains" lookups do not work on SQLite: look in Python (an organisation has few releases)
+    if any(str(group.pk) in (r.target or {}).get("group_ids", []) for r in live.only("target")):
+        raise InvalidGroup(
+            f"Group {group.name} is targeted by a release; abort or finish that release first."
+        )
+    group.delete()
+    fleet_changed(organisation_id=group.organisation_id)
+
+
+def device_pin(*, device: Device, version_id) -> Device:
+    """Pin the device to a version (None unpins): it runs that version whatever the releases say."""
+    device.pinned_version = _version_of(device.organisation, version_id)
+    device.save(update_fields=["pinned_version"])
+    fleet_changed(organisation_id=device.organisation_id)
     return device

@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema
 from registry.selectors import version_get
 from rest_framework import serializers, status
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
 from releases import selectors, services
 from releases.models import Release, ReleaseEvent
@@ -14,47 +15,156 @@ from releases.models import Release, ReleaseEvent
 
 class EventOutput(serializers.ModelSerializer):
     actor = serializers.CharField(source="actor.username", default=None)
+    from_phase = serializers.SerializerMethodField()
+    to_phase = serializers.SerializerMethodField()
 
     class Meta:
         model = ReleaseEvent
-        fields = ["action", "from_state", "to_state", "actor", "reason", "at"]
+        fields = [
+            "action",
+            "from_state",
+            "to_state",
+            "from_phase",
+            "to_phase",
+            "actor",
+            "reason",
+            "details",
+            "at",
+        ]
+
+    def get_from_phase(self, obj: ReleaseEvent) -> int | None:
+        return None if obj.from_phase is None else obj.from_phase + 1
+
+    def get_to_phase(self, obj: ReleaseEvent) -> int | None:
+        return None if obj.to_phase is None else obj.to_phase + 1
 
 
 class ReleaseOutput(serializers.ModelSerializer):
     version = serializers.SerializerMethodField()
+    phase = serializers.SerializerMethodField(help_text="The current phase, 1-based.")
+    phases = serializers.SerializerMethodField(
+        help_text="The phases in effect (one implicit phase if none given)."
+    )
+    percentage = serializers.SerializerMethodField(
+        help_text="The current phase's percentage of matching devices."
+    )
+    devices = serializers.SerializerMethodField(help_text="Devices on the release's version and on others.")
     events = EventOutput(many=True)
 
     class Meta:
         model = Release
-        fields = ["id", "name", "state", "version", "target", "priority", "created_at", "events"]
+        fields = [
+            "id",
+            "name",
+            "state",
+            "revision",
+            "version",
+            "target",
+            "priority",
+            "salt",
+            "phase",
+            "phases",
+            "percentage",
+            "phase_started_at",
+            "gate",
+            "gate_status",
+            "download_only",
+            "window",
+            "devices",
+            "created_at",
+            "events",
+        ]
 
     def get_version(self, obj: Release) -> dict:
         v = obj.version
         return {"id": str(v.id), "model": v.model.name, "label": v.label}
 
+    def get_phase(self, obj: Release) -> int:
+        return obj.current_phase + 1
 
-class TargetInput(serializers.Serializer):
-    labels = serializers.DictField(child=serializers.CharField(max_length=200), required=False)
-    device_ids = serializers.ListField(child=serializers.UUIDField(), required=False)
-    percentage = serializers.FloatField(min_value=0.0, max_value=100.0, required=False)
+    def get_phases(self, obj: Release) -> list[dict]:
+        return [p.as_dict() for p in selectors.release_phases(obj)]
 
+    def get_devices(self, obj: Release) -> dict[str, int]:
+        return selectors.release_device_counts(release=obj)
+
+    def get_percentage(self, obj: Release) -> float:
+        return selectors.release_phases(obj)[obj.current_phase].percentage
+
+
+class StrictSerializer(serializers.Serializer):
     def to_internal_value(self, data):
         unknown = set(data) - set(self.fields) if isinstance(data, dict) else set()
-        if unknown:  # a typo must not silently widen a target to the whole fleet
-            raise serializers.ValidationError(f"Unknown target field(s): {', '.join(sorted(unknown))}.")
+        if unknown:  # a typo must not silently widen a target or drop a threshold
+            message = f"Unknown field(s): {', '.join(sorted(unknown))}."
+            raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: [message]})
         return super().to_internal_value(data)
 
 
-class ReleaseInput(serializers.Serializer):
+class TargetInput(StrictSerializer):
+    labels = serializers.DictField(child=serializers.CharField(max_length=200), required=False)
+    device_ids = serializers.ListField(child=serializers.UUIDField(), required=False, max_length=100_000)
+    group_ids = serializers.ListField(child=serializers.UUIDField(), required=False, max_length=1000)
+    filter = serializers.CharField(required=False, allow_blank=True, max_length=4000, trim_whitespace=False)
+    percentage = serializers.FloatField(min_value=0.0, max_value=100.0, required=False)
+
+
+class PhaseInput(StrictSerializer):
+    percentage = serializers.FloatField(min_value=0.0, max_value=100.0)
+    min_soak_seconds = serializers.IntegerField(min_value=0, required=False, default=0)
+    min_reporting_devices = serializers.IntegerField(min_value=0, required=False, default=0)
+    manual_approval = serializers.BooleanField(required=False, default=False)
+
+
+class GateInput(StrictSerializer):
+    max_activation_failure_rate = serializers.FloatField(min_value=0, required=False, allow_null=True)
+    max_error_rate = serializers.FloatField(min_value=0, required=False, allow_null=True)
+    max_latency_p95_ratio = serializers.FloatField(min_value=0, required=False, allow_null=True)
+    max_restarts_per_device = serializers.FloatField(min_value=0, required=False, allow_null=True)
+    max_drift = serializers.FloatField(min_value=0, max_value=1, required=False, allow_null=True)
+    on_failure = serializers.ChoiceField(choices=["pause", "abort"], required=False)
+
+
+class WindowInput(StrictSerializer):
+    cron = serializers.CharField(max_length=100)
+    duration_seconds = serializers.IntegerField(min_value=60)
+    timezone = serializers.CharField(max_length=64, required=False, default="UTC")
+
+
+class ReleaseInput(StrictSerializer):
     name = serializers.CharField(max_length=200)
     version = serializers.UUIDField()
     target = TargetInput(required=False, default=dict)
     priority = serializers.IntegerField(required=False, default=0)
+    phases = PhaseInput(many=True, required=False, default=list)
+    gate = GateInput(required=False, default=dict)
+    download_only = serializers.BooleanField(required=False, default=False)
+    window = WindowInput(required=False, allow_null=True, default=None)
+    salt = serializers.RegexField(
+        r"^[A-Za-z0-9_-]{1,32}$",
+        required=False,
+        help_text="Bucketing salt; reuse another release's to keep the same devices first. Default: random.",
+    )
     start = serializers.BooleanField(required=False, default=False)
 
 
-class ActionInput(serializers.Serializer):
+class ActionInput(StrictSerializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="")
+    expected_revision = serializers.IntegerField(
+        required=False, min_value=0, help_text="The revision you saw; 409 if the release moved since."
+    )
+    phase = serializers.IntegerField(
+        required=False, min_value=1, help_text="advance only: the phase to leave (makes advance idempotent)."
+    )
+
+
+def _plain(data):
+    """Serializer output (OrderedDicts, UUIDs) as JSON-ready values for the model's JSON fields."""
+    if isinstance(data, dict):
+        return {k: _plain(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_plain(v) for v in data]
+    return str(data) if data.__class__.__name__ == "UUID" else data
 
 
 class ReleaseListCreateApi(OrganisationApi):
@@ -67,17 +177,20 @@ class ReleaseListCreateApi(OrganisationApi):
     def post(self, request):
         data = ReleaseInput(data=request.data)
         data.is_valid(raise_exception=True)
-        target = dict(data.validated_data["target"])
-        if "device_ids" in target:
-            target["device_ids"] = [str(d) for d in target["device_ids"]]
+        values = _plain(data.validated_data)
         release = services.release_create(
             organisation=self.organisation,
-            version=version_get(organisation=self.organisation, version_id=data.validated_data["version"]),
-            name=data.validated_data["name"],
-            target=target,
-            priority=data.validated_data["priority"],
+            version=version_get(organisation=self.organisation, version_id=values["version"]),
+            name=values["name"],
+            target=values["target"],
+            priority=values["priority"],
+            phases=values["phases"],
+            gate=values["gate"],
+            download_only=values["download_only"],
+            window=values["window"],
+            salt=values.get("salt"),
             actor=request.user,
-            start=data.validated_data["start"],
+            start=values["start"],
         )
         release = selectors.release_get(organisation=self.organisation, release_id=release.pk)
         return Response(ReleaseOutput(release).data, status=status.HTTP_201_CREATED)
@@ -92,13 +205,35 @@ class ReleaseDetailApi(OrganisationApi):
 
 
 class ReleaseActionApi(OrganisationApi):
-    @extend_schema(request=ActionInput, responses=ReleaseOutput)
+    @extend_schema(request=ActionInput, responses=ReleaseOutput, operation_id="v1_releases_action")
     def post(self, request, release_id, action: str):
+        """start, pause, resume, advance, abort, rollback or activate (download-only releases)."""
         release = selectors.release_get(organisation=self.organisation, release_id=release_id)
         data = ActionInput(data=request.data)
         data.is_valid(raise_exception=True)
         services.release_transition(
-            release_id=release.pk, action=action, actor=request.user, reason=data.validated_data["reason"]
+            release_id=release.pk,
+            action=action,
+            actor=request.user,
+            reason=data.validated_data["reason"],
+            expected_revision=data.validated_data.get("expected_revision"),
+            phase=data.validated_data.get("phase"),
         )
         release = selectors.release_get(organisation=self.organisation, release_id=release.pk)
         return Response(ReleaseOutput(release).data)
+
+
+class GateStatusOutput(serializers.Serializer):
+    step = serializers.CharField()
+    reason = serializers.CharField()
+    passed = serializers.BooleanField(required=False)
+    failures = serializers.ListField(child=serializers.CharField(), required=False)
+    figures = serializers.DictField(required=False)
+
+
+class ReleaseGateApi(OrganisationApi):
+    @extend_schema(request=None, responses=GateStatusOutput)
+    def post(self, request, release_id):
+        """Evaluate the release's health gate now and act on it, as the periodic task does."""
+        release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        return Response(services.release_gate_evaluate(release_id=release.pk))

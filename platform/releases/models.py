@@ -18,16 +18,28 @@ class Release(models.Model):
         DRAFT = "draft", "Draft"
         ACTIVE = "active", "Active"
         PAUSED = "paused", "Paused"
+        COMPLETED = "completed", "Completed"
         ABORTED = "aborted", "Aborted"
+        ROLLED_BACK = "rolled_back", "Rolled back"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="releases")
     name = models.CharField(max_length=200)
     version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="releases")
     state = models.CharField(max_length=16, choices=State.choices, default=State.DRAFT)
-    # {"labels": {k: v}, "device_ids": [...], "percentage": 0..100}
+    # {"labels": {k: v}, "device_ids": [...], "group_ids": [...], "filter": "...", "percentage": 0..100}
     target = models.JSONField(default=dict, blank=True)
     priority = models.IntegerField(default=0)
+    # [{"percentage", "min_soak_seconds", "min_reporting_devices", "manual_approval"}], see deploy/phases.py
+    phases = models.JSONField(default=list, blank=True)
+    current_phase = models.PositiveIntegerField(default=0)
+    phase_started_at = models.DateTimeField(null=True, blank=True)
+    gate = models.JSONField(default=dict, blank=True)  # deploy.gates.GateThresholds fields
+    gate_status = models.JSONField(default=dict, blank=True)  # the last evaluation: step, reason, figures
+    download_only = models.BooleanField(default=False)
+    window = models.JSONField(default=dict, blank=True)  # {"cron", "duration_seconds", "timezone"}
+    # bumped by every transition: a caller that sends expected_revision gets a conflict if it moved
+    revision = models.PositiveIntegerField(default=0)
     salt = models.CharField(max_length=32, default=_salt, editable=False)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -47,8 +59,12 @@ class ReleaseEvent(models.Model):
     action = models.CharField(max_length=32)
     from_state = models.CharField(max_length=16)
     to_state = models.CharField(max_length=16)
+    from_phase = models.PositiveIntegerField(null=True, blank=True)
+    to_phase = models.PositiveIntegerField(null=True, blank=True)
+    # null actor: the periodic health-gate evaluation acted (details holds its figures)
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     reason = models.TextField(blank=True)
+    details = models.JSONField(default=dict, blank=True)
     at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

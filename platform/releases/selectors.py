@@ -2,31 +2,81 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from accounts.models import Organisation
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from ferry_cloud.api_errors import NotFound
-from fleet.models import Device
+from fleet.models import Device, DeviceGroup, DeviceVersionChange
+from registry.models import ModelVersion
 
-from deploy.rollout import DeviceFacts, ReleasePolicy, Target, desired_release
+from deploy.errors import PolicyError
+from deploy.filters import Filter
+from deploy.phases import ROLLING_BACK, Phase, phases_from
+from deploy.rollout import Decision, DeviceFacts, PolicySet, ReleasePolicy, Target, VersionRef
+from deploy.windows import MaintenanceWindow
 from releases.models import Release
 
+TARGET_FIELDS = frozenset({"labels", "device_ids", "group_ids", "filter", "percentage"})
+# releases that have a say over devices (drafts have none yet)
+LIVE_STATES = ("active", "paused", "completed", "aborted", "rolled_back")
 
-def policy_from_release(release: Release) -> ReleasePolicy:
-    target = release.target or {}
+
+def release_phases(release: Release) -> tuple[Phase, ...]:
+    return phases_from(release.phases, float((release.target or {}).get("percentage", 100.0)))
+
+
+def target_from(data: dict[str, Any], groups: dict[str, DeviceGroup], percentage: float) -> Target:
+    """deploy's Target for a release's target JSON; PolicyError names what is wrong."""
+    if not isinstance(data, dict):
+        raise PolicyError("a target must be an object")
+    unknown = set(data) - TARGET_FIELDS
+    if unknown:
+        raise PolicyError(f"unknown target field(s): {', '.join(sorted(unknown))}")
+    group_ids = frozenset(str(g) for g in data.get("group_ids", []))
+    missing = group_ids - set(groups)
+    if missing:
+        raise PolicyError(f"no device group(s) {', '.join(sorted(missing))} in this organisation")
+    dynamic = {
+        gid: Filter.parse(groups[gid].filter)
+        for gid in group_ids
+        if groups[gid].kind == DeviceGroup.Kind.DYNAMIC
+    }
+    filter_text = data.get("filter") or ""
+    return Target(
+        device_ids=frozenset(str(d) for d in data.get("device_ids", [])),
+        group_ids=group_ids,
+        labels={str(k): str(v) for k, v in data.get("labels", {}).items()},
+        percentage=percentage,
+        filter=Filter.parse(filter_text) if filter_text else None,
+        group_filters=dynamic,
+    )
+
+
+def organisation_groups(*, organisation_id) -> dict[str, DeviceGroup]:
+    return {str(g.pk): g for g in DeviceGroup.objects.filter(organisation_id=organisation_id)}
+
+
+def policy_from_release(release: Release, groups: dict[str, DeviceGroup] | None = None) -> ReleasePolicy:
+    """deploy's view of a release row, with the current phase's percentage; PolicyError if malformed."""
+    if groups is None:
+        groups = organisation_groups(organisation_id=release.organisation_id)
+    phases = release_phases(release)
+    phase = phases[min(release.current_phase, len(phases) - 1)]
     return ReleasePolicy(
         release_id=str(release.pk),
         organisation_id=str(release.organisation_id),
         version_id=str(release.version_id),
         package_digest=release.version.package.sha256 if release.version.package_id else "",
         salt=release.salt,
-        target=Target(
-            device_ids=frozenset(str(d) for d in target.get("device_ids", [])),
-            labels={str(k): str(v) for k, v in target.get("labels", {}).items()},
-            percentage=float(target.get("percentage", 100.0)),
-        ),
+        target=target_from(release.target or {}, groups, float(phase.percentage)),
         priority=release.priority,
         created_at=release.created_at.timestamp() if release.created_at else 0.0,
+        status=release.state,
+        download_only=release.download_only,
+        window=MaintenanceWindow.from_dict(release.window),
     )
 
 
@@ -43,24 +93,133 @@ def release_get(*, organisation: Organisation, release_id) -> Release:
         raise NotFound(f"No release {release_id} in this organisation.") from None
 
 
-def active_policies(*, organisation_id) -> list[ReleasePolicy]:
+def live_policies(*, organisation_id, groups: dict[str, DeviceGroup] | None = None) -> list[ReleasePolicy]:
+    """Every release that has a say over devices: active, paused, completed and rolling back."""
+    if groups is None:
+        groups = organisation_groups(organisation_id=organisation_id)
     releases = Release.objects.filter(
-        organisation_id=organisation_id, state=Release.State.ACTIVE, version__package__isnull=False
+        organisation_id=organisation_id, state__in=LIVE_STATES, version__package__isnull=False
     ).select_related("version__package")
-    return [policy_from_release(r) for r in releases]
+    return [policy_from_release(r, groups) for r in releases]
 
 
-def device_facts(device: Device) -> DeviceFacts:
+def active_policies(*, organisation_id) -> list[ReleasePolicy]:
+    return [p for p in live_policies(organisation_id=organisation_id) if p.status == Release.State.ACTIVE]
+
+
+def _ref(version: ModelVersion | None) -> VersionRef | None:
+    if version is None or version.package_id is None:
+        return None
+    return VersionRef(str(version.pk), version.package.sha256)
+
+
+def device_facts(
+    device: Device,
+    groups: dict[str, DeviceGroup] | None = None,
+    policies: list[ReleasePolicy] | None = None,
+) -> DeviceFacts:
+    """What deploy/ needs to know about a device: attributes, groups, pin, window and history."""
+    attributes = {str(k): str(v) for k, v in (device.attributes or {}).items()}
+    labels = {str(k): str(v) for k, v in (device.labels or {}).items()}
+    if groups is None:
+        groups = organisation_groups(organisation_id=device.organisation_id)
+    static = frozenset(str(g) for g in device.groups.values_list("pk", flat=True)) if groups else frozenset()
+    mine = sorted(
+        (
+            g
+            for gid, g in groups.items()
+            if gid in static
+            or (g.kind == DeviceGroup.Kind.DYNAMIC and Filter.parse(g.filter)(attributes, labels))
+        ),
+        key=lambda g: g.name,  # a device in several pinned or windowed groups: the first by name decides
+    )
+    pin = _ref(device.pinned_version) if device.pinned_version_id else None
+    if pin is None:
+        pin = next((_ref(g.pinned_version) for g in mine if g.pinned_version_id), None)
+    window = next((MaintenanceWindow.from_dict(g.window) for g in mine if g.window), None)
+    previous: dict[str, VersionRef | None] = {}
+    rolling_back = [p for p in policies or [] if p.status in ROLLING_BACK]
+    if rolling_back:
+        changes = DeviceVersionChange.objects.filter(
+            device=device, to_version_id__in={p.version_id for p in rolling_back}
+        ).select_related("from_version__package")
+        first_change: dict[str, DeviceVersionChange] = {}
+        for change in changes:  # ordered by time: keep the first arrival of each version
+            first_change.setdefault(str(change.to_version_id), change)
+        for policy in rolling_back:
+            if policy.version_id in first_change:
+                previous[policy.release_id] = _ref(first_change[policy.version_id].from_version)
     return DeviceFacts(
         device_id=str(device.pk),
         organisation_id=str(device.organisation_id),
-        attributes={str(k): str(v) for k, v in (device.attributes or {}).items()},
-        labels={str(k): str(v) for k, v in (device.labels or {}).items()},
+        attributes=attributes,
+        labels=labels,
+        group_ids=static,
+        running_version_id=str(device.running_version_id or ""),
+        pin=pin,
+        window=window,
+        previous_versions=previous,
+    )
+
+
+@dataclass(frozen=True)
+class DesiredPackage:
+    """What the gateway offers a checking-in device.
+
+    release is None for a pinned version. With rollback=True the device goes back to an
+    older version: offer the version's rollback package (registry.services.version_rollback_package).
+    """
+
+    release: Release | None
+    version: ModelVersion
+    download_only: bool
+    rollback: bool
+    window: dict | None
+
+
+def decision_for(device: Device) -> Decision | None:
+    groups = organisation_groups(organisation_id=device.organisation_id)
+    policies = live_policies(organisation_id=device.organisation_id, groups=groups)
+    return PolicySet(policies).decide(device_facts(device, groups, policies))
+
+
+def desired_package_for(device: Device) -> DesiredPackage | None:
+    """What the device should run, or None to keep what it runs."""
+    decision = decision_for(device)
+    if decision is None:
+        return None
+    version = ModelVersion.objects.select_related("model", "package").get(pk=decision.version_id)
+    release = None
+    if decision.release_id:
+        release = Release.objects.select_related("version__model", "version__package").get(
+            pk=decision.release_id
+        )
+    return DesiredPackage(
+        release=release,
+        version=version,
+        download_only=decision.download_only,
+        rollback=decision.rollback,
+        window=decision.window.as_dict() if decision.window else None,
     )
 
 
 def desired_release_for(device: Device) -> Release | None:
-    policy = desired_release(device_facts(device), active_policies(organisation_id=device.organisation_id))
-    if policy is None:
+    """The release whose version the device should run (None for pins, rollbacks or nothing).
+
+    Kept for callers that only offer a release's own version; desired_package_for says more.
+    """
+    desired = desired_package_for(device)
+    if desired is None or desired.rollback or desired.release is None:
         return None
-    return Release.objects.select_related("version__model", "version__package").get(pk=policy.release_id)
+    return desired.release
+
+
+def release_device_counts(*, release: Release) -> dict[str, int]:
+    """How many of the organisation's devices run the release's version, and how many run another."""
+    rows = (
+        Device.objects.filter(organisation_id=release.organisation_id, revoked_at__isnull=True)
+        .values("running_version_id")
+        .annotate(n=Count("id"))
+    )
+    on_release = sum(r["n"] for r in rows if r["running_version_id"] == release.version_id)
+    return {"on_release_version": on_release, "on_other_versions": sum(r["n"] for r in rows) - on_release}

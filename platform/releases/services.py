@@ -1,28 +1,32 @@
-"""Writes for releases: creation and the state machine's transitions (each audited)."""
+"""Writes for releases: creation, the state machine's transitions (each audited) and the
+periodic health-gate evaluation that advances, pauses or aborts releases."""
 
 from __future__ import annotations
 
+import logging
+from datetime import timedelta
 from typing import Any
 
 from accounts.models import Organisation
 from django.db import transaction
+from django.utils import timezone
 from ferry_cloud.api_errors import Conflict, ServiceError
+from gateway.hints import fleet_changed
 from registry.models import ModelVersion
 from registry.services import version_mark_released
+from telemetry.selectors import release_cohort_figures
 
 from deploy.errors import PolicyError
+from deploy.gates import GateThresholds, evaluate_gate
+from deploy.phases import ACTIONS, RolloutState, Status, Step, TransitionRefused, next_step, transition
 from releases.models import Release, ReleaseEvent
-from releases.selectors import policy_from_release
+from releases.selectors import organisation_groups, policy_from_release, release_phases
 
+log = logging.getLogger(__name__)
 State = Release.State
-
-# action -> (states it may start from, state it leads to)
-TRANSITIONS: dict[str, tuple[frozenset[str], str]] = {
-    "start": (frozenset({State.DRAFT}), State.ACTIVE),
-    "pause": (frozenset({State.ACTIVE}), State.PAUSED),
-    "resume": (frozenset({State.PAUSED}), State.ACTIVE),
-    "abort": (frozenset({State.DRAFT, State.ACTIVE, State.PAUSED}), State.ABORTED),
-}
+# the telemetry a gate looks at: since the phase started, at most this far back
+GATE_LOOKBACK = timedelta(minutes=15)
+EXTRA_ACTIONS = ("activate",)  # download-only release: let its devices switch to the version now
 
 
 class InvalidRelease(ServiceError):
@@ -33,11 +37,15 @@ class TransitionConflict(Conflict):
     code = "transition_conflict"
 
 
-def _check_target(target: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(target) - {"labels", "device_ids", "percentage"}
-    if unknown:
-        raise InvalidRelease(f"Unknown target field(s): {', '.join(sorted(unknown))}.")
-    return target
+def _validate(release: Release) -> None:
+    """Every policy field, through the same deploy/ code that will read it on each check-in."""
+    try:
+        if release.phases and "percentage" in (release.target or {}):
+            raise PolicyError("give the percentage in the phases or in the target, not both")
+        GateThresholds.from_dict(release.gate)
+        policy_from_release(release, organisation_groups(organisation_id=release.organisation_id))
+    except (PolicyError, TypeError, ValueError) as exc:
+        raise InvalidRelease(f"Invalid release: {exc}") from None
 
 
 @transaction.atomic
@@ -48,6 +56,11 @@ def release_create(
     name: str,
     target: dict[str, Any],
     priority: int = 0,
+    phases: list[dict] | None = None,
+    gate: dict | None = None,
+    download_only: bool = False,
+    window: dict | None = None,
+    salt: str | None = None,
     actor=None,
     start: bool = False,
 ) -> Release:
@@ -61,17 +74,26 @@ def release_create(
         organisation=organisation,
         version=version,
         name=name,
-        target=_check_target(target),
+        target=target,
         priority=priority,
+        phases=phases or [],
+        gate=gate or {},
+        download_only=download_only,
+        window=window or {},
         created_by=actor,
     )
-    try:
-        policy_from_release(release)
-    except (PolicyError, TypeError, ValueError) as exc:
-        raise InvalidRelease(f"Invalid target: {exc}") from None
+    if salt:
+        release.salt = salt
+    _validate(release)
     release.save()
     ReleaseEvent.objects.create(
-        release=release, action="create", from_state="", to_state=release.state, actor=actor
+        release=release,
+        action="create",
+        from_state="",
+        to_state=release.state,
+        actor=actor,
+        from_phase=0,
+        to_phase=0,
     )
     version_mark_released(version=version)
     if start:
@@ -82,28 +104,150 @@ def release_create(
 
 
 @transaction.atomic
-def release_transition(*, release_id, action: str, actor=None, reason: str = "") -> Release:
+def release_transition(
+    *,
+    release_id,
+    action: str,
+    actor=None,
+    reason: str = "",
+    expected_revision: int | None = None,
+    phase: int | None = None,
+    details: dict | None = None,
+) -> Release:
     """Apply one action; repeating an action that already took effect is a no-op.
 
-    The row lock makes concurrent transitions serial: the first wins, the second sees
-    the new state and either is a repeat (no-op) or gets a TransitionConflict.
+    The row lock makes concurrent transitions serial. A caller that passes the revision it
+    saw (the console always does) gets a TransitionConflict when someone else moved the
+    release first, so of two concurrent people exactly one wins. ``phase`` (1-based, for
+    advance) names the phase to leave, which makes advancing idempotent too.
     """
-    if action not in TRANSITIONS:
-        raise InvalidRelease(f"Unknown action {action!r}; use one of {', '.join(TRANSITIONS)}.")
+    if action not in ACTIONS + EXTRA_ACTIONS:
+        raise InvalidRelease(f"Unknown action {action!r}; use one of {', '.join(ACTIONS + EXTRA_ACTIONS)}.")
     release = Release.objects.select_for_update().get(pk=release_id)
-    sources, destination = TRANSITIONS[action]
-    if release.state == destination:
-        return release
-    if release.state not in sources:
-        raise TransitionConflict(f"Cannot {action} a release that is {release.state}.")
+    if action == "activate":
+        return _activate(release, actor=actor, reason=reason, expected_revision=expected_revision)
+    phases = release_phases(release)
+    before = RolloutState(Status(release.state), release.current_phase)
+    try:
+        after = transition(before, action, len(phases), None if phase is None else phase - 1)
+    except TransitionRefused as exc:
+        raise TransitionConflict(str(exc)) from None
+    if after == before:
+        return release  # already in effect: idempotent
+    if expected_revision is not None and expected_revision != release.revision:
+        last = release.events.order_by("-at", "-id").first()
+        who = f" ({last.action} by {last.actor or 'the health gate'})" if last else ""
+        raise TransitionConflict(
+            f"The release changed since revision {expected_revision}: it is now revision {release.revision}, "
+            f"{release.state}{who}. Reload it and try again."
+        )
     ReleaseEvent.objects.create(
         release=release,
         action=action,
+        from_state=before.status,
+        to_state=after.status,
+        from_phase=before.phase,
+        to_phase=after.phase,
+        actor=actor,
+        reason=reason,
+        details=details or {},
+    )
+    release.state = after.status.value
+    release.revision += 1
+    fields = ["state", "revision", "updated_at"]
+    if after.phase != before.phase or (action == "start" and release.phase_started_at is None):
+        release.current_phase = after.phase
+        release.phase_started_at = timezone.now()
+        fields += ["current_phase", "phase_started_at"]
+    if action == "resume":  # a paused phase soaks again before the gate may advance it
+        release.phase_started_at = timezone.now()
+        fields.append("phase_started_at")
+    release.save(update_fields=sorted(set(fields)))
+    fleet_changed(organisation_id=release.organisation_id)
+    return release
+
+
+def _activate(release: Release, *, actor, reason: str, expected_revision: int | None) -> Release:
+    if not release.download_only:
+        return release
+    if expected_revision is not None and expected_revision != release.revision:
+        raise TransitionConflict(
+            f"The release changed since revision {expected_revision}: it is now revision {release.revision}."
+        )
+    if release.state in (State.ABORTED, State.ROLLED_BACK):
+        raise TransitionConflict(f"Cannot activate a release that is {release.state}.")
+    ReleaseEvent.objects.create(
+        release=release,
+        action="activate",
         from_state=release.state,
-        to_state=destination,
+        to_state=release.state,
+        from_phase=release.current_phase,
+        to_phase=release.current_phase,
         actor=actor,
         reason=reason,
     )
-    release.state = destination
-    release.save(update_fields=["state", "updated_at"])
+    release.download_only = False
+    release.revision += 1
+    release.save(update_fields=["download_only", "revision", "updated_at"])
+    fleet_changed(organisation_id=release.organisation_id)
     return release
+
+
+# --- health gates -----------------------------------------------------------------------------
+
+STEP_ACTIONS = {Step.ADVANCE: "advance", Step.COMPLETE: "advance", Step.PAUSE: "pause", Step.ABORT: "abort"}
+
+
+def release_gate_evaluate(*, release_id, now=None) -> dict:
+    """Evaluate an active release's gate once and act on it (advance, complete, pause, abort).
+
+    Idempotent: the action names the phase it leaves and the revision it saw, so a second
+    worker evaluating the same release at the same time changes nothing twice.
+    """
+    now = now or timezone.now()
+    release = Release.objects.select_related("version").get(pk=release_id)
+    if release.state != State.ACTIVE:
+        return {"step": "wait", "reason": f"release is {release.state}"}
+    phases = release_phases(release)
+    thresholds = GateThresholds.from_dict(release.gate)
+    started = release.phase_started_at or release.updated_at
+    since = max(started, now - GATE_LOOKBACK)
+    treated, baseline = release_cohort_figures(
+        organisation_id=release.organisation_id, version_id=str(release.version_id), since=since
+    )
+    result = evaluate_gate(thresholds, treated, baseline)
+    state = RolloutState(Status(release.state), release.current_phase)
+    decision = next_step(phases, state, (now - started).total_seconds(), result, thresholds.on_failure)
+    status = {
+        "step": decision.step.value,
+        "reason": decision.reason,
+        "phase": release.current_phase + 1,
+        "evaluated_at": now.isoformat(),
+        **result.as_dict(),
+    }
+    Release.objects.filter(pk=release.pk).update(gate_status=status)
+    action = STEP_ACTIONS.get(decision.step)
+    if action:
+        try:
+            release_transition(
+                release_id=release.pk,
+                action=action,
+                reason=decision.reason,
+                expected_revision=release.revision,
+                phase=release.current_phase + 1 if action == "advance" else None,
+                details=status,
+            )
+        except TransitionConflict as exc:  # a person acted meanwhile: theirs stands
+            log.info("gate of release %s: %s", release.pk, exc)
+    return status
+
+
+def release_gates_evaluate_all() -> list[dict]:
+    """The periodic task's body: every active release, one at a time."""
+    results = []
+    for release_id in Release.objects.filter(state=State.ACTIVE).values_list("pk", flat=True):
+        try:
+            results.append({"release": str(release_id), **release_gate_evaluate(release_id=release_id)})
+        except (PolicyError, Release.DoesNotExist) as exc:
+            log.warning("could not evaluate the gate of release %s: %s", release_id, exc)
+    return results

@@ -7,7 +7,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deploy.errors import PolicyError
-from deploy.rollout import DeviceFacts, ReleasePolicy, Target, bucket, desired_release, includes
+from deploy.filters import Filter
+from deploy.rollout import (
+    Decision,
+    DeviceFacts,
+    PolicySet,
+    ReleasePolicy,
+    Target,
+    VersionRef,
+    bucket,
+    covers,
+    decide,
+    desired_release,
+    includes,
+)
+from deploy.windows import MaintenanceWindow
 
 ids = st.text(alphabet="0123456789abcdef-", min_size=1, max_size=36)
 
@@ -52,3 +66,132 @@ def test_other_organisations_and_non_matching_devices_are_left_alone():
 def test_bad_percentage_is_a_policy_error():
     with pytest.raises(PolicyError, match="between 0 and 100"):
         Target(percentage=150)
+
+
+# --- filters, groups, states, pins, rollbacks ---------------------------------------------------
+
+
+PI = DeviceFacts("d1", "o", attributes={"hardware": "rpi4", "ram_mb": "4096"}, labels={"site": "lab"})
+
+
+def _policy(release_id, target: Target | None = None, **extra):
+    return ReleasePolicy(
+        release_id, "o", f"v-{release_id}", f"sha-{release_id}", "salt", target or Target(), **extra
+    )
+
+
+def test_filter_targets_and_dynamic_groups_pick_devices_that_appear_later():
+    by_filter = _policy("f", Target(filter=Filter.parse("hardware == rpi4 and ram_mb >= 2048")))
+    assert decide(PI, [by_filter]).version_id == "v-f"
+    small = DeviceFacts("d2", "o", attributes={"hardware": "rpi4", "ram_mb": "512"})
+    assert decide(small, [by_filter]) is None
+    dynamic = _policy(
+        "g", Target(group_ids=frozenset({"g1"}), group_filters={"g1": Filter.parse("site == lab")})
+    )
+    newcomer = DeviceFacts("d-new", "o", labels={"site": "lab"})
+    assert decide(newcomer, [dynamic]).release_id == "g"
+    static = _policy("s", Target(group_ids=frozenset({"g2"})))
+    assert decide(DeviceFacts("d3", "o", group_ids=frozenset({"g2"})), [static]).release_id == "s"
+    assert decide(DeviceFacts("d4", "o"), [static]) is None
+
+
+def test_target_parts_combine_with_and():
+    target = Target(device_ids=frozenset({"d1", "d9"}), filter=Filter.parse("hardware == rpi4"))
+    assert decide(PI, [_policy("r", target)]) is not None
+    assert decide(DeviceFacts("d9", "o", attributes={"hardware": "x86"}), [_policy("r", target)]) is None
+
+
+def test_paused_release_keeps_only_devices_that_run_it_and_draft_has_no_say():
+    paused = _policy("p", status="paused")
+    assert decide(PI, [paused]) is None
+    running = DeviceFacts("d1", "o", running_version_id="v-p")
+    assert decide(running, [paused]).version_id == "v-p"
+    assert decide(PI, [_policy("d", status="draft")]) is None
+
+
+def test_aborted_release_sends_its_devices_back_to_what_they_ran():
+    before = VersionRef("v-old", "sha-old")
+    aborted = _policy("a", status="aborted")
+    reached = DeviceFacts("d1", "o", running_version_id="v-a", previous_versions={"a": before})
+    assert decide(reached, [aborted]) == Decision("v-old", "sha-old", "a", rollback=True, reason="rollback")
+    never_reached = DeviceFacts("d2", "o", running_version_id="v-old")
+    assert decide(never_reached, [aborted]) is None
+    back = DeviceFacts("d1", "o", running_version_id="v-old", previous_versions={"a": before})
+    older = _policy("older", created_at=-1)
+    assert decide(back, [aborted, older]).release_id == "older"  # once back, the other releases decide
+    had_nothing = DeviceFacts("d3", "o", running_version_id="v-a", previous_versions={"a": None})
+    assert decide(had_nothing, [aborted]) is None
+
+
+def test_pins_win_over_every_release():
+    pinned = DeviceFacts("d1", "o", pin=VersionRef("v-pin", "sha-pin"))
+    decision = decide(pinned, [_policy("r", Target(device_ids=frozenset({"d1"})), priority=99)])
+    assert decision.version_id == "v-pin" and decision.reason == "pin" and decision.release_id == ""
+
+
+def test_download_only_and_windows_travel_with_the_offer():
+    window = MaintenanceWindow("0 2 * * *", 3600, "UTC")
+    decision = decide(PI, [_policy("r", download_only=True, window=window)])
+    assert decision.download_only and decision.window == window
+    group_window = MaintenanceWindow("0 3 * * 6", 7200, "Europe/Paris")
+    in_group = DeviceFacts("d1", "o", window=group_window)
+    assert decide(in_group, [_policy("r")]).window == group_window  # the release's own window comes first
+    assert decide(in_group, [_policy("r", window=window)]).window == window
+
+
+policies = st.lists(
+    st.builds(
+        ReleasePolicy,
+        release_id=st.text("abcdef", min_size=1, max_size=4),
+        organisation_id=st.just("o"),
+        version_id=st.sampled_from(["v1", "v2", "v3"]),
+        package_digest=st.just("x"),
+        salt=st.text("xyz", max_size=3),
+        target=st.builds(
+            Target,
+            device_ids=st.frozensets(st.sampled_from(["d1", "d2"]), max_size=1),
+            group_ids=st.frozensets(st.sampled_from(["g1", "g2"]), max_size=1),
+            labels=st.dictionaries(st.just("site"), st.sampled_from(["lab", "prod"]), max_size=1),
+            percentage=st.floats(0, 100),
+            filter=st.sampled_from([None, Filter.parse("hw == a"), Filter.parse("site == lab or hw exists")]),
+        ),
+        priority=st.integers(0, 2),
+        created_at=st.floats(0, 5),
+        status=st.sampled_from(["active", "paused", "completed", "aborted", "rolled_back", "draft"]),
+    ),
+    max_size=8,
+    unique_by=lambda p: p.release_id,
+)
+devices = st.builds(
+    DeviceFacts,
+    device_id=st.sampled_from(["d1", "d2", "d3"]),
+    organisation_id=st.just("o"),
+    labels=st.dictionaries(st.just("site"), st.sampled_from(["lab", "prod"]), max_size=1),
+    attributes=st.dictionaries(st.just("hw"), st.sampled_from(["a", "b"]), max_size=1),
+    group_ids=st.frozensets(st.sampled_from(["g1", "g2"]), max_size=2),
+    running_version_id=st.sampled_from(["", "v1", "v2"]),
+    previous_versions=st.dictionaries(
+        st.text("abcdef", min_size=1, max_size=4), st.just(VersionRef("v0", "y"))
+    ),
+)
+
+
+@given(device=devices, releases=policies, order=st.randoms())
+@settings(max_examples=300)
+def test_a_device_gets_one_answer_per_release_state(device, releases, order):
+    """However the releases are listed, and however often it asks, a device gets the same version."""
+    first = decide(device, releases)
+    shuffled = list(releases)
+    order.shuffle(shuffled)
+    assert decide(device, shuffled) == first == PolicySet(releases).decide(device)
+    # the compiled check-in path agrees with the reference rules
+    reference = max((p for p in releases if covers(p, device)), key=lambda p: p.rank, default=None)
+    assert PolicySet(shuffled).winner(device) == reference
+    if first is not None and not first.rollback:
+        winner = next(p for p in releases if p.release_id == first.release_id)
+        assert first.version_id == winner.version_id
+        assert all(
+            p.rank <= winner.rank
+            for p in releases
+            if p.status in ("active", "completed") and includes(p, device)
+        )

@@ -72,7 +72,10 @@ class Command(BaseCommand):
         _, api_token = user_ensure_admin(organisation=org, username="admin", password=password)
         http_port, gateway_port = free_port(http_port), free_port(gateway_port)
         base = f"http://127.0.0.1:{http_port}"
-        stack = Stack(log_dir=demo_dir / "logs", env={"FERRY_CHECKIN_INTERVAL_SECONDS": "3"})
+        stack = Stack(
+            log_dir=demo_dir / "logs",
+            env={"FERRY_CHECKIN_INTERVAL_SECONDS": "3", "FERRY_GATE_INTERVAL_SECONDS": "5"},
+        )
         stop = threading.Event()
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -1,0 +1,233 @@
+"""Staged rollouts with real processes: web, Celery worker and beat (the periodic gate
+evaluation), the gRPC gateway and three real agents. Everything goes through the REST API.
+
+A staged release advances phase by phase as the agents' own telemetry passes its gate;
+a faulty one (a p95-latency gate it cannot meet, measured on the agents' real figures)
+is aborted by the gate and its device installs the previous version again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+import requests
+from ferry_cloud.stack import Stack, free_port
+
+from converter.samples import build_image_classifier
+from deploy.rollout import bucket
+
+ROOT = Path(__file__).resolve().parents[2]
+LABELS = {"fleet": "e2e"}
+AGENTS = 3
+
+pytestmark = [pytest.mark.slow, pytest.mark.services]
+
+BOOTSTRAP = """
+import json
+from django.core.management import call_command
+from accounts.services import organisation_ensure, user_ensure_admin
+call_command("migrate", verbosity=0)
+org = organisation_ensure(name="Rollout E2E")
+print(json.dumps({"token": user_ensure_admin(organisation=org, username="admin", password="pw")[1]}))
+"""
+
+
+class Api:
+    def __init__(self, base: str, token: str) -> None:
+        self.base = base
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Token {token}"
+
+    def __call__(self, method: str, path: str, **kwargs):
+        response = self.session.request(method, f"{self.base}/api/v1/{path}", timeout=30, **kwargs)
+        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text}"
+        return response.json()
+
+
+def _wait(what: str, check: Callable[[], object], stack: Stack, timeout: float = 40.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        result = check()
+        if result:
+            return result
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}; logs in {stack.log_dir}")
+
+
+@pytest.fixture
+def environment(tmp_path: Path):
+    """A database and a Redis db of its own, local file storage, fast check-ins and gate evaluations."""
+    database = f"ferry_rollout_{uuid.uuid4().hex[:8]}"
+    base_url = os.environ["FERRY_DATABASE_URL"].rsplit("/", 1)[0]
+    with psycopg.connect(base_url + "/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
+    env = {
+        "FERRY_DATA_DIR": str(tmp_path / "data"),
+        "FERRY_DATABASE_URL": f"{base_url}/{database}",
+        "FERRY_S3_BUCKET": "",
+        "FERRY_CHECKIN_INTERVAL_SECONDS": "2",
+        "FERRY_GATE_INTERVAL_SECONDS": "1",
+        "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
+    }
+    try:
+        yield env
+    finally:
+        with psycopg.connect(base_url + "/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+def _upload(api: Api, model_id: int, label: str) -> str:
+    files = {"file": ("model.onnx", build_image_classifier().SerializeToString())}
+    return api("POST", f"models/{model_id}/versions/", files=files, data={"label": label})["id"]
+
+
+def _running(api: Api) -> dict[str, str | None]:
+    return {d["id"]: (d["running_version"] or {}).get("label") for d in api("GET", "devices/")}
+
+
+def _salt_with_one_canary(device_ids: list[str], percentage: float) -> str:
+    """A salt that puts exactly one of the devices below the percentage (deterministic first phase)."""
+    for i in range(10_000):
+        salt = f"e2e{i}"
+        places = sorted(bucket(salt, d) for d in device_ids)
+        if places[0] < percentage <= places[1]:
+            return salt
+    raise AssertionError("no salt found")
+
+
+def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path: Path):
+    env = {**os.environ, **environment}
+    boot = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", BOOTSTRAP],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert boot.returncode == 0, boot.stderr
+    token = json.loads(boot.stdout.strip().splitlines()[-1])["token"]
+    stack = Stack(log_dir=tmp_path / "logs", env=environment)
+    http_port, gateway_port = free_port(), free_port()
+    try:
+        stack.start_control_plane(http_port, gateway_port)
+        api = Api(f"http://127.0.0.1:{http_port}", token)
+        model = api("POST", "models/", json={"name": "classifier"})
+        versions = {label: _upload(api, model["id"], label) for label in ("v1", "v2", "v3")}
+        _wait(
+            "three converted versions",
+            lambda: all(api("GET", f"versions/{v}/")["status"] == "ready" for v in versions.values()),
+            stack,
+            timeout=60,
+        )
+
+        # everyone on v1
+        api(
+            "POST",
+            "releases/",
+            json={"name": "v1", "version": versions["v1"], "target": {"labels": LABELS}, "start": True},
+        )
+        for i in range(AGENTS):
+            enrolment = api("POST", "enrolment-tokens/", json={"labels": LABELS})["token"]
+            stack.start_agent(
+                f"agent-{i}",
+                gateway_port,
+                tmp_path / f"agent-{i}",
+                enrolment,
+                {},
+                extra=["--metrics-interval", "1", "--upload-interval", "1"],
+            )
+        running = _wait(
+            "three agents on v1",
+            lambda: (r := _running(api)) and len(r) == AGENTS and set(r.values()) == {"v1"} and r,
+            stack,
+        )
+        salt = _salt_with_one_canary(list(running), 40.0)
+
+        # a staged release: one canary first, then the whole fleet, each phase through its gate
+        staged = api(
+            "POST",
+            "releases/",
+            json={
+                "name": "v2 staged",
+                "version": versions["v2"],
+                "target": {"labels": LABELS},
+                "salt": salt,
+                "phases": [
+                    {"percentage": 40, "min_soak_seconds": 3, "min_reporting_devices": 1},
+                    {"percentage": 100, "min_soak_seconds": 3, "min_reporting_devices": AGENTS},
+                ],
+                "gate": {"max_latency_p95_ratio": None},
+                "start": True,
+            },
+        )
+        canary_phase = _wait(
+            "the canary on v2", lambda: sorted(_running(api).values()) == ["v1", "v1", "v2"], stack
+        )
+        assert canary_phase
+        done = _wait(
+            "the staged release to complete",
+            lambda: (r := api("GET", f"releases/{staged['id']}/"))["state"] == "completed" and r,
+            stack,
+        )
+        gate_moves = [
+            (e["action"], e["from_phase"], e["to_phase"]) for e in done["events"] if e["actor"] is None
+        ]
+        assert gate_moves == [("advance", 1, 2), ("advance", 2, 2)]
+        first = next(e for e in done["events"] if e["actor"] is None)
+        assert first["details"]["figures"]["devices_reporting"] == 1  # only the canary had moved
+        _wait("all agents on v2", lambda: set(_running(api).values()) == {"v2"}, stack)
+
+        # a faulty release: its canary cannot meet the latency gate, the gate aborts, the canary goes back
+        faulty = api(
+            "POST",
+            "releases/",
+            json={
+                "name": "v3 faulty",
+                "version": versions["v3"],
+                "target": {"labels": LABELS},
+                "salt": salt,
+                "phases": [
+                    {"percentage": 40, "min_soak_seconds": 5, "min_reporting_devices": 1},
+                    {"percentage": 100},
+                ],
+                "gate": {"max_latency_p95_ratio": 0.01, "on_failure": "abort"},
+                "start": True,
+            },
+        )
+        canary = _wait(
+            "the canary on v3", lambda: next((d for d, v in _running(api).items() if v == "v3"), None), stack
+        )
+        aborted = _wait(
+            "the gate to abort",
+            lambda: (r := api("GET", f"releases/{faulty['id']}/"))["state"] == "aborted" and r,
+            stack,
+        )
+        abort = aborted["events"][-1]
+        assert abort["action"] == "abort" and abort["actor"] is None
+        assert "p95 latency ratio" in abort["reason"]
+        _wait("the canary back on v2", lambda: set(_running(api).values()) == {"v2"}, stack)
+        state_dir = next(
+            tmp_path / f"agent-{i}"
+            for i in range(AGENTS)
+            if json.loads((tmp_path / f"agent-{i}" / "credential.json").read_text())["device_id"] == canary
+        )
+        _wait(
+            "the canary's own record of v2",
+            lambda: json.loads((state_dir / "running.json").read_text())["version_id"] == versions["v2"],
+            stack,
+        )
+    finally:
+        codes = stack.stop()
+    assert all(code in (0, -15) for name, code in codes.items() if name.startswith("agent")), codes
