@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agent.daemon import Agent, AgentConfig
 from agent.errors import AgentError
+from agent.install import DownloadRules
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
@@ -32,15 +33,71 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--name", default=None, help="device name shown in the console")
     run.add_argument("--label", action="append", default=[], help="key=value, repeatable")
     run.add_argument("--hardware", default="generic")
+    run.add_argument(
+        "--device-class", default="", help="refuse packages signed for another class (default: --hardware)"
+    )
     run.add_argument("--event-rate", type=float, default=20.0, help="synthetic events per second")
     run.add_argument("--metrics-interval", type=float, default=5.0)
     run.add_argument("--upload-interval", type=float, default=2.0)
+    run.add_argument(
+        "--probation-seconds",
+        type=float,
+        default=120.0,
+        help="after an update, this many restarts-free seconds end the crash-loop watch",
+    )
+    run.add_argument(
+        "--outbox-max-records", type=int, default=100_000, help="oldest dropped (and counted) past it"
+    )
+    run.add_argument("--download-deadline", type=float, default=600.0, help="seconds per download attempt")
+    run.add_argument(
+        "--min-download-speed", type=float, default=1024.0, help="bytes/s over 30 s, else resume later"
+    )
+    run.add_argument(
+        "--reserve-bytes", type=int, default=16 << 20, help="free disk space an update must leave untouched"
+    )
+    run.add_argument(
+        "--no-hints", action="store_true", help="do not hold a WatchHints stream open (poll only)"
+    )
     run.add_argument("--log-level", default="INFO")
+    status = sub.add_parser("status", help="print what the agent's state directory says, as JSON")
+    status.add_argument("--state-dir", type=Path, required=True)
     return p
+
+
+def status(state_dir: Path) -> dict:
+    """The device's own view: enrolment, running version, update in progress, refusals, outbox."""
+    import sqlite3
+
+    from agent.files import read_json
+
+    credential = read_json(state_dir / "credential.json") or {}
+    outbox = {"pending": None, "last_seq": None}
+    if (state_dir / "outbox.sqlite").exists():
+        db = sqlite3.connect(f"file:{state_dir / 'outbox.sqlite'}?mode=ro", uri=True)
+        try:
+            outbox = {
+                "pending": db.execute("SELECT COUNT(*) FROM records").fetchone()[0],
+                "last_seq": db.execute("SELECT value FROM meta WHERE key='next_seq'").fetchone()[0] - 1,
+            }
+        finally:
+            db.close()
+    return {
+        "device_id": credential.get("device_id"),
+        "gateway": credential.get("gateway"),
+        "running": read_json(state_dir / "running.json") or {},
+        "update": read_json(state_dir / "update.json") or {"state": "idle"},
+        "refused": read_json(state_dir / "refused.json") or {},
+        "outbox": outbox,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "status":
+        import json
+
+        print(json.dumps(status(args.state_dir), indent=2, sort_keys=True))
+        return 0
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent: %(message)s")
     config = AgentConfig(
         gateway=args.gateway,
@@ -48,9 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         token=args.token,
         labels=_labels(args.label),
         hardware=args.hardware,
+        device_class=args.device_class,
         event_rate=args.event_rate,
         metrics_interval=args.metrics_interval,
         upload_interval=args.upload_interval,
+        probation_seconds=args.probation_seconds,
+        outbox_max_records=args.outbox_max_records,
+        download_rules=DownloadRules(
+            deadline_seconds=args.download_deadline,
+            min_bytes_per_second=args.min_download_speed,
+            reserve_bytes=args.reserve_bytes,
+        ),
+        watch_hints=not args.no_hints,
     )
     if args.name:
         config.name = args.name

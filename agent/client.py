@@ -39,6 +39,11 @@ class GatewayClient:
         request = agent_pb2.DownloadRequest(package_digest=digest, offset=offset)
         return self._stub.DownloadPackage(request, timeout=deadline_seconds, metadata=self._metadata())
 
+    def watch(self, version_id: str, timeout: float = 600.0) -> Iterator[agent_pb2.Hint]:
+        """The server-pushed hints stream (push then pull: a hint only means "check in now")."""
+        request = agent_pb2.WatchRequest(running_version_id=version_id)
+        return self._stub.WatchHints(request, timeout=timeout, metadata=self._metadata())
+
     def report(self, records: list[OutboxRecord]) -> agent_pb2.TelemetryAck:
         batch = agent_pb2.TelemetryBatch(
             records=[

@@ -1,5 +1,9 @@
-"""The agent daemon: enrol once, then check in, install what the control plane wants,
-run inference and upload telemetry until told to stop."""
+"""The agent daemon: enrol once, then check in, drive the update lifecycle, run inference and
+upload telemetry until told to stop.
+
+Threads: the main loop (check-ins and the lifecycle), hints (a WatchHints stream that wakes
+the main loop: push then pull), metrics, upload, and the inference loop.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,22 @@ import logging
 import random
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from agent import __version__
 from agent.client import GatewayClient
-from agent.errors import AgentError, EnrolmentError
+from agent.errors import EnrolmentError
 from agent.files import read_json, write_json_atomic
 from agent.inference import InferenceLoop
-from agent.install import Installer, Offer
+from agent.install import DownloadRules, Installer, Offer
+from agent.lifecycle import IDLE, Lifecycle
+from agent.metrics import ProcessMeter
 from agent.outbox import Outbox
-from deploy.errors import PackageRejected
 from deploy.proto import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -34,11 +41,16 @@ class AgentConfig:
     name: str = field(default_factory=socket.gethostname)
     labels: dict[str, str] = field(default_factory=dict)
     hardware: str = "generic"
+    device_class: str = ""  # defaults to hardware: packages signed for another class are refused
     event_rate: float = 20.0
     metrics_interval: float = 5.0
     upload_interval: float = 2.0
     upload_batch: int = 500
     max_backoff: float = 60.0
+    probation_seconds: float = 120.0
+    outbox_max_records: int = 100_000
+    download_rules: DownloadRules = field(default_factory=DownloadRules)
+    watch_hints: bool = True
 
 
 class Agent:
@@ -46,12 +58,16 @@ class Agent:
         self.config = config
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.client = GatewayClient(config.gateway)
-        self.outbox = Outbox(config.state_dir / "outbox.sqlite")
-        self.inference = InferenceLoop(rate=config.event_rate)
+        self.outbox = Outbox(config.state_dir / "outbox.sqlite", max_records=config.outbox_max_records)
+        self.inference = InferenceLoop(rate=config.event_rate, emit=self.outbox.append)
+        self.meter = ProcessMeter(config.state_dir)
         self.stop_event = threading.Event()
+        self.wake = threading.Event()  # set by a hint (or stop): check in now
         self.interval = 30.0
         self.installer: Installer | None = None
-        self.failed_offers: set[str] = set()
+        self.lifecycle: Lifecycle | None = None
+        self.activations = {"ok": 0, "failed": 0}
+        self.hints_received = 0
 
     # --- identity -------------------------------------------------------------------
     @property
@@ -61,6 +77,10 @@ class Agent:
     @property
     def state_file(self) -> Path:
         return self.config.state_dir / "running.json"
+
+    @property
+    def device_class(self) -> str:
+        return self.config.device_class or self.config.hardware
 
     def attributes(self) -> agent_pb2.DeviceAttributes:
         return agent_pb2.DeviceAttributes(
@@ -87,51 +107,93 @@ class Agent:
         self.client.credential = saved["credential"]
         self.device_id = saved["device_id"]
         self.installer = Installer(
-            self.config.state_dir, self.client, base64.b64decode(saved["release_public_key"])
+            self.config.state_dir,
+            self.client,
+            base64.b64decode(saved["release_public_key"]),
+            self.config.download_rules,
         )
+        self.lifecycle = Lifecycle(
+            self.installer,
+            device_class=self.device_class,
+            report=self._report_activation,
+            on_version_change=self._load_version,
+            probation_seconds=self.config.probation_seconds,
+        )
+
+    def _count_start(self) -> None:
+        """Restarts are telemetry: a crash-looping agent shows up on the console."""
+        path = self.config.state_dir / "agent.json"
+        info = read_json(path, {}) or {}
+        info["starts"] = int(info.get("starts", 0)) + 1
+        info["agent_version"] = __version__
+        write_json_atomic(path, info)
+
+    def _take_restarts(self) -> tuple[int, int]:
+        """(restarts since the last metrics record, restarts in total); the first start is not one."""
+        path = self.config.state_dir / "agent.json"
+        info = read_json(path, {}) or {}
+        total = max(0, int(info.get("starts", 1)) - 1)
+        new = total - int(info.get("restarts_reported", 0))
+        if new:
+            info["restarts_reported"] = total
+            write_json_atomic(path, info)
+        return new, total
 
     # --- main loop --------------------------------------------------------------------
     def run(self) -> None:
         self.ensure_enrolled()
-        self._resume_current()
+        self._count_start()
+        self.lifecycle.resume()
+        self._load_version(self.installer.current_version())
         self.inference.start()
         threads = [
             threading.Thread(
-                target=self._every,
-                args=(self.config.metrics_interval, self.record_metrics),
-                name="metrics",
-                daemon=True,
+                target=self._every, args=(self.config.metrics_interval, self.record_metrics), name="metrics"
             ),
             threading.Thread(
-                target=self._every,
-                args=(self.config.upload_interval, self.upload),
-                name="upload",
-                daemon=True,
+                target=self._every, args=(self.config.upload_interval, self.upload), name="upload"
             ),
         ]
+        if self.config.watch_hints:
+            threads.append(threading.Thread(target=self._watch_hints, name="hints"))
         for t in threads:
+            t.daemon = True
             t.start()
-        backoff = 1.0
+        self.lifecycle.advance()  # finish what a restart interrupted before asking for anything new
+        backoff, next_check_in, hinted = 1.0, 0.0, False
         while not self.stop_event.is_set():
-            try:
-                self.check_in()
-                backoff = 1.0
-                wait = self.interval
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    log.error("the gateway refuses this device: %s", exc.details())
-                backoff = min(self.config.max_backoff, backoff * 2)
-                wait = backoff
-                log.warning("check-in failed (%s); retrying in about %.0f s", exc.code().name, wait)
-            self.stop_event.wait(wait * random.uniform(0.8, 1.2))  # jitter: fleets must not beat in step
+            if hinted or time.monotonic() >= next_check_in:
+                try:
+                    self.check_in()
+                    backoff = 1.0
+                    wait = self.interval
+                except grpc.RpcError as exc:
+                    if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                        log.error("the gateway refuses this device: %s", exc.details())
+                    backoff = min(self.config.max_backoff, backoff * 2)
+                    wait = backoff
+                    log.warning("check-in failed (%s); retrying in about %.0f s", exc.code().name, wait)
+                    self.lifecycle.advance()  # a resumed update may still finish from what is on disk
+                next_check_in = time.monotonic() + wait * random.uniform(0.8, 1.2)  # jitter: no lockstep
+            else:
+                self.lifecycle.advance()  # a timer of the lifecycle (probation end, window, retry)
+            timeout = max(0.0, min(next_check_in - time.monotonic(), self.lifecycle.wake_in()))
+            hinted = self.wake.wait(timeout) and not self.stop_event.is_set()
+            self.wake.clear()
+        self.lifecycle.shutdown()
         self.inference.stop()
         for t in threads:
             t.join(timeout=2)
         self.record_metrics()
-        self.upload()
+        try:
+            self.upload()
+        except grpc.RpcError:
+            log.info("telemetry stays in the outbox until the next start (gateway unreachable)")
+        self.client.close()
 
     def stop(self) -> None:
         self.stop_event.set()
+        self.wake.set()
 
     def _every(self, seconds: float, action) -> None:
         while not self.stop_event.wait(seconds):
@@ -139,58 +201,74 @@ class Agent:
                 action()
             except grpc.RpcError as exc:
                 log.info("%s deferred: gateway unreachable (%s)", action.__name__, exc.code().name)
+            except Exception:  # a metrics or upload bug must not kill the thread that reports it
+                log.exception("%s failed", action.__name__)
 
-    def _resume_current(self) -> None:
-        version = self.installer.current_version()
-        if version:
-            self.inference.load(self.config.state_dir / "current", version)
-            log.info("running version %s", version)
+    def _watch_hints(self) -> None:
+        backoff = 2.0
+        while not self.stop_event.is_set():
+            stream = None
+            try:
+                stream = self.client.watch(self.inference.version)
+                for hint in stream:
+                    backoff = 2.0
+                    self.hints_received += 1
+                    log.info("hint from the gateway (%s): checking in now", hint.reason)
+                    self.wake.set()
+                    if self.stop_event.is_set():
+                        break
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.info("the gateway pushes no hints; polling only")
+                    return
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    backoff = min(self.config.max_backoff, backoff * 2)
+            finally:
+                if stream is not None:
+                    stream.cancel()
+            self.stop_event.wait(backoff * random.uniform(0.5, 1.0))
+
+    def _load_version(self, version_id: str) -> None:
+        self.inference.load(self.config.state_dir / "current", version_id)
+        if version_id:
+            log.info("running version %s", version_id)
 
     def check_in(self) -> None:
-        running = read_json(self.state_file, {})
+        running = read_json(self.state_file, {}) or {}
         reply = self.client.check_in(
             self.attributes(), self.inference.version, running.get("package_digest", "")
         )
         self.interval = float(reply.checkin_interval_seconds or self.interval)
-        if not reply.HasField("desired"):
-            return
-        d = reply.desired
-        offer = Offer(
-            d.release_id, d.version_id, d.version_label, d.model_name, d.package_digest, d.package_size
-        )
-        if offer.version_id == self.inference.version or offer.package_digest in self.failed_offers:
-            return
-        self.install(offer)
-
-    def install(self, offer: Offer) -> None:
-        log.info("installing %s:%s (%s)", offer.model_name, offer.version_label, offer.package_digest[:12])
-        previous = self.inference.version
-        try:
-            self.installer.install(offer)
-            self.inference.load(self.config.state_dir / "current", offer.version_id)
-        except (AgentError, PackageRejected) as exc:
-            self.failed_offers.add(offer.package_digest)
-            log.error("update to %s refused: %s", offer.version_label, exc)
-            self.outbox.append(
-                "activation", {"ok": False, "version_id": offer.version_id, "reason": str(exc)}, previous
-            )
-            return
-        write_json_atomic(
-            self.state_file, {"version_id": offer.version_id, "package_digest": offer.package_digest}
-        )
-        self.outbox.append(
-            "activation", {"ok": True, "version_id": offer.version_id, "from": previous}, offer.version_id
-        )
-        log.info("now running %s:%s", offer.model_name, offer.version_label)
+        if reply.HasField("desired"):
+            self.lifecycle.offer(offer_from(reply.desired))
+        self.lifecycle.advance()
 
     # --- telemetry ----------------------------------------------------------------------
+    def _report_activation(self, kind: str, payload: dict[str, Any], version_id: str) -> None:
+        self.activations["ok" if payload.get("ok") else "failed"] += 1
+        self.outbox.append(kind, payload, version_id)
+
     def record_metrics(self) -> None:
         version, figures = self.inference.take_figures()
+        restarts, restarts_total = self._take_restarts()
+        figures.update(self.meter.read())
+        figures.update(
+            {
+                "version": version,
+                "restarts": restarts,
+                "restarts_total": restarts_total,
+                "activations_ok": self.activations["ok"],
+                "activations_failed": self.activations["failed"],
+                "update_state": self.lifecycle.state if self.lifecycle else IDLE,
+                "outbox_pending": self.outbox.pending(),
+            }
+        )
+        self.activations = {"ok": 0, "failed": 0}
         dropped = self.outbox.take_dropped()
         if dropped:
             figures["outbox_dropped"] = dropped
-        if version or dropped:
-            self.outbox.append("metrics", figures, version)
+        figures["outbox_dropped_total"] = self.outbox.dropped_total()
+        self.outbox.append("metrics", figures, version)
 
     def upload(self) -> None:
         while True:
@@ -201,3 +279,24 @@ class Agent:
             self.outbox.acknowledge(list(ack.stored_seqs) + list(ack.duplicate_seqs))
             if len(batch) < self.config.upload_batch:
                 return
+
+
+def offer_from(d: agent_pb2.PackageOffer) -> Offer:
+    window = None
+    if d.HasField("window") and d.window.cron:
+        window = {
+            "cron": d.window.cron,
+            "duration_seconds": int(d.window.duration_seconds),
+            "timezone": d.window.timezone or "UTC",
+        }
+    return Offer(
+        d.release_id,
+        d.version_id,
+        d.version_label,
+        d.model_name,
+        d.package_digest,
+        d.package_size,
+        download_only=d.download_only,
+        rollback=d.rollback,
+        window=window,
+    )

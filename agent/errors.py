@@ -15,3 +15,11 @@ class DownloadError(AgentError):
 
 class ActivationError(AgentError):
     """A verified package failed to load or to pass its self-test."""
+
+
+class DownloadStalled(DownloadError):
+    """The link is too slow or the deadline passed: keep the partial file and resume later."""
+
+
+class DiskFullError(DownloadError):
+    """Not enough free space for the package (checked first), or the disk filled up during the download."""

@@ -1,33 +1,37 @@
-"""Download, verify, unpack, activate, health-check; roll back on failure.
+"""Download, verify, unpack, activate, health-check; the steps the update lifecycle drives.
 
 On-disk layout under the state directory:
   downloads/<digest>.part   a download in progress (resumed from its size)
   versions/<version_id>/    an unpacked, verified package
+  versions/.<id>.staging/   an unpack in progress (thrown away on restart)
   current -> versions/<id>  the active version, switched by an atomic rename
   previous -> versions/<id> what ran before, kept for rollback
+
+numpy and the engine are imported only when a package is checked or loaded, so an idle
+agent with no model stays small.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-import numpy as np
-
-from agent.client import GatewayClient
-from agent.errors import ActivationError, DownloadError
+from agent.errors import ActivationError, DiskFullError, DownloadError, DownloadStalled
 from agent.files import fsync_dir, switch_symlink
-from deploy.unpack import verify_and_unpack
-from engine import Session
-from engine.errors import EngineError
-from engine.format import read_package
+from deploy.errors import PackageRejected
+from deploy.signing import SignedClaims
+from deploy.unpack import ClaimsCheck, verify_and_unpack
 
 log = logging.getLogger(__name__)
+
+DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
 @dataclass(frozen=True)
@@ -38,78 +42,192 @@ class Offer:
     model_name: str
     package_digest: str
     package_size: int
+    download_only: bool = False
+    rollback: bool = False
+    window: dict[str, Any] | None = None  # {"cron", "duration_seconds", "timezone"}
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Offer:
+        return cls(**data)
+
+    def same_package(self, other: Offer | None) -> bool:
+        return other is not None and (other.version_id, other.package_digest) == (
+            self.version_id,
+            self.package_digest,
+        )
 
 
+@dataclass(frozen=True)
+class DownloadRules:
+    """Limits on one download attempt; a stalled or slow link keeps its partial file for the next try."""
+
+    deadline_seconds: float = 600.0
+    min_bytes_per_second: float = 1024.0
+    speed_window_seconds: float = 30.0
+    reserve_bytes: int = 16 << 20  # free space left on the disk after the package and its unpacked copy
+
+
+@dataclass
 class Installer:
-    def __init__(self, state_dir: Path, client: GatewayClient, public_key: bytes) -> None:
-        self.state_dir = state_dir
-        self.client = client
-        self.public_key = public_key
+    state_dir: Path
+    client: Any  # GatewayClient (None in tests that never download)
+    public_key: bytes
+    rules: DownloadRules = field(default_factory=DownloadRules)
+
+    def __post_init__(self) -> None:
         for sub in ("downloads", "versions"):
-            (state_dir / sub).mkdir(parents=True, exist_ok=True)
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
 
     @property
     def current_link(self) -> Path:
         return self.state_dir / "current"
 
+    @property
+    def previous_link(self) -> Path:
+        return self.state_dir / "previous"
+
     def current_version(self) -> str:
         """The active version's id ('' when none), read from the pointer itself."""
-        if not self.current_link.is_symlink():
-            return ""
-        return Path(os.readlink(self.current_link)).name
+        return _link_target(self.current_link)
 
-    def download(self, offer: Offer, deadline_seconds: float = 300.0) -> Path:
+    def previous_version(self) -> str:
+        return _link_target(self.previous_link)
+
+    def part_file(self, offer: Offer) -> Path:
+        return self.state_dir / "downloads" / f"{offer.package_digest}.part"
+
+    # --- download -------------------------------------------------------------------------
+    def check_free_space(self, offer: Offer) -> None:
+        part = self.part_file(offer)
+        have = part.stat().st_size if part.exists() else 0
+        # the archive, then its unpacked copy (about the same size), then the reserve
+        needed = 2 * offer.package_size - have + self.rules.reserve_bytes
+        free = shutil.disk_usage(self.state_dir).free
+        if free < needed:
+            raise DiskFullError(
+                f"not enough free space for package {offer.package_digest[:12]}: needs {needed} bytes "
+                f"(package {offer.package_size}, unpacked copy, reserve {self.rules.reserve_bytes}), "
+                f"{free} free"
+            )
+
+    def download(self, offer: Offer) -> Path:
         """Fetch the package, resuming a partial download; never accept more bytes than offered."""
-        part = self.state_dir / "downloads" / f"{offer.package_digest}.part"
+        part = self.part_file(offer)
         offset = part.stat().st_size if part.exists() else 0
         if offset > offer.package_size:
             part.unlink()
             offset = 0
         if offset < offer.package_size:
-            with open(part, "ab") as out:
-                for chunk in self.client.download(offer.package_digest, offset, deadline_seconds):
-                    if chunk.offset != offset or offset + len(chunk.data) > offer.package_size:
-                        raise DownloadError(
-                            f"gateway sent bytes {chunk.offset}..{chunk.offset + len(chunk.data)} "
-                            f"of a package offered as {offer.package_size} bytes"
-                        )
-                    out.write(chunk.data)
-                    offset += len(chunk.data)
-                out.flush()
-                os.fsync(out.fileno())
+            self.check_free_space(offer)
+            try:
+                offset = self._fetch(offer, part, offset)
+            except OSError as exc:
+                if exc.errno in DISK_FULL_ERRNOS:
+                    part.unlink(missing_ok=True)
+                    raise DiskFullError(
+                        f"the disk filled up while downloading package {offer.package_digest[:12]} "
+                        f"at byte {offset} of {offer.package_size} ({os.strerror(exc.errno)})"
+                    ) from exc
+                raise
         if offset != offer.package_size or _sha256(part) != offer.package_digest:
             part.unlink()
             raise DownloadError(f"package {offer.package_digest[:12]} arrived with the wrong size or digest")
         return part
 
-    def unpack(self, offer: Offer, archive: Path) -> Path:
-        """Verify and unpack into versions/<id>, via a temporary directory renamed into place."""
+    def _fetch(self, offer: Offer, part: Path, offset: int) -> int:
+        started = window_start = time.monotonic()
+        window_bytes = 0
+        with open(part, "ab") as out:
+            try:
+                for chunk in self.client.download(offer.package_digest, offset, self.rules.deadline_seconds):
+                    if chunk.offset != offset or offset + len(chunk.data) > offer.package_size:
+                        out.close()
+                        part.unlink(missing_ok=True)
+                        raise DownloadError(
+                            f"gateway sent bytes {chunk.offset}..{chunk.offset + len(chunk.data)} "
+                            f"of a package offered (and signed) as {offer.package_size} bytes"
+                        )
+                    out.write(chunk.data)
+                    offset += len(chunk.data)
+                    window_bytes += len(chunk.data)
+                    now = time.monotonic()
+                    if now - window_start >= self.rules.speed_window_seconds:
+                        speed = window_bytes / (now - window_start)
+                        if speed < self.rules.min_bytes_per_second and offset < offer.package_size:
+                            raise DownloadStalled(
+                                f"download of {offer.package_digest[:12]} is too slow ({speed:.0f} B/s, "
+                                f"minimum {self.rules.min_bytes_per_second:.0f}); resuming later at {offset}"
+                            )
+                        window_start, window_bytes = now, 0
+            finally:
+                if not out.closed:
+                    out.flush()
+                    os.fsync(out.fileno())  # what arrived survives a power cut, so the resume is honest
+        log.info(
+            "downloaded %s: %d bytes in %.1f s", offer.package_digest[:12], offset, time.monotonic() - started
+        )
+        return offset
+
+    # --- verify and unpack ------------------------------------------------------------------
+    def staging_dir(self, offer: Offer) -> Path:
+        return self.state_dir / "versions" / f".{offer.version_id}.staging"
+
+    def unpack(self, offer: Offer, archive: Path, check: ClaimsCheck | None = None) -> Path:
+        """Verify and unpack into versions/<id>, via a staging directory renamed into place."""
         final = self.state_dir / "versions" / offer.version_id
+        staging = self.staging_dir(offer)
+        shutil.rmtree(staging, ignore_errors=True)  # a half-unpacked leftover of a crash
         if final.exists():
+            # unpacked before (a rollback package of a version kept on disk): check its claims anyway
+            if check is not None:
+                from deploy.signing import read_claims
+
+                verified = read_claims(archive, self.public_key)
+                check(verified.claims, verified.manifest)
             return final
-        staging = self.state_dir / "versions" / f".{offer.version_id}.staging"
-        shutil.rmtree(staging, ignore_errors=True)
-        verify_and_unpack(archive, staging, self.public_key)
+        verify_and_unpack(archive, staging, self.public_key, check=check)
+        for child in staging.iterdir():
+            fd = os.open(child, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         fsync_dir(staging)
         os.rename(staging, final)
         fsync_dir(final.parent)
         return final
+
+    # --- activate -------------------------------------------------------------------------
+    def switch_to(self, version_id: str) -> None:
+        """Point `current` at versions/<id> (previous keeps what ran before); idempotent."""
+        before = self.current_version()
+        if before == version_id:
+            return
+        if before:
+            switch_symlink(self.previous_link, f"versions/{before}")
+        switch_symlink(self.current_link, f"versions/{version_id}")
+
+    def switch_back(self, version_id: str) -> None:
+        """Make version_id current again ('' = nothing active) without touching `previous`."""
+        if version_id:
+            switch_symlink(self.current_link, f"versions/{version_id}")
+        elif self.current_link.is_symlink():
+            self.current_link.unlink()
+            fsync_dir(self.state_dir)
 
     def activate(self, offer: Offer, directory: Path) -> None:
         """Switch to the new version; switch back if it fails its health check."""
         before = self.current_version()
         if before == offer.version_id:
             return
-        if before:
-            switch_symlink(self.state_dir / "previous", f"versions/{before}")
-        switch_symlink(self.current_link, f"versions/{offer.version_id}")
+        self.switch_to(offer.version_id)
         try:
             health_check(directory)
         except ActivationError:
-            if before:
-                switch_symlink(self.current_link, f"versions/{before}")
-            else:
-                self.current_link.unlink()
+            self.switch_back(before)
             raise
 
     def install(self, offer: Offer) -> None:
@@ -118,11 +236,36 @@ class Installer:
         self.activate(offer, directory)
         archive.unlink(missing_ok=True)
 
+    def discard(self, offer: Offer) -> None:
+        """Forget a refused package: its partial download and any half-unpacked copy."""
+        self.part_file(offer).unlink(missing_ok=True)
+        shutil.rmtree(self.staging_dir(offer), ignore_errors=True)
+
+    def prune(self) -> list[str]:
+        """Delete unpacked versions other than current and previous (a small disk keeps two)."""
+        keep = {self.current_version(), self.previous_version()}
+        removed = []
+        for directory in (self.state_dir / "versions").iterdir():
+            if directory.name not in keep and not directory.name.startswith("."):
+                shutil.rmtree(directory, ignore_errors=True)
+                removed.append(directory.name)
+        return removed
+
 
 def health_check(directory: Path) -> None:
     """Load the package and compare its self-test output with the one recorded at conversion."""
+    import numpy as np
+
+    from agent.stream import PipelineError
+    from engine import Session
+    from engine.errors import EngineError
+    from engine.format import read_package
+
     started = time.perf_counter()
     try:
+        from agent.inference import pipeline_spec
+
+        pipeline_spec(directory)  # a package whose pipeline is invalid must not go live
         session = Session(directory)
         package = read_package(directory, verify=False)  # the unpack just verified every byte
         selftest = package.manifest.get("metadata", {}).get("selftest")
@@ -139,9 +282,40 @@ def health_check(directory: Path) -> None:
                 raise ActivationError(
                     f"self-test output {name!r} differs from the expected one by {diff:.3g}"
                 )
+    except ActivationError:
+        raise
+    except PipelineError as exc:
+        raise ActivationError(f"the new version's pipeline is invalid: {exc}") from exc
     except EngineError as exc:
         raise ActivationError(f"the new version does not load or run: {exc}") from exc
+    except Exception as exc:  # any failure of an untrusted new version is its failure, not the agent's
+        raise ActivationError(f"the new version does not load or run: {type(exc).__name__}: {exc}") from exc
     log.info("health check passed in %.1f ms", 1000 * (time.perf_counter() - started))
+
+
+def claims_check(*, device_class: str, counter_floor: int) -> ClaimsCheck:
+    """Refuse a package for another device class, or older than what this device has run."""
+
+    def check(claims: SignedClaims, manifest: dict[str, Any]) -> None:
+        if not claims.matches(device_class):
+            raise PackageRejected(
+                f"the package is signed for device class {claims.device_class!r}; "
+                f"this device is {device_class!r}"
+            )
+        if claims.counter < counter_floor:
+            kind = "rollback package" if claims.rollback else "package"
+            raise PackageRejected(
+                f"the {kind} is older than what this device has run (signed counter {claims.counter} < "
+                f"{counter_floor}); going back needs a rollback signed with a newer counter"
+            )
+
+    return check
+
+
+def _link_target(link: Path) -> str:
+    if not link.is_symlink():
+        return ""
+    return Path(os.readlink(link)).name
 
 
 def _sha256(path: Path) -> str:

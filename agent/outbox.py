@@ -3,7 +3,8 @@
 Every record gets the next per-device sequence number when it is written, so the
 control plane can store each one exactly once however often a batch is re-sent.
 The outbox is bounded: past ``max_records`` the oldest are dropped, and the drop
-is itself counted and reported in the next record.
+is itself counted and reported in the next record (and as a running total, which
+survives the loss of the record that carried an earlier count).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ CREATE TABLE IF NOT EXISTS records (
     payload TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-INSERT OR IGNORE INTO meta VALUES ('next_seq', 1), ('dropped', 0);
+INSERT OR IGNORE INTO meta VALUES ('next_seq', 1), ('dropped', 0), ('dropped_total', 0);
 """
 
 
@@ -74,7 +75,9 @@ class Outbox:
             self._db.execute(
                 "DELETE FROM records WHERE seq IN (SELECT seq FROM records ORDER BY seq LIMIT ?)", (excess,)
             )
-            self._db.execute("UPDATE meta SET value=value+? WHERE key='dropped'", (excess,))
+            self._db.execute(
+                "UPDATE meta SET value=value+? WHERE key IN ('dropped', 'dropped_total')", (excess,)
+            )
 
     def take_dropped(self) -> int:
         """How many records were dropped since the last call (to report it), resetting the count."""
@@ -83,6 +86,12 @@ class Outbox:
             if dropped:
                 self._db.execute("UPDATE meta SET value=0 WHERE key='dropped'")
             return dropped
+
+    def dropped_total(self) -> int:
+        """Every record ever dropped: reported with each metrics record, so the figure survives
+        even when the record that carried an earlier count is itself dropped."""
+        with self._lock:
+            return self._meta("dropped_total")
 
     def batch(self, limit: int = 500) -> list[OutboxRecord]:
         with self._lock:

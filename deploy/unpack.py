@@ -12,12 +12,17 @@ import hashlib
 import os
 import shutil
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from deploy.errors import IntegrityError, SignatureError, UnsafeArchiveError
-from deploy.signing import MANIFEST, SIGNATURE, verify_manifest
+from deploy.signing import MANIFEST, SIGNATURE, SignedClaims, verify_envelope
+
+# Called with the verified claims and manifest before any other member is read; raises
+# PackageRejected to refuse (wrong device class, older counter, ...).
+ClaimsCheck = Callable[[SignedClaims, dict[str, Any]], None]
 
 MAX_ENTRIES = 64
 MAX_TOTAL_BYTES = 2 << 30
@@ -34,6 +39,7 @@ class UnpackLimits:
 class VerifiedPackage:
     manifest: dict[str, Any]
     files: list[str] = field(default_factory=list)
+    claims: SignedClaims = field(default_factory=SignedClaims)
 
 
 def _safe_name(member: tarfile.TarInfo) -> str:
@@ -76,16 +82,25 @@ def verify_and_unpack(
     dest: str | os.PathLike[str],
     public_key: bytes,
     limits: UnpackLimits = UnpackLimits(),
+    check: ClaimsCheck | None = None,
 ) -> VerifiedPackage:
-    """Verify archive against public_key and unpack its files into the new directory dest."""
+    """Verify archive against public_key and unpack its files into the new directory dest.
+
+    ``check`` sees the signed claims before anything but the manifest is read, so a
+    package for another device class or older than the running one is never unpacked.
+    """
     dest = Path(dest)
     dest.mkdir(parents=True)
     try:
         with tarfile.open(archive, mode="r|") as tar:  # streaming: members are read in order, once
             manifest_bytes = _read_small(tar, tar.next(), MANIFEST)
-            manifest = verify_manifest(manifest_bytes, _read_small(tar, tar.next(), SIGNATURE), public_key)
+            verified = verify_envelope(manifest_bytes, _read_small(tar, tar.next(), SIGNATURE), public_key)
+            if check is not None:
+                check(verified.claims, verified.manifest)
             (dest / MANIFEST).write_bytes(manifest_bytes)
-            return _unpack_listed(tar, manifest, dest, limits)
+            package = _unpack_listed(tar, verified.manifest, dest, limits)
+            package.claims = verified.claims
+            return package
     except tarfile.TarError as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise UnsafeArchiveError(f"{archive}: not a readable package archive ({exc})") from exc

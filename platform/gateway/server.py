@@ -2,18 +2,72 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
+from django.db import close_old_connections
 
 from deploy.proto import agent_pb2_grpc
+from gateway.hints import HintHub
 from gateway.servicer import AgentGatewayServicer
 
 
-def build_server(address: str, *, workers: int = 16) -> tuple[grpc.Server, int]:
-    """A server bound to address ("host:port"; port 0 picks a free one); returns it and its port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
-    agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayServicer(), server)
+class ReleaseDatabaseConnections(grpc.ServerInterceptor):
+    """What Django's request_finished does for HTTP: after every call, close a connection that is
+    past CONN_MAX_AGE (or broken), so gateway threads do not pin database sessions."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _unary(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _streaming(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+
+def _unary(behaviour: Callable) -> Callable:
+    def wrapped(request, context):
+        try:
+            return behaviour(request, context)
+        finally:
+            close_old_connections()
+
+    return wrapped
+
+
+def _streaming(behaviour: Callable) -> Callable:
+    def wrapped(request, context) -> Iterator:
+        try:
+            yield from behaviour(request, context)
+        finally:
+            close_old_connections()
+
+    return wrapped
+
+
+def build_server(address: str, *, workers: int = 16, hub: HintHub | None = None) -> tuple[grpc.Server, int]:
+    """A server bound to address ("host:port"; port 0 picks a free one); returns it and its port.
+
+    Each open WatchHints stream holds a worker thread, so the pool has room for the hub's
+    watchers on top of ``workers`` for unary calls; past that, agents are told to poll.
+    """
+    hub = hub or HintHub.from_settings()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers + hub.max_watchers),
+        interceptors=[ReleaseDatabaseConnections()],
+    )
+    agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayServicer(hub), server)
     port = server.add_insecure_port(address)
     if port == 0:
         raise RuntimeError(f"cannot listen on {address}")

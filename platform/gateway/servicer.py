@@ -4,25 +4,31 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import time
 from collections.abc import Iterator
 
 import grpc
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from ferry_cloud.api_errors import ServiceError
 from ferry_cloud.release_key import release_public_key
 from fleet.models import Device
 from fleet.services import device_authenticate, device_enrol, device_record_check_in
 from registry import storage
 from registry.models import Artifact
-from releases.selectors import desired_release_for
+from releases.selectors import desired_package_for
 from telemetry.services import IncomingRecord, telemetry_ingest
 
 from deploy.proto import agent_pb2, agent_pb2_grpc
+from gateway.hints import HintHub
 
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 256 * 1024
 MAX_BATCH = 1000
+# A watch stream ends after this long; the agent reopens it (keeps dead peers from holding threads).
+WATCH_MAX_SECONDS = 300.0
+WATCH_TICK_SECONDS = 5.0
 
 
 def _attributes(message: agent_pb2.DeviceAttributes) -> tuple[dict[str, str], dict[str, str]]:
@@ -54,6 +60,9 @@ def _device(context: grpc.ServicerContext) -> Device:
 
 
 class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
+    def __init__(self, hub: HintHub | None = None) -> None:
+        self.hub = hub or HintHub.from_settings()
+
     def Enrol(self, request, context):
         close_old_connections()
         attributes, labels = _attributes(request.attributes)
@@ -79,17 +88,25 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
             device=device, attributes=attributes, running_version_id=request.running_version_id
         )
         response = agent_pb2.CheckInResponse(checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS)
-        release = desired_release_for(device)
-        if release is not None:
-            version = release.version
+        desired = desired_package_for(device)
+        if desired is not None:
+            from registry.services import version_rollback_package  # only CheckIn needs it
+
+            version = desired.version
+            # going back needs the version re-signed as a rollback with a newer counter
+            package = version_rollback_package(version=version) if desired.rollback else version.package
+            window = agent_pb2.MaintenanceWindow(**desired.window) if desired.window else None
             response.desired.CopyFrom(
                 agent_pb2.PackageOffer(
-                    release_id=str(release.pk),
+                    release_id=str(desired.release.pk) if desired.release else "",
                     version_id=str(version.pk),
                     version_label=version.label,
                     model_name=version.model.name,
-                    package_digest=version.package.sha256,
-                    package_size=version.package.size,
+                    package_digest=package.sha256,
+                    package_size=package.size,
+                    download_only=desired.download_only,
+                    rollback=desired.rollback,
+                    window=window,
                 )
             )
         return response
@@ -129,3 +146,24 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
             records.append(IncomingRecord(r.seq, r.kind, r.timestamp, r.version_id, payload))
         result = telemetry_ingest(device=device, records=records)
         return agent_pb2.TelemetryAck(stored_seqs=result.stored, duplicate_seqs=result.duplicates)
+
+    def WatchHints(self, request, context) -> Iterator[agent_pb2.Hint]:
+        """Hold the stream open and push a Hint whenever the device's organisation's releases change."""
+        close_old_connections()
+        device = _device(context)
+        organisation_id = device.organisation_id
+        hints = self.hub.subscribe(organisation_id)
+        connection.close()  # a long-lived stream must not hold a database connection
+        if hints is None:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many open watch streams; keep polling")
+        context.add_callback(lambda: self.hub.unsubscribe(organisation_id, hints))
+        deadline = time.monotonic() + WATCH_MAX_SECONDS
+        try:
+            while context.is_active() and time.monotonic() < deadline:
+                try:
+                    reason = hints.get(timeout=WATCH_TICK_SECONDS)
+                except queue.Empty:
+                    continue
+                yield agent_pb2.Hint(reason=reason)
+        finally:
+            self.hub.unsubscribe(organisation_id, hints)

@@ -75,3 +75,31 @@ def test_package_signed_by_another_key_never_reaches_versions(tmp_path: Path):
         installer.unpack(_offer("v1", archive), archive)
     assert list((tmp_path / "state" / "versions").iterdir()) == []
     assert installer.current_version() == ""
+
+
+def test_a_slow_download_stops_keeps_its_part_and_resumes(tmp_path: Path):
+    from agent.client import GatewayClient
+    from agent.errors import DownloadStalled
+    from agent.install import DownloadRules
+    from tests.agent.double import GatewayDouble, serve
+
+    archive = _signed(tmp_path, "one")
+    double = GatewayDouble(KEYS.public_key)
+    server, port = serve(double)
+    try:
+        double.publish(archive, "v1", hint=False)
+        double.chunk_bytes, double.chunk_delay = 1024, 0.05  # about 20 KB/s
+        client = GatewayClient(f"127.0.0.1:{port}", credential="device-1.secret")
+        slow_rules = DownloadRules(min_bytes_per_second=1 << 20, speed_window_seconds=0.2, reserve_bytes=0)
+        installer = Installer(tmp_path / "state", client, KEYS.public_key, slow_rules)
+        offer = _offer("v1", archive)
+        with pytest.raises(DownloadStalled, match="too slow"):
+            installer.download(offer)
+        kept = installer.part_file(offer).stat().st_size
+        assert 0 < kept < offer.package_size
+        double.chunk_delay = 0.0
+        installer.rules = DownloadRules(reserve_bytes=0)
+        assert installer.download(offer).read_bytes() == archive.read_bytes()
+        assert double.download_offsets == [0, kept]  # resumed, not restarted
+    finally:
+        server.stop(grace=None)

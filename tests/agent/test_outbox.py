@@ -26,6 +26,9 @@ def test_bound_drops_oldest_and_counts_the_drop(tmp_path: Path):
     assert outbox.take_dropped() == 3
     assert outbox.take_dropped() == 0
     assert outbox.last_seq() == 8
+    outbox.append("event", {"i": 8})
+    assert outbox.take_dropped() == 1
+    assert outbox.dropped_total() == 4  # the running total is never reset
 
 
 def test_acknowledging_unknown_or_repeated_seqs_is_harmless(tmp_path: Path):

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy.errors import IntegrityError, SignatureError, UnsafeArchiveError
-from deploy.signing import generate_keypair, sign_package
+from deploy.errors import IntegrityError, PackageRejected, SignatureError, UnsafeArchiveError
+from deploy.signing import SignedClaims, generate_keypair, read_claims, sign_package
 from deploy.unpack import UnpackLimits, verify_and_unpack
 from engine.format import write_package
 
@@ -144,3 +144,76 @@ def test_garbage_is_refused(tmp_path: Path):
     junk.write_bytes(b"not a tar at all" * 100)
     with pytest.raises(UnsafeArchiveError, match="not a readable package archive"):
         verify_and_unpack(junk, tmp_path / "out", KEYS.public_key)
+
+
+def test_claims_travel_signed_in_the_envelope(tmp_path: Path):
+    unsigned = _unsigned(tmp_path / "u.ferry")
+    claims = SignedClaims(counter=7, device_class="pi4", rollback=False)
+    sign_package(unsigned, tmp_path / "s.ferry", KEYS.private_key, claims)
+    assert read_claims(tmp_path / "s.ferry", KEYS.public_key).claims == claims
+    result = verify_and_unpack(tmp_path / "s.ferry", tmp_path / "out", KEYS.public_key)
+    assert result.claims == claims
+    envelope = json.loads(_members(tmp_path / "s.ferry")[1][1])
+    assert (envelope["counter"], envelope["device_class"], envelope["rollback"]) == (7, "pi4", False)
+
+
+@pytest.mark.parametrize("field,value", [("counter", 99), ("device_class", "pi4"), ("rollback", True)])
+def test_altered_claims_break_the_signature(signed: Path, tmp_path: Path, field: str, value):
+    members = _members(signed)
+    envelope = json.loads(members[1][1])
+    envelope[field] = value
+    members[1] = (members[1][0], json.dumps(envelope).encode())
+    with pytest.raises(SignatureError, match="claims were altered"):
+        verify_and_unpack(_rewrite(signed, members), tmp_path / "out", KEYS.public_key)
+    assert not (tmp_path / "out").exists()
+
+
+def test_envelope_without_claims_is_malformed(signed: Path, tmp_path: Path):
+    members = _members(signed)
+    envelope = json.loads(members[1][1])
+    del envelope["counter"]
+    members[1] = (members[1][0], json.dumps(envelope).encode())
+    with pytest.raises(SignatureError, match="malformed.*counter"):
+        verify_and_unpack(_rewrite(signed, members), tmp_path / "out", KEYS.public_key)
+
+
+def test_rollback_re_signs_without_touching_the_files(tmp_path: Path):
+    unsigned = _unsigned(tmp_path / "u.ferry")
+    sign_package(unsigned, tmp_path / "old.ferry", KEYS.private_key, SignedClaims(counter=1))
+    sign_package(
+        tmp_path / "old.ferry",
+        tmp_path / "back.ferry",
+        KEYS.private_key,
+        SignedClaims(counter=5, rollback=True),
+    )
+    old, back = _members(tmp_path / "old.ferry"), _members(tmp_path / "back.ferry")
+    assert [m.name for m, _ in back] == [m.name for m, _ in old]
+    assert [d for _, d in back][0] == [d for _, d in old][0]
+    assert [d for _, d in back][2:] == [d for _, d in old][2:]
+    assert read_claims(tmp_path / "back.ferry", KEYS.public_key).claims == SignedClaims(
+        counter=5, rollback=True
+    )
+
+
+def test_claims_check_refuses_before_any_file_is_unpacked(tmp_path: Path):
+    unsigned = _unsigned(tmp_path / "u.ferry")
+    sign_package(
+        unsigned, tmp_path / "s.ferry", KEYS.private_key, SignedClaims(counter=3, device_class="x86")
+    )
+
+    def only_pi4(claims: SignedClaims, manifest: dict) -> None:
+        if not claims.matches("pi4"):
+            raise PackageRejected(f"package is for device class {claims.device_class!r}, this is 'pi4'")
+
+    with pytest.raises(PackageRejected, match="device class 'x86'"):
+        verify_and_unpack(tmp_path / "s.ferry", tmp_path / "out", KEYS.public_key, check=only_pi4)
+    assert not (tmp_path / "out").exists()
+    assert SignedClaims(device_class="*").matches("pi4")
+
+
+@pytest.mark.parametrize(
+    "claims", [dict(counter=-1), dict(counter="3"), dict(device_class=""), dict(rollback="yes")]
+)
+def test_bad_claims_are_refused_at_signing(claims: dict):
+    with pytest.raises(SignatureError):
+        SignedClaims(**claims)

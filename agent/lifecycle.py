@@ -1,0 +1,428 @@
+"""The update lifecycle: one explicit state machine, persisted before every step.
+
+The state lives in ``update.json`` (written atomically), so a restart or a power cut
+resumes where it was:
+
+    idle ──offer──► downloading ──► verifying ──► staged ──► switching ──► probation ──► idle
+                         │              │            │            │             │
+                         └──── refused (reason reported, running version untouched) ──► idle
+                                              unhealthy / crash loop ─┴─► rolling_back ─► idle
+
+- downloading: resumable (downloads/<digest>.part); a broken link or a slow one keeps the part.
+- verifying: signature, device class, release counter, every file's sha256 and size, strict
+  unpack into a staging directory renamed into versions/<id>.
+- staged: verified and waiting: a download-only offer, or a maintenance window not open yet.
+- switching: `current` is (being) switched to the new version; the health check runs the
+  package's self-test. A crash here re-runs the health check on restart; too many crashes
+  in a row are a crash loop and roll back.
+- probation: committed (running.json names the new version) but a crash loop during the
+  first ``probation_seconds`` still rolls back to the previous version.
+- rolling_back: `current` is switched back to the previous version.
+
+``running.json`` always names the version `current` points at once it is committed, and
+the highest release counter this device has run (older packages are refused).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from agent.errors import ActivationError, AgentError, DiskFullError, DownloadError, DownloadStalled
+from agent.files import read_json, write_json_atomic
+from agent.install import Installer, Offer, claims_check, health_check
+from deploy.errors import PackageRejected
+
+log = logging.getLogger(__name__)
+
+IDLE, DOWNLOADING, VERIFYING, STAGED = "idle", "downloading", "verifying", "staged"
+SWITCHING, PROBATION, ROLLING_BACK = "switching", "probation", "rolling_back"
+STATES = (IDLE, DOWNLOADING, VERIFYING, STAGED, SWITCHING, PROBATION, ROLLING_BACK)
+
+# The transition table: (state, event) -> next state. Anything else is a bug, not a guess.
+TRANSITIONS: dict[tuple[str, str], str] = {
+    (IDLE, "offer"): DOWNLOADING,
+    (STAGED, "offer"): DOWNLOADING,
+    (DOWNLOADING, "offer"): DOWNLOADING,
+    (DOWNLOADING, "downloaded"): VERIFYING,
+    (VERIFYING, "verified"): STAGED,
+    (STAGED, "activate"): SWITCHING,
+    (SWITCHING, "healthy"): PROBATION,
+    (SWITCHING, "unhealthy"): ROLLING_BACK,
+    (PROBATION, "offer"): DOWNLOADING,
+    (PROBATION, "stable"): IDLE,
+    (PROBATION, "crash_loop"): ROLLING_BACK,
+    (ROLLING_BACK, "rolled_back"): IDLE,
+    (DOWNLOADING, "refused"): IDLE,
+    (VERIFYING, "refused"): IDLE,
+    (STAGED, "refused"): IDLE,
+}
+
+MAX_HEALTH_ATTEMPTS = 3  # agent deaths during one health check before it counts as a crash loop
+REFUSED_RETRY_SECONDS = 900.0  # when a refusal may be retried (disk full); None = never
+
+
+@dataclass
+class UpdateState:
+    state: str = IDLE
+    offer: dict[str, Any] | None = None
+    previous: str = ""  # what `current` pointed at before the switch ("" = nothing)
+    attempts: int = 0  # process starts seen in switching / probation
+    probation_until: float = 0.0
+    counter: int = 0  # the offered package's signed counter, known after verifying
+    clean_stop: bool = False  # the last process ended with SIGTERM, not a crash
+    entered_at: float = field(default_factory=time.time)
+
+    @property
+    def current_offer(self) -> Offer | None:
+        return Offer.from_dict(self.offer) if self.offer else None
+
+
+class Lifecycle:
+    """Drives one update at a time through the states; every transition is persisted first."""
+
+    def __init__(
+        self,
+        installer: Installer,
+        *,
+        device_class: str,
+        report: Callable[[str, dict[str, Any], str], None],
+        on_version_change: Callable[[str], None],
+        probation_seconds: float = 120.0,
+        crash_loop_starts: int = 3,
+    ) -> None:
+        self.installer = installer
+        self.device_class = device_class
+        self.report = report
+        self.on_version_change = on_version_change
+        self.probation_seconds = probation_seconds
+        self.crash_loop_starts = crash_loop_starts
+        self.state_dir = installer.state_dir
+        self.update = self._load()
+        self._pause_at = {s for s in os.environ.get("FERRY_AGENT_PAUSE_AT", "").split(",") if s}
+
+    # --- persistence -------------------------------------------------------------------
+    @property
+    def update_file(self) -> Path:
+        return self.state_dir / "update.json"
+
+    @property
+    def running_file(self) -> Path:
+        return self.state_dir / "running.json"
+
+    @property
+    def refused_file(self) -> Path:
+        return self.state_dir / "refused.json"
+
+    def _load(self) -> UpdateState:
+        data = read_json(self.update_file, None)
+        if not data:
+            return UpdateState()
+        return UpdateState(**{k: v for k, v in data.items() if k in UpdateState.__dataclass_fields__})
+
+    def _save(self) -> None:
+        write_json_atomic(self.update_file, self.update.__dict__)
+
+    def running(self) -> dict[str, Any]:
+        return read_json(self.running_file, {}) or {}
+
+    def counter_floor(self) -> int:
+        return int(self.running().get("counter_floor", 0))
+
+    def refused(self) -> dict[str, dict[str, Any]]:
+        return read_json(self.refused_file, {}) or {}
+
+    def is_refused(self, offer: Offer) -> bool:
+        entry = self.refused().get(_refusal_key(offer))
+        if entry is None:
+            return False
+        retry_at = entry.get("retry_at")
+        return retry_at is None or time.time() < retry_at
+
+    def _transition(self, event: str, **changes: Any) -> None:
+        key = (self.update.state, event)
+        if key not in TRANSITIONS:
+            raise AgentError(
+                f"lifecycle bug: no transition for event {event!r} in state {self.update.state!r}"
+            )
+        nxt = TRANSITIONS[key]
+        for name, value in changes.items():
+            setattr(self.update, name, value)
+        self.update.state, self.update.entered_at = nxt, time.time()
+        if nxt == IDLE:
+            self.update.offer, self.update.attempts, self.update.counter = None, 0, 0
+        self._save()
+        log.info("update state: %s --%s--> %s", key[0], event, nxt)
+        self._maybe_pause(nxt)
+
+    def _maybe_pause(self, point: str) -> None:
+        """Fault injection for the kill-at-every-state tests (FERRY_AGENT_PAUSE_AT=state,...)."""
+        if point in self._pause_at:
+            seconds = float(os.environ.get("FERRY_AGENT_PAUSE_SECONDS", "30"))
+            log.warning("pausing %.0f s at %s (FERRY_AGENT_PAUSE_AT)", seconds, point)
+            time.sleep(seconds)
+
+    # --- events ----------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self.update.state
+
+    def offer(self, offer: Offer) -> None:
+        """The control plane wants this package; start (or keep on) fetching it."""
+        current = self.update.current_offer
+        if offer.same_package(current):
+            if self.update.state == STAGED and current != offer:
+                self.update.offer = offer.as_dict()  # same bytes, new instructions (window, download-only)
+                self._save()
+            return
+        if self.update.state in (SWITCHING, ROLLING_BACK, VERIFYING):
+            return  # finish this step first; the offer comes again at the next check-in
+        running = self.running()
+        if (
+            offer.version_id == running.get("version_id")
+            and offer.version_id == self.installer.current_version()
+        ):
+            return
+        if self.is_refused(offer):
+            return
+        if current is not None:
+            self.installer.discard(current)
+        self._transition("offer", offer=offer.as_dict(), attempts=0)
+
+    def resume(self) -> None:
+        """Called once per process start: count unclean starts in the risky states (crash loops)."""
+        if self.update.state in (SWITCHING, PROBATION):
+            if self.update.clean_stop:
+                self.update.clean_stop = False
+            else:
+                self.update.attempts += 1
+                log.info("resuming in %s after an unclean stop (%d)", self.update.state, self.update.attempts)
+            self._save()
+
+    def wake_in(self) -> float:
+        """Seconds until the lifecycle needs a step without a check-in (a timer, a retry)."""
+        state = self.update.state
+        if state == PROBATION:
+            return max(0.2, self.update.probation_until - time.time())
+        if state == STAGED:
+            return 30.0  # a maintenance window may have opened
+        if state in (DOWNLOADING, VERIFYING, SWITCHING, ROLLING_BACK):
+            return 5.0  # an interrupted step resumes soon
+        return 3600.0
+
+    def shutdown(self) -> None:
+        """A clean stop (SIGTERM) is not a crash: do not count it towards a crash loop."""
+        if self.update.state in (SWITCHING, PROBATION):
+            self.update.clean_stop = True
+            self._save()
+
+    def advance(self) -> None:
+        """Run steps until the lifecycle has to wait (idle, staged, probation, or a transient error)."""
+        while True:
+            before = (self.update.state, self.update.entered_at)
+            step = getattr(self, f"_step_{self.update.state}")
+            try:
+                step()
+            except (grpc.RpcError, DownloadStalled) as exc:
+                detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+                log.warning("update paused in %s, will resume: %s", self.update.state, detail)
+                return
+            if (self.update.state, self.update.entered_at) == before:
+                return  # the step decided to wait
+
+    # --- steps ------------------------------------------------------------------------------
+    def _step_idle(self) -> None:
+        return
+
+    def _step_downloading(self) -> None:
+        offer = self.update.current_offer
+        try:
+            self.installer.download(offer)
+        except DiskFullError as exc:
+            self._refuse(offer, "download", str(exc), retry_after=REFUSED_RETRY_SECONDS)
+            return
+        except DownloadStalled:
+            raise
+        except DownloadError as exc:  # wrong bytes from the gateway: its fault, maybe fixed later
+            self._refuse(offer, "download", str(exc), retry_after=REFUSED_RETRY_SECONDS)
+            return
+        self._transition("downloaded")
+
+    def _step_verifying(self) -> None:
+        offer = self.update.current_offer
+        check = claims_check(device_class=self.device_class, counter_floor=self.counter_floor())
+        seen: dict[str, int] = {}
+
+        def check_and_remember(claims, manifest) -> None:
+            check(claims, manifest)
+            seen["counter"] = claims.counter
+            self._maybe_pause("unpacking")  # the staging directory exists, no file is written yet
+
+        try:
+            self.installer.unpack(offer, self.installer.part_file(offer), check=check_and_remember)
+        except PackageRejected as exc:
+            self._refuse(offer, "verify", str(exc))
+            return
+        except FileNotFoundError:
+            # the archive is gone (removed by hand, or a crash between unpack and cleanup): fetch again
+            self.update.state = DOWNLOADING
+            self._save()
+            return
+        self._transition("verified", counter=seen.get("counter", 0))
+
+    def _step_staged(self) -> None:
+        offer = self.update.current_offer
+        if offer.download_only:
+            return  # fetched and verified; a later offer without the flag activates it
+        if offer.window and not _window_open(offer.window):
+            return
+        self._transition("activate", previous=self.installer.current_version(), attempts=0)
+
+    def _step_switching(self) -> None:
+        offer = self.update.current_offer
+        if self.update.attempts >= MAX_HEALTH_ATTEMPTS:
+            reason = (
+                f"crash loop: the agent died {self.update.attempts} times while checking "
+                f"{offer.version_label or offer.version_id}"
+            )
+            self._roll_back(reason, "health")
+            return
+        self.installer.switch_to(offer.version_id)
+        self._maybe_pause("switched")
+        directory = self.state_dir / "versions" / offer.version_id
+        try:
+            health_check(directory)
+        except ActivationError as exc:
+            self._roll_back(str(exc), "health")
+            return
+        running = self.running()
+        previous = (
+            {k: running.get(k) for k in ("version_id", "package_digest", "counter")}
+            if running.get("version_id") == self.update.previous
+            else {"version_id": self.update.previous, "package_digest": "", "counter": 0}
+        )
+        write_json_atomic(
+            self.running_file,
+            {
+                "version_id": offer.version_id,
+                "package_digest": offer.package_digest,
+                "counter": self.update.counter,
+                "counter_floor": max(self.update.counter, int(running.get("counter_floor", 0))),
+                "previous": previous,
+            },
+        )
+        self.installer.part_file(offer).unlink(missing_ok=True)
+        self.on_version_change(offer.version_id)
+        self.report(
+            "activation",
+            {
+                "ok": True,
+                "version_id": offer.version_id,
+                "from": self.update.previous,
+                "reason": "rollback" if offer.rollback else "update",
+                "stage": "health",
+                "counter": self.update.counter,
+            },
+            offer.version_id,
+        )
+        log.info("now running %s:%s", offer.model_name, offer.version_label)
+        self._transition("healthy", attempts=0, probation_until=time.time() + self.probation_seconds)
+
+    def _step_probation(self) -> None:
+        if self.update.attempts >= self.crash_loop_starts:
+            offer = self.update.current_offer
+            self._roll_back(
+                f"crash loop: the agent restarted {self.update.attempts} times within "
+                f"{self.probation_seconds:.0f} s of activating {offer.version_label or offer.version_id}",
+                "probation",
+            )
+            return
+        if time.time() >= self.update.probation_until:
+            removed = self.installer.prune()
+            if removed:
+                log.info("pruned old versions %s", ", ".join(removed))
+            self._transition("stable")
+
+    def _step_rolling_back(self) -> None:
+        offer = self.update.current_offer
+        previous = self.update.previous
+        self.installer.switch_back(previous)
+        running = self.running()
+        if running.get("version_id") == offer.version_id:  # it was committed (probation): un-commit it
+            before = running.get("previous") or {}
+            write_json_atomic(
+                self.running_file,
+                {
+                    "version_id": previous,
+                    "package_digest": before.get("package_digest", "")
+                    if before.get("version_id") == previous
+                    else "",
+                    "counter": before.get("counter", 0),
+                    "counter_floor": running.get("counter_floor", 0),  # never goes down
+                    "previous": {},
+                },
+            )
+        self.on_version_change(previous)
+        self.installer.discard(offer)
+        self.installer.prune()  # the failed version's files go; current and previous stay
+        self._transition("rolled_back")
+        log.error("rolled back to %s after %s failed", previous or "nothing", offer.version_id)
+
+    # --- failures ---------------------------------------------------------------------------
+    def _roll_back(self, reason: str, stage: str) -> None:
+        offer = self.update.current_offer
+        self._remember_refusal(offer, reason, None)
+        self.report(
+            "activation",
+            {
+                "ok": False,
+                "version_id": offer.version_id,
+                "reason": reason,
+                "stage": stage,
+                "rolled_back_to": self.update.previous,
+            },
+            self.update.previous,
+        )
+        event = "crash_loop" if self.update.state == PROBATION else "unhealthy"
+        self._transition(event)
+        self._step_rolling_back()
+
+    def _refuse(self, offer: Offer, stage: str, reason: str, retry_after: float | None = None) -> None:
+        log.error("update to %s refused at %s: %s", offer.version_label or offer.version_id, stage, reason)
+        self.installer.discard(offer)
+        self._remember_refusal(offer, reason, retry_after)
+        self.report(
+            "activation",
+            {"ok": False, "version_id": offer.version_id, "reason": reason, "stage": stage, "refused": True},
+            self.installer.current_version(),
+        )
+        self._transition("refused")
+
+    def _remember_refusal(self, offer: Offer, reason: str, retry_after: float | None) -> None:
+        refused = self.refused()
+        refused[_refusal_key(offer)] = {
+            "version_id": offer.version_id,
+            "reason": reason,
+            "at": time.time(),
+            "retry_at": None if retry_after is None else time.time() + retry_after,
+        }
+        write_json_atomic(self.refused_file, refused)
+
+
+def _refusal_key(offer: Offer) -> str:
+    # the size is part of the key: a wrong size is the offer's fault, not the package's
+    return f"{offer.package_digest}:{offer.package_size}"
+
+
+def _window_open(window: dict[str, Any]) -> bool:
+    from deploy.windows import MaintenanceWindow
+
+    return MaintenanceWindow.from_dict(window).is_open(datetime.now(UTC))
