@@ -7,6 +7,7 @@ from converter.errors import (
     SelfTestError,
     UnsupportedOperatorsError,
 )
+from converter.limits import Limits
 
 __version__ = CONVERTER_VERSION
 
@@ -14,6 +15,7 @@ __all__ = [
     "ConversionError",
     "ConversionReport",
     "InvalidModelError",
+    "Limits",
     "SelfTestError",
     "UnsupportedOperatorsError",
     "__version__",

@@ -1,4 +1,4 @@
-"""`ferry convert model.onnx -o model.ferry [--quantize fp16]`: the converter from a shell."""
+"""`ferry convert model.onnx -o model.ferry [--quantize fp16|int8|int4]`: the converter from a shell."""
 
 from __future__ import annotations
 
@@ -25,7 +25,25 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument(
         "--quantize",
         choices=["fp16", "int8", "int4"],
-        help="weight storage precision (default: float32; int8/int4 are not implemented yet)",
+        help="weight storage precision (default: float32)",
+    )
+    conv.add_argument("--block-size", type=int, default=32, help="int4 block size: 32, 64 or 128")
+    conv.add_argument(
+        "--calibration", type=Path, help="an .npz with one array per model input, for the accuracy report"
+    )
+    conv.add_argument(
+        "--activations",
+        choices=["minmax", "percentile"],
+        help="also quantize activations to int8 (static, ranges from --calibration by this method)",
+    )
+    conv.add_argument(
+        "--keep-float",
+        help="layers to keep float32: 'first_last' or comma-separated node names",
+    )
+    conv.add_argument(
+        "--accuracy-budget",
+        type=float,
+        help="minimum cosine similarity of every output vs float32; the worst layers stay float32 to meet it",
     )
     conv.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
@@ -50,6 +68,11 @@ def _convert(args: argparse.Namespace) -> int:
                 args.source,
                 dst,
                 quantize=args.quantize,
+                block_size=args.block_size,
+                calibration=args.calibration,
+                keep_float=_keep_float(args.keep_float),
+                accuracy_budget=args.accuracy_budget,
+                activations=args.activations,
                 progress=lambda fraction, message: bar.update(task, completed=fraction, description=message),
             )
     except ConversionError as exc:
@@ -60,6 +83,12 @@ def _convert(args: argparse.Namespace) -> int:
     else:
         out.print(_table(report, dst))
     return 0
+
+
+def _keep_float(raw: str | None) -> str | list[str] | None:
+    if raw is None or raw == "first_last":
+        return raw
+    return [name.strip() for name in raw.split(",") if name.strip()]
 
 
 def _one_line(exc: Exception) -> str:
@@ -89,6 +118,27 @@ def _table(report: ConversionReport, dst: Path) -> Table:
                 f"max abs error {report.fp16_max_abs_error:.3g}, cosine {report.fp16_cosine_similarity:.6f}",
             )
         )
+    if report.size_ratio is not None and report.quantize:
+        rows.append(
+            ("size vs float32", f"{report.size_ratio:.1%} ({report.fp32_package_size:,} bytes before)")
+        )
+    if report.activations:
+        rows.append(("int8 activations", f"{len(report.activation_ranges)} ({report.activations} ranges)"))
+    if report.float_layers:
+        rows.append(("kept float32", ", ".join(report.float_layers)))
+    if report.accuracy:
+        source = f"{report.accuracy['samples']} {report.accuracy['inputs']} input(s)"
+        for name, figures in report.accuracy["outputs"].items():
+            top1 = figures["top1_agreement"]
+            rows.append(
+                (
+                    f"accuracy {name}",
+                    f"max abs {figures['max_abs_error']:.3g}, mean abs {figures['mean_abs_error']:.3g}, "
+                    f"cosine {figures['cosine_similarity']:.6f}"
+                    + (f", top-1 agreement {top1:.1%}" if top1 is not None else "")
+                    + f" ({source})",
+                )
+            )
     for name, value in rows:
         table.add_row(name, value)
     return table

@@ -12,15 +12,18 @@ from typing import Any
 import numpy as np
 import onnx
 
-from converter import optimize, selftest, validate
+from converter import accuracy, calibrate, optimize, selftest, validate
 from converter import quantize as quant
 from converter.errors import ConversionError
+from converter.limits import Limits
 from converter.load import LoadedModel, Source, load_model
 from converter.translate import FerryGraph, translate
 from engine import supported_operators
 from engine.format import write_package
+from engine.ops.fused import INTERNAL_OPS as FUSED_OPS
+from engine.ops.quantized import INTERNAL_OPS as QUANTIZED_OPS
 
-CONVERTER_VERSION = "0.1.0"
+CONVERTER_VERSION = "0.2.0"
 Progress = Callable[[float, str], None]
 
 
@@ -45,7 +48,18 @@ class ConversionReport:
     fp16_max_abs_error: float | None = None
     fp16_cosine_similarity: float | None = None
     kept_fp32: list[str] = field(default_factory=list)
-    package_size: int | None = None
+    block_size: int | None = None
+    quantized_weights: list[str] = field(default_factory=list)
+    float_layers: list[str] = field(default_factory=list)
+    activations: str | None = None  # the calibration method of static int8 activations, if any
+    activation_ranges: dict[str, list[float]] = field(default_factory=dict)
+    accuracy: dict[str, Any] | None = None
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    dynamic_inputs: list[str] = field(default_factory=list)
+    fp32_package_size: int | None = None  # the float32 graph and weights, no self-test vectors
+    converted_size: int | None = None  # the same for the converted graph
+    size_ratio: float | None = None  # converted_size / fp32_package_size
+    package_size: int | None = None  # the package written, self-test vectors and metadata included
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,48 +76,71 @@ def convert(
     block_size: int = 32,
     calibration: Any = None,
     progress: Progress | None = None,
+    keep_float: str | list[str] | None = None,
+    accuracy_budget: float | None = None,
+    activations: str | None = None,
+    limits: Limits | None = None,
 ) -> ConversionReport:
     """Convert an ONNX model (path or ModelProto) into a Ferry package at ``dst``.
 
-    ``quantize``: None keeps float32 weights; "fp16" stores float32 weights as float16
-    (halving their size; the engine computes in float32) and reports the accuracy cost.
-    "int8" and "int4" raise ConversionError: they are not implemented yet.  ``block_size``
-    and ``calibration`` are reserved for those modes and currently unused.
+    ``quantize``: None keeps float32 weights; "fp16" stores them as float16; "int8" quantizes
+    MatMul/Gemm/Conv/embedding weights symmetrically per output channel; "int4" asymmetrically
+    in blocks of ``block_size`` (32, 64 or 128) along the reduction axis, two values per byte.
+    The engine computes in float32 throughout.  ``calibration`` (a dict of input arrays, a
+    list of them, or an .npz path) supplies the inputs of the accuracy report (default: seeded
+    random inputs).  Mixed precision: ``keep_float`` ("first_last" or a list of node names)
+    keeps those layers float32; ``accuracy_budget`` (a minimum cosine similarity of every
+    output against float32, e.g. 0.999) keeps the layers with the worst quantization error
+    float32 until the budget is met.  ``activations`` ("minmax" or "percentile", with
+    ``calibration`` and int8/int4 weights) adds post-training static int8 activations: the
+    ranges seen on the calibration samples, as QuantizeLinear/DequantizeLinear pairs on the
+    input of each quantized layer (see converter.calibrate).  ``limits`` caps model and tensor
+    sizes (default: from the environment, see converter.limits).
 
     The package holds self-test vectors (metadata "selftest") and metadata keys
-    source_sha256, source_opset, producer, converter_version, quantize and report.
-    Converting the same model twice gives byte-identical packages.  On any failure a
-    ConversionError subclass is raised and nothing is written at ``dst``.
+    source_sha256, source_opset, producer, converter_version, quantize, dynamic_inputs and
+    report.  Converting the same model twice gives byte-identical packages.  On any failure
+    a ConversionError subclass is raised and nothing is written at ``dst``.
     ``progress(fraction, message)`` is called as each step starts.
     """
     quant.check_options(quantize, block_size)
+    _check_mixed_precision(quantize, keep_float, accuracy_budget)
+    calibrate.check_method(activations, quantize, calibration)
     dst = _check_destination(dst)
     say = progress or (lambda fraction, message: None)
+    limits = limits or _limits_from_env()
 
     say(0.0, "loading model")
-    loaded = load_model(src)
+    loaded = load_model(src, limits)
     say(0.1, "validating")
-    model, source_opset = _validated(loaded)
+    model, source_opset = _validated(loaded, limits)
 
-    say(0.35, "optimizing")
+    say(0.3, "optimizing")
     opset = validate.default_opset(model, loaded.label)
-    fp32 = optimize.optimize(translate(model, opset))
+    fp32, passes = optimize.optimize(translate(model, opset))
     validate.check_engine_support(fp32.nodes, opset)
-    graph, kept = quant.to_fp16(fp32) if quantize == "fp16" else (fp32, [])
-    report = _report(loaded, model, graph, source_opset, opset, quantize, kept)
+    eval_feeds, eval_kind = _evaluation_inputs(calibration, fp32, quantize)
 
+    options = _Options(quantize, block_size, keep_float, accuracy_budget, activations)
     with tempfile.TemporaryDirectory(prefix="ferry-convert-") as tmp:
-        say(0.55, "writing draft package")
+        reference = Path(tmp) / "reference.ferry"
+        _write(reference, fp32, {})
+        reduced = _Reduced(fp32)
+        if quantize is not None:
+            say(0.45, f"quantizing weights ({quantize})")
+            reduced = _reduce(fp32, options, eval_feeds, reference, Path(tmp), say)
+            reduced.accuracy = {"inputs": eval_kind, "samples": len(eval_feeds), "outputs": reduced.outputs}
+        graph = reduced.graph
+        report = _report(loaded, model, source_opset, opset, options, reduced)
+        report.passes, report.fp32_package_size = passes, reference.stat().st_size
+        say(0.75, "writing draft package")
         draft = Path(tmp) / "draft.ferry"
         _write(draft, graph, {})
-        say(0.7, "self-testing")
+        report.converted_size = draft.stat().st_size
+        report.size_ratio = round(report.converted_size / report.fp32_package_size, 4)
+        say(0.8, "self-testing")
         feeds = selftest.make_inputs(graph.inputs)
         outputs = selftest.run(draft, feeds)
-        if quantize == "fp16":
-            reference = Path(tmp) / "reference.ferry"
-            _write(reference, fp32, {})
-            error, cosine = selftest.compare(outputs, selftest.run(reference, feeds))
-            report.fp16_max_abs_error, report.fp16_cosine_similarity = error, cosine
 
     say(0.9, "writing package")
     vectors, selftest_meta = selftest.vectors(feeds, outputs)
@@ -113,6 +150,7 @@ def convert(
         "producer": report.producer,
         "converter_version": CONVERTER_VERSION,
         "quantize": quantize,
+        "dynamic_inputs": report.dynamic_inputs,
         "selftest": selftest_meta,
         "report": report.stored(),
     }
@@ -122,41 +160,188 @@ def convert(
     return report
 
 
-def _validated(loaded: LoadedModel) -> tuple[onnx.ModelProto, int]:
+def _evaluation_inputs(
+    calibration: Any, graph: FerryGraph, quantize: str | None
+) -> tuple[list[accuracy.Feeds], str]:
+    """The accuracy report's inputs: the calibration samples (checked even when not quantizing,
+    so a bad set fails now), else seeded random ones."""
+    if calibration is not None:
+        return accuracy.calibration_feeds(calibration, graph.inputs), "calibration"
+    if quantize is None:
+        return [], "random"
+    return accuracy.random_feeds(graph.inputs, selftest.SEED + 1), "random"
+
+
+def _limits_from_env() -> Limits:
+    try:
+        return Limits.from_env()
+    except ValueError as exc:
+        raise ConversionError(str(exc)) from exc
+
+
+def _check_mixed_precision(quantize: str | None, keep_float: Any, budget: Any) -> None:
+    if (keep_float or budget is not None) and quantize not in ("int8", "int4"):
+        raise ConversionError("keep_float and accuracy_budget apply only to quantize='int8' or 'int4'")
+    if isinstance(keep_float, str) and keep_float != "first_last":
+        raise ConversionError(f"keep_float must be 'first_last' or a list of node names, not {keep_float!r}")
+    if keep_float is not None and not isinstance(keep_float, str | list | tuple):
+        raise ConversionError(f"keep_float must be 'first_last' or a list of node names, not {keep_float!r}")
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int | float) or not 0.0 < budget <= 1.0
+    ):
+        raise ConversionError(f"accuracy_budget is a minimum cosine similarity in (0, 1], not {budget!r}")
+
+
+@dataclass
+class _Reduced:
+    """The graph at its storage precision, and what reducing it cost."""
+
+    graph: FerryGraph
+    kept_fp32: list[str] = field(default_factory=list)
+    quantized: list[str] = field(default_factory=list)
+    float_layers: list[str] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    accuracy: dict[str, Any] | None = None
+    activation_ranges: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Options:
+    quantize: str | None
+    block_size: int
+    keep_float: str | list[str] | None
+    accuracy_budget: float | None
+    activations: str | None
+
+
+def _reduce(
+    fp32: FerryGraph,
+    options: _Options,
+    feeds: list[accuracy.Feeds],
+    reference: Path,
+    tmp: Path,
+    say: Progress,
+) -> _Reduced:
+    """fp16 / int8 / int4 storage (and int8 activations), measured against float32 on ``feeds``."""
+    expected = [selftest.run(reference, feed) for feed in feeds]
+
+    def run(graph: FerryGraph, inputs: list[accuracy.Feeds]) -> list[accuracy.Feeds]:
+        candidate = tmp / "candidate.ferry"
+        _write(candidate, graph, {})
+        return [selftest.run(candidate, feed) for feed in inputs]
+
+    def measure(graph: FerryGraph) -> dict[str, Any]:
+        return accuracy.compare_outputs(run(graph, feeds), expected)
+
+    if options.quantize == "fp16":
+        graph, kept = quant.to_fp16(fp32)
+        return _Reduced(graph, kept_fp32=kept, outputs=measure(graph))
+    ranges: dict[str, tuple[float, float]] = {}
+    if options.activations:
+        say(0.47, f"calibrating int8 activations ({options.activations})")
+        everything, _ = quant.quantize_weights(fp32, options.quantize, options.block_size)
+        ranges = calibrate.observe(
+            fp32, calibrate.activation_inputs(everything), feeds, run, options.activations
+        )
+
+    def build(keep: set[str]) -> tuple[FerryGraph, list[quant.QuantizedWeight]]:
+        graph, weights = quant.quantize_weights(fp32, options.quantize, options.block_size, frozenset(keep))
+        if ranges:
+            wanted = calibrate.activation_inputs(graph)
+            graph = calibrate.insert_qdq(graph, {v: r for v, r in ranges.items() if v in wanted})
+        return graph, weights
+
+    keep = _chosen_float_layers(fp32, options.keep_float)
+    graph, weights = build(keep)
+    outputs = measure(graph)
+    budget = options.accuracy_budget
+    if budget is not None and accuracy.worst_cosine(outputs) < budget:
+        # keep the worst-quantized layers float32: 1, 2, 4, ... of them until the budget holds
+        ranked = [w.node for w in sorted(weights, key=lambda w: (-w.relative_error, w.node))]
+        count, trial = 1, keep
+        while accuracy.worst_cosine(outputs) < budget and count <= len(ranked):
+            say(0.5 + 0.2 * count / len(ranked), f"accuracy budget: trying {count} layer(s) in float32")
+            trial = keep | set(ranked[:count])
+            graph, _ = build(trial)
+            outputs = measure(graph)
+            count = len(ranked) + 1 if count == len(ranked) else min(count * 2, len(ranked))
+        keep = trial
+        weights = [w for w in weights if w.node not in keep]
+    read = {name for node in graph.nodes for name in node["inputs"]}
+    used = [v for v in ranges if f"{v}/act_dq" in read]  # insert_qdq's name for the copy layers read
+    return _Reduced(
+        graph,
+        quantized=[w.tensor for w in weights],
+        float_layers=sorted(keep),
+        outputs=outputs,
+        activation_ranges={v: list(ranges[v]) for v in used},
+    )
+
+
+def _chosen_float_layers(graph: FerryGraph, keep_float: str | list[str] | None) -> set[str]:
+    candidates = [graph.nodes[use.node]["name"] for use in quant.quantizable(graph)]
+    if keep_float is None:
+        return set()
+    if keep_float == "first_last":
+        return {candidates[0], candidates[-1]} if candidates else set()
+    names = {node["name"] for node in graph.nodes}
+    unknown = sorted(set(keep_float) - names)
+    if unknown:
+        raise ConversionError(f"keep_float names nodes the optimized graph does not have: {unknown}")
+    return set(keep_float)
+
+
+def _validated(loaded: LoadedModel, limits: Limits) -> tuple[onnx.ModelProto, int]:
     """The model upgraded to a supported opset, checked, with inferred shapes; and its source opset."""
     source_opset = validate.default_opset(loaded.model, loaded.label)
-    supported = set(supported_operators())
+    validate.check_initializers(loaded.model, loaded.label, limits)
+    validate.check_structure(loaded.model, loaded.label)
+    # ops only the converter emits are not accepted from a source model
+    supported = set(supported_operators()) - FUSED_OPS - QUANTIZED_OPS
     validate.check_operators(loaded.model, supported)
     model = validate.upgrade_opset(loaded.model, source_opset, loaded.label)
     validate.check_operators(model, supported)  # an upgrade may introduce ops
-    return validate.check_and_infer(model, loaded.label), source_opset
+    model = validate.check_and_infer(model, loaded.label)
+    validate.check_value_sizes(model, loaded.label, limits)
+    return model, source_opset
 
 
 def _report(
     loaded: LoadedModel,
     model: onnx.ModelProto,
-    graph: FerryGraph,
     source_opset: int,
     opset: int,
-    quantize: str | None,
-    kept: list[str],
+    options: _Options,
+    reduced: _Reduced,
 ) -> ConversionReport:
-    return ConversionReport(
+    graph = reduced.graph
+    report = ConversionReport(
         source=loaded.label,
         source_sha256=loaded.sha256,
         source_size=loaded.size,
         source_opset=source_opset,
         opset=opset,
         producer=" ".join(p for p in (model.producer_name, model.producer_version) if p),
-        quantize=quantize,
+        quantize=options.quantize,
         nodes_before=len(loaded.model.graph.node),
         nodes_after=len(graph.nodes),
         inputs=graph.inputs,
         outputs=graph.outputs,
         tensor_count=len(graph.tensors),
         weights_bytes=sum(int(t.nbytes) for t in graph.tensors.values()),
-        kept_fp32=kept,
+        kept_fp32=reduced.kept_fp32,
+        block_size=options.block_size if options.quantize == "int4" else None,
+        quantized_weights=reduced.quantized,
+        float_layers=reduced.float_layers,
+        activations=options.activations,
+        activation_ranges=reduced.activation_ranges,
+        accuracy=reduced.accuracy,
+        dynamic_inputs=[s["name"] for s in graph.inputs if any(isinstance(d, str) for d in s["shape"] or [])],
     )
+    if options.quantize == "fp16" and reduced.outputs:
+        report.fp16_max_abs_error = max(o["max_abs_error"] for o in reduced.outputs.values())
+        report.fp16_cosine_similarity = accuracy.worst_cosine(reduced.outputs)
+    return report
 
 
 def _check_destination(dst: str | os.PathLike[str]) -> Path:

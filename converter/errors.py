@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def printable(text: str) -> str:
+    """A name from the model as it can appear in a one-line message: quoted and escaped if it
+    holds control characters (a corrupted or hostile model), else as is."""
+    return text if text.isprintable() else repr(text)
+
+
 class ConversionError(Exception):
     """Base class: the model could not be converted (nothing was written to the destination)."""
 
@@ -21,7 +27,10 @@ class UnsupportedOperatorsError(ConversionError):
 
     def __init__(self, operators: dict[str, list[str]]) -> None:
         self.operators = operators
-        parts = [f"{op} (nodes: {', '.join(nodes)})" for op, nodes in sorted(operators.items())]
+        parts = [
+            f"{printable(op)} (nodes: {', '.join(printable(n) for n in nodes)})"
+            for op, nodes in sorted(operators.items())
+        ]
         super().__init__(f"{len(operators)} unsupported operator(s): " + "; ".join(parts))
 
 

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-from google.protobuf.message import DecodeError
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError, Message
 from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
 from converter.errors import InvalidModelError
+from converter.limits import Limits
 
 Source = str | os.PathLike[str] | onnx.ModelProto
 
@@ -24,27 +27,39 @@ class LoadedModel:
     label: str  # for messages: the path, or "<ModelProto>"
 
 
-def load_model(src: Source) -> LoadedModel:
+def load_model(src: Source, limits: Limits | None = None) -> LoadedModel:
+    limits = limits or Limits()
     if isinstance(src, onnx.ModelProto):
         data = src.SerializeToString(deterministic=True)
+        _check_model_size(len(data), "<ModelProto>", limits)
         model = onnx.ModelProto()
         model.CopyFrom(src)
         label, base = "<ModelProto>", None
     else:
         path = Path(src)
-        data = _read(path)
+        data = _read(path, limits)
         model = _parse(data, str(path))
         label, base = str(path), path.parent
     _check_is_model(model, label)
-    _load_external_data(model, base, label)
+    _check_text(model, label)
+    _load_external_data(model, base, label, limits, len(data))
     return LoadedModel(model=model, sha256=hashlib.sha256(data).hexdigest(), size=len(data), label=label)
 
 
-def _read(path: Path) -> bytes:
+def _check_model_size(size: int, label: str, limits: Limits) -> None:
+    if size > limits.max_model_bytes:
+        raise InvalidModelError(
+            f"{label}: the model is {size:,} bytes, over the {limits.max_model_bytes:,}-byte limit "
+            "(FERRY_CONVERTER_MAX_MODEL_BYTES)"
+        )
+
+
+def _read(path: Path, limits: Limits) -> bytes:
     if not path.exists():
         raise InvalidModelError(f"{path}: no such file")
     if not path.is_file():
         raise InvalidModelError(f"{path}: not a file")
+    _check_model_size(path.stat().st_size, str(path), limits)  # before reading it into memory
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -71,12 +86,67 @@ def _check_is_model(model: onnx.ModelProto, label: str) -> None:
         raise InvalidModelError(f"{label}: not an ONNX model (no graph, nodes or opset import)")
 
 
-def _load_external_data(model: onnx.ModelProto, base: Path | None, label: str) -> None:
-    if not any(uses_external_data(t) for t in model.graph.initializer):
+def _check_text(message: Message, label: str, path: str = "model") -> None:
+    """Every string field is valid UTF-8 text.  Protobuf hands undecodable ones back as bytes,
+    on which the ONNX checker and everything after it would fail in their own ways."""
+    for field, value in message.ListFields():
+        where = f"{path}.{field.name}"
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            items = value if _repeated(field) else [value]
+            for index, item in enumerate(items):
+                _check_text(item, label, f"{where}[{index}]" if _repeated(field) else where)
+        elif field.type == FieldDescriptor.TYPE_STRING:
+            for item in value if _repeated(field) else [value]:
+                if not isinstance(item, str):
+                    raise InvalidModelError(f"{label}: {where} is not valid UTF-8 text (a corrupted model?)")
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    return (
+        field.is_repeated if hasattr(field, "is_repeated") else field.label == FieldDescriptor.LABEL_REPEATED
+    )
+
+
+def _load_external_data(
+    model: onnx.ModelProto, base: Path | None, label: str, limits: Limits, model_size: int
+) -> None:
+    external = [t for t in model.graph.initializer if uses_external_data(t)]
+    if not external:
         return
     if base is None:
         raise InvalidModelError(f"{label}: weights are in external files; pass the .onnx path instead")
+    files: dict[Path, int] = {}
+    for tensor in external:
+        path = _external_path(tensor, base, label)
+        files[path] = path.stat().st_size
+    _check_model_size(model_size + sum(files.values()), label, limits)
     try:
         load_external_data_for_model(model, str(base))
     except (OSError, ValueError) as exc:
         raise InvalidModelError(f"{label}: cannot load external weight data ({exc})") from exc
+
+
+def _external_path(tensor: onnx.TensorProto, base: Path, label: str) -> Path:
+    """The file holding a tensor's external data, refused unless it is a regular file inside the
+    model's own directory: an uploaded model must not make the converter read anything else."""
+    entries = {entry.key: entry.value for entry in tensor.external_data}
+    location = entries.get("location", "")
+    where = f"{label}: tensor {tensor.name!r} has external data at {location!r}"
+    if not location:
+        raise InvalidModelError(f"{where}: no location given")
+    relative = Path(location)
+    if relative.is_absolute() or location.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", location):
+        raise InvalidModelError(f"{where}: an absolute path; external data must sit next to the model")
+    if ".." in relative.parts or ".." in location.replace("\\", "/").split("/"):
+        raise InvalidModelError(f"{where}: the path leaves the model's directory ('..')")
+    path = base / relative
+    current = base
+    for part in relative.parts:
+        current = current / part
+        if current.is_symlink():
+            raise InvalidModelError(f"{where}: {part!r} is a symbolic link, which is not allowed")
+    if not path.is_file():
+        raise InvalidModelError(f"{where}: no such file next to the model")
+    if not path.resolve().is_relative_to(base.resolve()):
+        raise InvalidModelError(f"{where}: the path leaves the model's directory")
+    return path

@@ -1,23 +1,91 @@
-"""Graph clean-ups that need no numerics: Identity/Dropout removal and dead-node elimination.
+"""Graph optimization: a list of small passes, each FerryGraph -> FerryGraph.
 
-Kept deliberately small; each pass preserves the graph's inputs and outputs exactly.
+Every pass keeps the graph's inputs and outputs (names, meaning) exactly; tests run the
+graph after each pass against onnxruntime on the original model.  Order matters only as
+written in PASSES: folding first (it exposes constant weights), then pattern fusions (GELU,
+LayerNorm, attention) before BatchNorm folding and bias/activation fusion, and dead-node removal last.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
 from converter.translate import FerryGraph
+from engine.ops import PREPARES, kernel_for
 
+Pass = Callable[[FerryGraph], FerryGraph]
 PASS_THROUGH = {"Identity", "Dropout"}
+# Constant folding never makes the package grow much: a folded result may be at most this
+# many times the bytes of the tensors it replaces (plus a little), so e.g. a user's int8
+# DequantizeLinear weights are not expanded back to float32.
+FOLD_GROWTH, FOLD_SLACK_BYTES = 2, 4096
+NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
+FUSABLE_ACTIVATIONS = ("Relu", "Clip", "Sigmoid", "HardSwish", "Gelu", "LeakyRelu", "Tanh", "HardSigmoid")
 
 
-def optimize(graph: FerryGraph) -> FerryGraph:
-    graph = _drop_pass_through(graph)
-    return _drop_dead(graph)
+def optimize(graph: FerryGraph) -> tuple[FerryGraph, list[dict[str, Any]]]:
+    """Run every pass in order; return the graph and, per pass, the node count after it."""
+    log = []
+    for step in PASSES:
+        graph = step(graph)
+        log.append({"pass": step.__name__, "nodes": len(graph.nodes)})
+    return graph, log
 
 
-def _drop_pass_through(graph: FerryGraph) -> FerryGraph:
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _replace(graph: FerryGraph, **changes: Any) -> FerryGraph:
+    return FerryGraph(**{**graph.__dict__, **changes})
+
+
+def _readers(graph: FerryGraph) -> dict[str, list[int]]:
+    """Value name -> indices of the nodes reading it."""
+    readers: dict[str, list[int]] = {}
+    for index, node in enumerate(graph.nodes):
+        for name in node["inputs"]:
+            if name:
+                readers.setdefault(name, []).append(index)
+    return readers
+
+
+def _producers(graph: FerryGraph) -> dict[str, int]:
+    return {name: index for index, node in enumerate(graph.nodes) for name in node["outputs"] if name}
+
+
+def _graph_outputs(graph: FerryGraph) -> set[str]:
+    return {spec["name"] for spec in graph.outputs}
+
+
+def _only_reader(graph: FerryGraph, readers: dict[str, list[int]], value: str) -> int | None:
+    """The single node reading ``value``, if exactly one does and it is not a graph output."""
+    found = readers.get(value, [])
+    if len(found) != 1 or value in _graph_outputs(graph):
+        return None
+    return found[0]
+
+
+def _scalar(graph: FerryGraph, name: str) -> float | None:
+    array = graph.tensors.get(name)
+    if array is None or array.size != 1 or array.dtype.kind != "f":
+        return None
+    return float(array.reshape(-1)[0])
+
+
+def _without(graph: FerryGraph, drop: set[int], changed: dict[int, dict[str, Any]]) -> FerryGraph:
+    nodes = [changed.get(i, node) for i, node in enumerate(graph.nodes) if i not in drop]
+    return _replace(graph, nodes=nodes)
+
+
+# --- passes ---------------------------------------------------------------------------------
+
+
+def drop_pass_through(graph: FerryGraph) -> FerryGraph:
     """Remove Identity (and inference-time Dropout) nodes whose output is not a graph output."""
-    outputs = {spec["name"] for spec in graph.outputs}
+    outputs = _graph_outputs(graph)
     read = {name for node in graph.nodes for name in node["inputs"]}
     alias: dict[str, str] = {}
     nodes = []
@@ -27,7 +95,7 @@ def _drop_pass_through(graph: FerryGraph) -> FerryGraph:
             alias[node["outputs"][0]] = node["inputs"][0]
             continue
         nodes.append(node)
-    return FerryGraph(**{**graph.__dict__, "nodes": nodes})
+    return _replace(graph, nodes=nodes)
 
 
 def _is_pass_through(node: dict, outputs: set[str], read: set[str]) -> bool:
@@ -37,9 +105,456 @@ def _is_pass_through(node: dict, outputs: set[str], read: set[str]) -> bool:
     return not any(name in read or name in outputs for name in extra)
 
 
-def _drop_dead(graph: FerryGraph) -> FerryGraph:
+def fold_constants(graph: FerryGraph) -> FerryGraph:
+    """Compute nodes whose inputs are all constants (with the engine's own kernels) once, now;
+    Shape of a value with a fully static inferred shape counts as a constant."""
+    tensors = dict(graph.tensors)
+    outputs = _graph_outputs(graph)
+    nodes = []
+    for node in graph.nodes:
+        folded = _fold(node, tensors, graph.opset, outputs, graph.shapes)
+        if folded is None:
+            nodes.append(node)
+        else:
+            tensors.update(folded)
+    return _replace(graph, nodes=nodes, tensors=tensors)
+
+
+def _static_shape(
+    node: dict[str, Any], shapes: dict[str, list[int | str] | None]
+) -> dict[str, np.ndarray] | None:
+    """Shape of a value whose inferred shape has no symbolic dim: a constant (so what is computed
+    from it, e.g. a Reshape's target, folds too)."""
+    shape = shapes.get(node["inputs"][0])
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    rank = len(shape)
+    start, end = int(node["attrs"].get("start", 0)), node["attrs"].get("end")
+    dims = shape[slice(start, int(end) if end is not None else rank)]
+    return {node["outputs"][0]: np.array(dims, dtype=np.int64)}
+
+
+def _fold(
+    node: dict[str, Any],
+    tensors: dict[str, np.ndarray],
+    opset: int,
+    outputs: set[str],
+    shapes: dict[str, list[int | str] | None],
+) -> dict[str, np.ndarray] | None:
+    names = [name for name in node["outputs"] if name]
+    if node["op"] in NOT_FOLDED or any(name in outputs for name in names) or not names:
+        return None
+    if node["op"] == "Shape" and node["inputs"][0] not in tensors:
+        return _static_shape(node, shapes)
+    if not all(name == "" or name in tensors for name in node["inputs"]):
+        return None
+    kernel = kernel_for(node["op"], opset)
+    if kernel is None:
+        return None
+    attrs = dict(node["attrs"])
+    if node["op"] in PREPARES:
+        attrs = PREPARES[node["op"]](attrs, len(node["inputs"]), len(node["outputs"]))
+    args = [tensors[name] if name else None for name in node["inputs"]]
+    try:
+        results = kernel(args, attrs)
+    except Exception:  # noqa: BLE001 - a node that fails on constants fails at run time too; leave it
+        return None
+    budget = FOLD_GROWTH * sum(int(a.nbytes) for a in args if a is not None) + FOLD_SLACK_BYTES
+    produced = {
+        name: np.ascontiguousarray(value)
+        for name, value in zip(node["outputs"], results, strict=False)
+        if name
+    }
+    if sum(v.nbytes for v in produced.values()) > budget:
+        return None
+    return produced
+
+
+def fuse_gelu(graph: FerryGraph) -> FerryGraph:
+    """x * 0.5 * (1 + erf(x / sqrt 2)) as PyTorch exports it (Div, Erf, Add, Mul, Mul) -> Gelu."""
+    readers, producers = _readers(graph), _producers(graph)
+    drop: set[int] = set()
+    changed: dict[int, dict[str, Any]] = {}
+    for index, node in enumerate(graph.nodes):
+        if node["op"] != "Erf" or index in drop:
+            continue
+        match = _match_gelu(graph, readers, producers, index)
+        if match is None:
+            continue
+        x, nodes, last = match
+        drop.update(i for i in nodes if i != last)
+        out = graph.nodes[last]["outputs"]
+        changed[last] = {
+            "name": graph.nodes[last]["name"],
+            "op": "Gelu",
+            "inputs": [x],
+            "outputs": out,
+            "attrs": {},
+        }
+    return _without(graph, drop, changed)
+
+
+def _match_gelu(graph, readers, producers, erf_index):
+    """(x, node indices, index of the last node) when the Erf sits in a GELU pattern."""
+    erf = graph.nodes[erf_index]
+    div_index = producers.get(erf["inputs"][0])
+    if div_index is None:
+        return None
+    div = graph.nodes[div_index]
+    x = div["inputs"][0]
+    if div["op"] == "Div":
+        ok = abs((_scalar(graph, div["inputs"][1]) or 0) - np.sqrt(2)) < 1e-3
+    elif div["op"] == "Mul":
+        ok = abs((_scalar(graph, div["inputs"][1]) or 0) - 1 / np.sqrt(2)) < 1e-3
+    else:
+        ok = False
+    add_index = _only_reader(graph, readers, erf["outputs"][0])
+    if not ok or add_index is None or _only_reader(graph, readers, div["outputs"][0]) != erf_index:
+        return None
+    add = graph.nodes[add_index]
+    if add["op"] != "Add" or _scalar(graph, _other(add, erf["outputs"][0])) != 1.0:
+        return None
+    # then Mul by x and Mul by 0.5, in either order: (x * (1 + erf)) * 0.5 or x * ((1 + erf) * 0.5)
+    first_index = _only_reader(graph, readers, add["outputs"][0])
+    if first_index is None:
+        return None
+    first = graph.nodes[first_index]
+    second_index = _only_reader(graph, readers, first["outputs"][0])
+    if first["op"] != "Mul" or second_index is None or graph.nodes[second_index]["op"] != "Mul":
+        return None
+    second = graph.nodes[second_index]
+    factors = {_other(first, add["outputs"][0]), _other(second, first["outputs"][0])}
+    half = [f for f in factors if _scalar(graph, f) == 0.5]
+    if len(half) != 1 or factors - set(half) != {x}:
+        return None
+    return x, [div_index, erf_index, add_index, first_index, second_index], second_index
+
+
+def _other(node: dict[str, Any], value: str) -> str:
+    """The other input of a two-input node, given one of them."""
+    a, b = node["inputs"][:2]
+    return b if a == value else a
+
+
+def fuse_layer_norm(graph: FerryGraph) -> FerryGraph:
+    """ReduceMean, Sub, Pow 2, ReduceMean, Add eps, Sqrt, Div, Mul scale, Add bias over the last
+    axis (as PyTorch exports LayerNorm) -> LayerNormalization."""
+    readers, producers = _readers(graph), _producers(graph)
+    drop: set[int] = set()
+    changed: dict[int, dict[str, Any]] = {}
+    for index, node in enumerate(graph.nodes):
+        if node["op"] != "ReduceMean" or index in drop:
+            continue
+        match = _match_layer_norm(graph, readers, producers, index)
+        if match is None:
+            continue
+        x, scale, bias, eps, members, last = match
+        drop.update(i for i in members if i != last)
+        changed[last] = {
+            "name": graph.nodes[last]["name"],
+            "op": "LayerNormalization",
+            "inputs": [x, scale, bias],
+            "outputs": [graph.nodes[last]["outputs"][0]],
+            "attrs": {"axis": -1, "epsilon": eps},
+        }
+    return _without(graph, drop, changed)
+
+
+def _last_axis_mean(graph: FerryGraph, node: dict[str, Any]) -> bool:
+    axes = node["attrs"].get("axes")
+    if axes is None and len(node["inputs"]) > 1 and node["inputs"][1] in graph.tensors:
+        axes = graph.tensors[node["inputs"][1]].reshape(-1).tolist()
+    return axes == [-1] and int(node["attrs"].get("keepdims", 1)) == 1
+
+
+def _match_layer_norm(graph, readers, producers, mean_index):
+    mean = graph.nodes[mean_index]
+    if not _last_axis_mean(graph, mean):
+        return None
+    x = mean["inputs"][0]
+    sub_index = _only_reader(graph, readers, mean["outputs"][0])
+    if (
+        sub_index is None
+        or graph.nodes[sub_index]["op"] != "Sub"
+        or graph.nodes[sub_index]["inputs"]
+        != [
+            x,
+            mean["outputs"][0],
+        ]
+    ):
+        return None
+    centered = graph.nodes[sub_index]["outputs"][0]
+    users = readers.get(centered, [])
+    if len(users) != 2 or centered in _graph_outputs(graph):
+        return None
+    pow_index = next((i for i in users if graph.nodes[i]["op"] == "Pow"), None)
+    div_index = next((i for i in users if graph.nodes[i]["op"] == "Div"), None)
+    if pow_index is None or div_index is None or _scalar(graph, graph.nodes[pow_index]["inputs"][1]) != 2.0:
+        return None
+    chain = [pow_index]
+    for op in ("ReduceMean", "Add", "Sqrt"):
+        following = _only_reader(graph, readers, graph.nodes[chain[-1]]["outputs"][0])
+        if following is None or graph.nodes[following]["op"] != op:
+            return None
+        chain.append(following)
+    var_mean, add_eps, sqrt = (graph.nodes[i] for i in chain[1:])
+    eps = _scalar(graph, _other(add_eps, var_mean["outputs"][0]))
+    div = graph.nodes[div_index]
+    if not _last_axis_mean(graph, var_mean) or eps is None or div["inputs"] != [centered, sqrt["outputs"][0]]:
+        return None
+    mul_index = _only_reader(graph, readers, div["outputs"][0])
+    mul = graph.nodes[mul_index] if mul_index is not None else None
+    if mul is None or mul["op"] != "Mul" or _other(mul, div["outputs"][0]) not in graph.tensors:
+        return None
+    add_index = _only_reader(graph, readers, mul["outputs"][0])
+    add = graph.nodes[add_index] if add_index is not None else None
+    if add is None or add["op"] != "Add" or _other(add, mul["outputs"][0]) not in graph.tensors:
+        return None
+    scale, bias = _other(mul, div["outputs"][0]), _other(add, mul["outputs"][0])
+    if graph.tensors[scale].ndim != 1 or graph.tensors[bias].ndim != 1:
+        return None
+    members = [mean_index, sub_index, *chain, div_index, mul_index, add_index]
+    return x, scale, bias, eps, members, add_index
+
+
+def fuse_attention(graph: FerryGraph) -> FerryGraph:
+    """Scaled dot-product attention as exporters emit it -> one FusedAttention node:
+    MatMul(q, Transpose(k) | kT) -> Mul/Div by a constant -> [Add mask] -> Softmax(-1) -> MatMul(., v)."""
+    readers, producers = _readers(graph), _producers(graph)
+    drop: set[int] = set()
+    changed: dict[int, dict[str, Any]] = {}
+    for index, node in enumerate(graph.nodes):
+        if node["op"] != "Softmax" or index in drop:
+            continue
+        match = _match_attention(graph, readers, producers, index)
+        if match is None:
+            continue
+        inputs, attrs, members, last = match
+        drop.update(i for i in members if i != last)
+        changed[last] = {
+            "name": graph.nodes[last]["name"],
+            "op": "FusedAttention",
+            "inputs": inputs,
+            "outputs": graph.nodes[last]["outputs"],
+            "attrs": attrs,
+        }
+    return _without(graph, drop, changed)
+
+
+def _match_attention(graph, readers, producers, softmax_index):
+    softmax = graph.nodes[softmax_index]
+    if int(softmax["attrs"].get("axis", -1)) != -1 or graph.opset < 13:
+        return None
+    members, mask = [softmax_index], None
+    current = producers.get(softmax["inputs"][0])
+    if current is not None and graph.nodes[current]["op"] == "Add":  # an additive mask
+        add = graph.nodes[current]
+        before = producers.get(add["inputs"][0])
+        if before is None or _only_reader(graph, readers, add["outputs"][0]) != softmax_index:
+            return None
+        members.append(current)
+        mask, current = add["inputs"][1], before
+    if current is None or graph.nodes[current]["op"] not in ("Mul", "Div"):
+        return None
+    scaling = graph.nodes[current]
+    factor = _scalar(graph, scaling["inputs"][1])
+    if factor is None or factor == 0 or _only_reader(graph, readers, scaling["outputs"][0]) != members[-1]:
+        return None
+    scale = factor if scaling["op"] == "Mul" else 1.0 / factor
+    members.append(current)
+    scores_index = producers.get(scaling["inputs"][0])
+    if scores_index is None or graph.nodes[scores_index]["op"] != "MatMul":
+        return None
+    if _only_reader(graph, readers, graph.nodes[scores_index]["outputs"][0]) != current:
+        return None
+    members.append(scores_index)
+    q, k = graph.nodes[scores_index]["inputs"]
+    attrs: dict[str, Any] = {"scale": scale, "k_transposed": 1}
+    transpose_index = producers.get(k)
+    if transpose_index is not None and _only_reader(graph, readers, k) == scores_index:
+        transpose = graph.nodes[transpose_index]
+        perm = transpose["attrs"].get("perm") or []
+        swap_last_two = [*range(len(perm) - 2), len(perm) - 1, len(perm) - 2]
+        if transpose["op"] == "Transpose" and len(perm) >= 2 and perm == swap_last_two:
+            k, attrs["k_transposed"] = transpose["inputs"][0], 0
+            members.append(transpose_index)
+    out_index = _only_reader(graph, readers, softmax["outputs"][0])
+    if out_index is None or graph.nodes[out_index]["op"] != "MatMul":
+        return None
+    output = graph.nodes[out_index]
+    if output["inputs"][0] != softmax["outputs"][0]:
+        return None
+    members.append(out_index)
+    inputs = [q, k, output["inputs"][1]] + ([mask] if mask else [])
+    return inputs, attrs, members, out_index
+
+
+def fold_batch_norm(graph: FerryGraph) -> FerryGraph:
+    """BatchNormalization right after a Conv with constant weights -> new Conv weights and bias."""
+    readers, producers = _readers(graph), _producers(graph)
+    tensors = dict(graph.tensors)
+    drop: set[int] = set()
+    changed: dict[int, dict[str, Any]] = {}
+    for index, bn in enumerate(graph.nodes):
+        if bn["op"] != "BatchNormalization" or len([o for o in bn["outputs"] if o]) != 1:
+            continue
+        if bn["attrs"].get("training_mode", 0):
+            continue  # normalises with the batch's own statistics: nothing to fold
+        conv_index = producers.get(bn["inputs"][0])
+        params = [tensors.get(name) for name in bn["inputs"][1:5]]
+        if conv_index is None or any(p is None for p in params) or conv_index in changed:
+            continue
+        conv = graph.nodes[conv_index]
+        weight = tensors.get(conv["inputs"][1]) if conv["op"] == "Conv" else None
+        if weight is None or _only_reader(graph, readers, bn["inputs"][0]) != index:
+            continue
+        if len(readers.get(conv["inputs"][1], [])) != 1:
+            continue  # the weight is shared with another node
+        scale, offset, mean, var = (p.astype(np.float64) for p in params)
+        factor = scale / np.sqrt(var + float(bn["attrs"].get("epsilon", 1e-5)))
+        bias_name = conv["inputs"][2] if len(conv["inputs"]) > 2 and conv["inputs"][2] else None
+        old_bias = tensors[bias_name].astype(np.float64) if bias_name else np.zeros_like(mean)
+        new_weight = weight.astype(np.float64) * factor.reshape(-1, *([1] * (weight.ndim - 1)))
+        w_name, b_name = f"{conv['name']}/bn_weight", f"{conv['name']}/bn_bias"
+        tensors[w_name] = new_weight.astype(weight.dtype)
+        tensors[b_name] = ((old_bias - mean) * factor + offset).astype(weight.dtype)
+        changed[conv_index] = {
+            **conv,
+            "inputs": [conv["inputs"][0], w_name, b_name],
+            "outputs": [bn["outputs"][0]],
+        }
+        drop.add(index)
+    return _replace(_without(graph, drop, changed), tensors=tensors)
+
+
+def fuse_matmul_add(graph: FerryGraph) -> FerryGraph:
+    """MatMul(A, W) + b with constant W and vector b -> Gemm when A is known 2-D, else FusedMatMul."""
+    readers = _readers(graph)
+    drop: set[int] = set()
+    changed: dict[int, dict[str, Any]] = {}
+    for index, node in enumerate(graph.nodes):
+        if node["op"] != "MatMul" or node["inputs"][1] not in graph.tensors:
+            continue
+        weight = graph.tensors[node["inputs"][1]]
+        add_index = _only_reader(graph, readers, node["outputs"][0])
+        if weight.ndim != 2 or add_index is None or graph.nodes[add_index]["op"] != "Add":
+            continue
+        add = graph.nodes[add_index]
+        bias_name = _other(add, node["outputs"][0])
+        bias = graph.tensors.get(bias_name)
+        if (
+            bias is None
+            or bias.ndim != 1
+            or bias.shape[0] not in (1, weight.shape[1])
+            or bias.dtype != weight.dtype
+        ):
+            continue
+        shape = graph.shapes.get(node["inputs"][0])
+        op = "Gemm" if shape is not None and len(shape) == 2 else "FusedMatMul"
+        changed[index] = {
+            **node,
+            "op": op,
+            "inputs": [*node["inputs"][:2], bias_name],
+            "outputs": add["outputs"],
+        }
+        drop.add(add_index)
+    return _without(graph, drop, changed)
+
+
+FUSE_INTO = {"Conv": "FusedConv", "Gemm": "FusedGemm", "MatMul": "FusedMatMul", "FusedMatMul": "FusedMatMul"}
+
+
+def fuse_activation(graph: FerryGraph) -> FerryGraph:
+    """Conv / Gemm / MatMul followed by Relu, Clip (constant bounds), Sigmoid, HardSwish, Gelu...
+    -> one Fused* node applying the activation to its own output."""
+    readers = _readers(graph)
+    drop: set[int] = set()
+    changed: dict[int, dict[str, Any]] = {}
+    for index, node in enumerate(graph.nodes):
+        if node["op"] not in FUSE_INTO or "activation" in node["attrs"]:
+            continue
+        act_index = _only_reader(graph, readers, node["outputs"][0])
+        if act_index is None or graph.nodes[act_index]["op"] not in FUSABLE_ACTIVATIONS:
+            continue
+        act = graph.nodes[act_index]
+        extra = _activation_attrs(graph, act)
+        if extra is None:
+            continue
+        attrs = {**node["attrs"], "activation": act["op"], "activation_attrs": extra}
+        changed[index] = {**node, "op": FUSE_INTO[node["op"]], "attrs": attrs, "outputs": act["outputs"]}
+        drop.add(act_index)
+    return _without(graph, drop, changed)
+
+
+def _activation_attrs(graph: FerryGraph, act: dict[str, Any]) -> dict[str, Any] | None:
+    if act["op"] != "Clip":
+        return dict(act["attrs"])
+    bounds = {}
+    for key, position in (("min", 1), ("max", 2)):
+        name = act["inputs"][position] if len(act["inputs"]) > position else ""
+        if name:
+            value = _scalar(graph, name)
+            if value is None:
+                return None  # bounds computed at run time
+            bounds[key] = value
+        elif key in act["attrs"]:
+            bounds[key] = act["attrs"][key]
+    return bounds
+
+
+def simplify_transposes(graph: FerryGraph) -> FerryGraph:
+    """Transpose(Transpose(x)) -> one Transpose, or nothing when the permutations cancel."""
+    readers, producers = _readers(graph), _producers(graph)
+    drop: set[int] = set()
+    changed: dict[int, dict[str, Any]] = {}
+    alias: dict[str, str] = {}
+    for index, node in enumerate(graph.nodes):
+        first_index = producers.get(node["inputs"][0]) if node["op"] == "Transpose" else None
+        if first_index is None or first_index in drop or first_index in changed:
+            continue
+        first = graph.nodes[first_index]
+        if first["op"] != "Transpose" or _only_reader(graph, readers, first["outputs"][0]) != index:
+            continue
+        outer, inner = node["attrs"].get("perm"), first["attrs"].get("perm")
+        if outer is None or inner is None or len(outer) != len(inner):
+            continue
+        perm = [inner[axis] for axis in outer]
+        drop.add(first_index)
+        if perm == sorted(perm) and node["outputs"][0] not in _graph_outputs(graph):
+            drop.add(index)
+            alias[node["outputs"][0]] = first["inputs"][0]
+        else:
+            changed[index] = {**node, "inputs": [first["inputs"][0]], "attrs": {"perm": perm}}
+    out = _without(graph, drop, changed)
+    if alias:
+        nodes = [{**n, "inputs": [alias.get(v, v) for v in n["inputs"]]} for n in out.nodes]
+        out = _replace(out, nodes=nodes)
+    return out
+
+
+def simplify_reshapes(graph: FerryGraph) -> FerryGraph:
+    """Reshape(Reshape(x, s1), s2) -> Reshape(x, s2) when s2 is constant and has no 0 (copy) dims."""
+    readers, producers = _readers(graph), _producers(graph)
+    drop: set[int] = set()
+    changed: dict[int, dict[str, Any]] = {}
+    for index, node in enumerate(graph.nodes):
+        first_index = producers.get(node["inputs"][0]) if node["op"] == "Reshape" else None
+        if first_index is None or first_index in changed or first_index in drop:
+            continue
+        first = graph.nodes[first_index]
+        shape = graph.tensors.get(node["inputs"][1])
+        if first["op"] != "Reshape" or shape is None or 0 in shape.reshape(-1).tolist():
+            continue
+        if _only_reader(graph, readers, first["outputs"][0]) != index:
+            continue
+        drop.add(first_index)
+        changed[index] = {**node, "inputs": [first["inputs"][0], node["inputs"][1]]}
+    return _without(graph, drop, changed)
+
+
+def drop_dead(graph: FerryGraph) -> FerryGraph:
     """Remove nodes nothing downstream of the outputs needs, and tensors no node reads."""
-    needed = {spec["name"] for spec in graph.outputs}
+    needed = _graph_outputs(graph)
     kept = []
     for node in reversed(graph.nodes):
         if any(name in needed for name in node["outputs"]):
@@ -47,4 +562,19 @@ def _drop_dead(graph: FerryGraph) -> FerryGraph:
             needed.update(name for name in node["inputs"] if name)
     kept.reverse()
     tensors = {name: array for name, array in graph.tensors.items() if name in needed}
-    return FerryGraph(**{**graph.__dict__, "nodes": kept, "tensors": tensors})
+    return _replace(graph, nodes=kept, tensors=tensors)
+
+
+PASSES: list[Pass] = [
+    drop_pass_through,
+    fold_constants,
+    simplify_transposes,
+    simplify_reshapes,
+    fuse_gelu,
+    fuse_layer_norm,
+    fuse_attention,
+    fold_batch_norm,
+    fuse_matmul_add,
+    fuse_activation,
+    drop_dead,
+]

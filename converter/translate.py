@@ -30,6 +30,8 @@ class FerryGraph:
     tensors: dict[str, np.ndarray]
     opset: int
     load_casts: dict[str, str] = field(default_factory=dict)
+    # inferred shapes of intermediate values (dims as ints or symbolic names); not written out
+    shapes: dict[str, list[int | str] | None] = field(default_factory=dict)
 
     def graph_dict(self) -> dict[str, Any]:
         graph = {
@@ -56,7 +58,19 @@ def translate(model: onnx.ModelProto, opset: int) -> FerryGraph:
             nodes.append(node_dict(node, name))
     inputs = [_spec(v, required=True) for v in graph.input if v.name not in tensors]
     outputs = [_spec(v, required=False) for v in graph.output]
-    return FerryGraph(nodes=nodes, inputs=inputs, outputs=outputs, tensors=tensors, opset=opset)
+    shapes = {v.name: _shape(v) for v in [*graph.input, *graph.value_info, *graph.output]}
+    return FerryGraph(
+        nodes=nodes, inputs=inputs, outputs=outputs, tensors=tensors, opset=opset, shapes=shapes
+    )
+
+
+def _shape(value: onnx.ValueInfoProto) -> list[int | str] | None:
+    tensor_type = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor_type.HasField("shape"):
+        return None
+    return [
+        int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim
+    ]
 
 
 def _tensor(proto: onnx.TensorProto) -> np.ndarray:

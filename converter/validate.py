@@ -6,13 +6,16 @@ because the checker rejects custom domains with a less useful message.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
-from onnx import version_converter
+from onnx import helper, version_converter
 
-from converter.errors import InvalidModelError, UnsupportedOperatorsError
+from converter.errors import InvalidModelError, UnsupportedOperatorsError, printable
+from converter.limits import Limits
 from engine import unsupported_nodes
 
 MIN_OPSET = 11  # older models are upgraded to this with onnx.version_converter
+MAX_OPSET = onnx.defs.onnx_opset_version()  # the newest the pinned onnx knows
 DEFAULT_DOMAINS = ("", "ai.onnx")
 FOLDED = {"Constant"}  # turned into tensors by translate(); the engine never sees them
 
@@ -34,7 +37,130 @@ def default_opset(model: onnx.ModelProto, label: str) -> int:
     versions = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
     if not versions:
         raise InvalidModelError(f"{label}: the model imports no version of the default ONNX domain")
+    if versions[0] > MAX_OPSET:
+        raise InvalidModelError(
+            f"{label}: opset {versions[0]} is newer than {MAX_OPSET}, the newest this converter's onnx knows"
+        )
     return int(versions[0])
+
+
+def check_structure(model: onnx.ModelProto, label: str) -> None:
+    """Every node reads only values defined before it: name the cycle, misordering or dangling input.
+
+    The ONNX checker reports all three as "not topologically sorted"; these messages say which.
+    """
+    graph = model.graph
+    names = node_names(graph)
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {""}
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    for index, node in enumerate(graph.node):
+        for value in node.input:
+            if value in defined:
+                continue
+            if value not in producer:
+                op = printable(node.op_type)
+                raise InvalidModelError(
+                    f"{label}: node {names[index]!r} ({op}) reads {value!r}, which no graph "
+                    "input, initializer or node produces"
+                )
+            cycle = _cycle_through(graph, producer, index)
+            if cycle:
+                path = " -> ".join(repr(names[i]) for i in cycle)
+                raise InvalidModelError(f"{label}: the graph has a cycle: {path}")
+            raise InvalidModelError(
+                f"{label}: nodes are not topologically sorted: node {names[index]!r} reads {value!r}, "
+                f"which the later node {names[producer[value]]!r} produces"
+            )
+        defined.update(node.output)
+    missing = [v.name for v in graph.output if v.name not in defined]
+    if missing:
+        raise InvalidModelError(f"{label}: graph outputs {missing} are never produced")
+
+
+def _cycle_through(graph: onnx.GraphProto, producer: dict[str, int], start: int) -> list[int]:
+    """Node indices of a dependency cycle that returns to ``start``, or [] if there is none."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        index, path = stack.pop()
+        for value in graph.node[index].input:
+            upstream = producer.get(value)
+            if upstream is None:
+                continue
+            if upstream == start:
+                return [start, *reversed(path[1:]), start]
+            if upstream not in seen:
+                seen.add(upstream)
+                stack.append((upstream, [*path, upstream]))
+    return []
+
+
+def check_initializers(model: onnx.ModelProto, label: str, limits: Limits) -> None:
+    """Each initializer's data has exactly the bytes its dims and type need, within the size limit."""
+    for tensor in model.graph.initializer:
+        if any(d < 0 for d in tensor.dims):
+            dims = list(tensor.dims)
+            raise InvalidModelError(f"{label}: initializer {tensor.name!r} has negative dims {dims}")
+        count = int(np.prod(tensor.dims, dtype=np.float64))
+        _check_tensor_bytes(label, f"initializer {tensor.name!r}", tensor.data_type, count, limits)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        have = _stored_elements(tensor)
+        if have is not None and have != count:
+            raise InvalidModelError(
+                f"{label}: initializer {tensor.name!r} holds {have} value(s) but its shape "
+                f"{list(tensor.dims)} needs {count}"
+            )
+
+
+def _stored_elements(tensor: onnx.TensorProto) -> int | None:
+    """How many values the tensor's data holds (None when the type's storage is not simple)."""
+    if tensor.HasField("raw_data"):
+        if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+            return None
+        bits = _element_bits(tensor.data_type)
+        if bits is None:
+            return None
+        total = len(tensor.raw_data) * 8
+        return total // bits if bits >= 8 else None  # 4-bit types pad to whole bytes
+    field = helper.tensor_dtype_to_field(tensor.data_type) if tensor.data_type else None
+    if field is None:
+        return None
+    values = len(getattr(tensor, field))
+    if tensor.data_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
+        values //= 2
+    return values
+
+
+def _element_bits(data_type: int) -> int | None:
+    if data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return 4
+    try:
+        return int(helper.tensor_dtype_to_np_dtype(data_type).itemsize * 8)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _check_tensor_bytes(label: str, what: str, data_type: int, count: float, limits: Limits) -> None:
+    bits = _element_bits(data_type) or 32
+    size = count * bits / 8
+    if size > limits.max_tensor_bytes:
+        raise InvalidModelError(
+            f"{label}: {what} would be {size:,.0f} bytes, over the {limits.max_tensor_bytes:,}-byte "
+            "tensor limit (FERRY_CONVERTER_MAX_TENSOR_BYTES)"
+        )
+
+
+def check_value_sizes(model: onnx.ModelProto, label: str, limits: Limits) -> None:
+    """After shape inference: no value whose shape is known (fully or in its fixed dims) is too large."""
+    graph = model.graph
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        tensor_type = value.type.tensor_type
+        if not value.type.HasField("tensor_type") or not tensor_type.HasField("shape"):
+            continue
+        fixed = [d.dim_value for d in tensor_type.shape.dim if d.HasField("dim_value")]
+        count = float(np.prod(fixed, dtype=np.float64)) if fixed else 1.0
+        what = f"tensor {value.name!r} (fixed dims {fixed})"
+        _check_tensor_bytes(label, what, tensor_type.elem_type, count, limits)
 
 
 def check_operators(model: onnx.ModelProto, supported: set[str]) -> None:

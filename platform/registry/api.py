@@ -82,7 +82,27 @@ class VersionInput(serializers.Serializer):
     file = serializers.FileField(help_text="The ONNX model.")
     label = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
     quantize = serializers.ChoiceField(choices=["fp16", "int8", "int4"], required=False)
-    block_size = serializers.ChoiceField(choices=[32, 64, 128], required=False)
+    block_size = serializers.ChoiceField(choices=[32, 64, 128], required=False, help_text="int4 block size.")
+    calibration = serializers.FileField(
+        required=False,
+        help_text="An .npz (numpy.savez) with one array per model input: the inputs of the accuracy report.",
+    )
+    activations = serializers.ChoiceField(
+        choices=["minmax", "percentile"],
+        required=False,
+        help_text="Static int8 activations, ranges from the calibration file by this method.",
+    )
+    keep_float = serializers.RegexField(
+        r"^[A-Za-z0-9_.:/, -]{1,2000}$",
+        required=False,
+        help_text="Mixed precision: 'first_last', or comma-separated node names to keep float32.",
+    )
+    accuracy_budget = serializers.FloatField(
+        required=False,
+        min_value=0.0,
+        max_value=1.0,
+        help_text="Minimum cosine similarity of each output vs float32 (worst layers kept float32).",
+    )
 
 
 class VersionCreateApi(OrganisationApi):
@@ -94,7 +114,13 @@ class VersionCreateApi(OrganisationApi):
         data = VersionInput(data=request.data)
         data.is_valid(raise_exception=True)
         upload = data.validated_data["file"]
-        options = {k: data.validated_data[k] for k in ("quantize", "block_size") if k in data.validated_data}
+        fields = ("quantize", "block_size", "keep_float", "accuracy_budget", "activations")
+        options = {k: data.validated_data[k] for k in fields if k in data.validated_data}
+        samples = data.validated_data.get("calibration")
+        if samples is not None:
+            options["calibration"] = services.calibration_store(
+                organisation=model.organisation, stream=samples, size=samples.size
+            )
         version = services.version_upload(
             model=model, label=data.validated_data["label"], stream=upload, size=upload.size, options=options
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -17,14 +18,17 @@ from ferry_cloud.release_key import release_private_key
 
 from converter import convert
 from converter.errors import ConversionError
-from deploy.signing import sign_package
+from deploy.signing import ANY_DEVICE_CLASS, SignedClaims, public_key_of, read_claims, sign_package
 from registry import storage
-from registry.errors import InvalidUpload, VersionImmutable
-from registry.models import Artifact, ConversionJob, Model, ModelVersion
+from registry.errors import InvalidUpload, VersionImmutable, VersionNotReady
+from registry.models import Artifact, ConversionJob, Model, ModelVersion, ReleaseCounter
 
 log = logging.getLogger(__name__)
 
 QUANTIZE_CHOICES = (None, "fp16", "int8", "int4")
+BLOCK_SIZES = (32, 64, 128)
+ACTIVATION_METHODS = ("minmax", "percentile")
+MAX_CALIBRATION_BYTES = 64 * 1024 * 1024
 
 
 def model_create(*, organisation: Organisation, name: str, description: str = "") -> Model:
@@ -49,10 +53,7 @@ def version_upload(
 ) -> ModelVersion:
     """Store an uploaded ONNX file as a new version and queue its conversion."""
     options = options or {}
-    if options.get("quantize") not in QUANTIZE_CHOICES:
-        raise InvalidUpload(
-            f"quantize must be one of fp16, int8, int4 or absent, not {options['quantize']!r}"
-        )
+    _check_conversion_options(options)
     if size == 0:
         raise InvalidUpload("The uploaded file is empty.")
     if size > settings.FERRY_MAX_UPLOAD_BYTES:
@@ -70,6 +71,62 @@ def version_upload(
     except IntegrityError:
         raise Conflict(f"{model.name} already has a version labelled {label!r}.") from None
     return version
+
+
+def _check_conversion_options(options: dict[str, Any]) -> None:
+    """The per-version converter options: precision, int4 block size, mixed precision, calibration."""
+    if options.get("quantize") not in QUANTIZE_CHOICES:
+        raise InvalidUpload(
+            f"quantize must be one of fp16, int8, int4 or absent, not {options['quantize']!r}"
+        )
+    if "block_size" in options and options["block_size"] not in BLOCK_SIZES:
+        raise InvalidUpload(f"block_size must be one of {BLOCK_SIZES}, not {options['block_size']!r}")
+    mixed = options.get("keep_float") or options.get("accuracy_budget") is not None
+    if mixed and options.get("quantize") not in ("int8", "int4"):
+        raise InvalidUpload("keep_float and accuracy_budget need quantize int8 or int4.")
+    budget = options.get("accuracy_budget")
+    if budget is not None and not 0.0 < float(budget) <= 1.0:
+        raise InvalidUpload(f"accuracy_budget is a minimum cosine similarity in (0, 1], not {budget!r}")
+    if options.get("activations") is not None:
+        if options["activations"] not in ACTIVATION_METHODS:
+            raise InvalidUpload(
+                f"activations must be one of {ACTIVATION_METHODS}, not {options['activations']!r}"
+            )
+        if options.get("quantize") not in ("int8", "int4") or not options.get("calibration"):
+            raise InvalidUpload("int8 activations need quantize int8 or int4 and a calibration file.")
+
+
+def calibration_store(*, organisation: Organisation, stream: BinaryIO, size: int) -> dict[str, Any]:
+    """Store a calibration set (.npz of input arrays) by digest; return the version option that names it.
+
+    Its contents are checked against the model's inputs by the converter, where the model is known.
+    """
+    if size == 0:
+        raise InvalidUpload("The calibration file is empty.")
+    if size > MAX_CALIBRATION_BYTES:
+        raise InvalidUpload(f"The calibration file is {size} bytes; the limit is {MAX_CALIBRATION_BYTES}.")
+    if stream.read(4) != b"PK\x03\x04":
+        raise InvalidUpload("The calibration file must be an .npz (numpy.savez) archive of input arrays.")
+    stream.seek(0)
+    digest, size = storage.sha256_of(stream)
+    name = storage.save_content_addressed(f"{organisation.slug}/calibration", digest, ".npz", stream)
+    return {"file": name, "sha256": digest, "size": size}
+
+
+def _converter_options(options: dict[str, Any], calibration: Path | None) -> dict[str, Any]:
+    """A version's stored options as convert() keyword arguments."""
+    keep = options.get("keep_float")
+    if isinstance(keep, str) and keep != "first_last":
+        keep = [name.strip() for name in keep.split(",") if name.strip()]
+    budget = options.get("accuracy_budget")
+    return {
+        "quantize": options.get("quantize"),
+        "block_size": int(options.get("block_size", 32)),
+        "calibration": calibration,
+        "keep_float": keep or None,
+        "accuracy_budget": float(budget) if budget is not None else None,
+        "activations": options.get("activations"),
+    }
 
 
 def _enqueue_conversion(job_id: int) -> None:
@@ -153,21 +210,27 @@ def conversion_run(*, job_id: int) -> ConversionJob:
         pk=job_id
     )
     version = job.version
+    calibration = version.options.get("calibration")
     try:
         with (
             storage.local_copy(version.source.file.name, ".onnx") as src,
+            storage.local_copy(calibration["file"], ".npz") if calibration else nullcontext() as samples,
             tempfile.TemporaryDirectory() as tmp,
         ):
             unsigned, signed = Path(tmp) / "unsigned.ferry", Path(tmp) / "signed.ferry"
             report = convert(
                 src,
                 unsigned,
-                quantize=version.options.get("quantize"),
-                block_size=int(version.options.get("block_size", 32)),
+                **_converter_options(version.options, samples),
                 progress=lambda fraction, message: _job_log(job_id, message, 0.9 * fraction),
             )
-            sign_package(unsigned, signed, release_private_key())
-            _job_log(job_id, "package signed with the release key", 0.95)
+            _job_log(job_id, _accuracy_line(report.to_dict()), 0.9)
+            claims = SignedClaims(
+                counter=_version_counter(version),
+                device_class=str(version.options.get("device_class") or ANY_DEVICE_CLASS),
+            )
+            sign_package(unsigned, signed, release_private_key(), claims)
+            _job_log(job_id, f"package signed with the release key (counter {claims.counter})", 0.95)
             with open(signed, "rb") as stream:
                 package = artifact_store(
                     organisation=version.model.organisation,
@@ -188,6 +251,24 @@ def conversion_run(*, job_id: int) -> ConversionJob:
     return ConversionJob.objects.get(pk=job_id)
 
 
+def _accuracy_line(report: dict[str, Any]) -> str:
+    """One log line summing up the accuracy report (the full one is stored on the version)."""
+    accuracy = report.get("accuracy")
+    if not accuracy:
+        return f"converted ({report.get('quantize') or 'float32'}): {report['nodes_after']} nodes"
+    parts = []
+    for name, figures in accuracy["outputs"].items():
+        top1 = figures.get("top1_agreement")
+        parts.append(
+            f"{name}: cosine {figures['cosine_similarity']:.5f}, max abs error {figures['max_abs_error']:.3g}"
+            + (f", top-1 agreement {top1:.1%}" if top1 is not None else "")
+        )
+    size = f"size {report['size_ratio']:.1%} of float32" if report.get("size_ratio") else ""
+    return f"accuracy vs float32 on {accuracy['samples']} {accuracy['inputs']} input(s): " + "; ".join(
+        [*parts, size] if size else parts
+    )
+
+
 def _conversion_fail(job_id: int, reason: str) -> ConversionJob:
     log.info("conversion job %s failed: %s", job_id, reason)
     with transaction.atomic():
@@ -197,3 +278,68 @@ def _conversion_fail(job_id: int, reason: str) -> ConversionJob:
         job.save(update_fields=["status", "error", "log", "updated_at"])
         ModelVersion.objects.filter(pk=job.version_id).update(status=ModelVersion.Status.FAILED)
     return job
+
+
+# --- release counters and rollbacks ---------------------------------------------------------
+
+
+def _counter_next(*, organisation_id: int) -> int:
+    """The organisation's next counter value; callers hold a transaction, the row lock orders them."""
+    ReleaseCounter.objects.get_or_create(organisation_id=organisation_id)
+    counter = ReleaseCounter.objects.select_for_update().get(organisation_id=organisation_id)
+    counter.value += 1
+    counter.save(update_fields=["value"])
+    return counter.value
+
+
+def _version_counter(version: ModelVersion) -> int:
+    """The counter signed into this version's package, allocated on first use and then fixed,
+    so re-running a crashed conversion signs the very same bytes."""
+    with transaction.atomic():
+        locked = ModelVersion.objects.select_for_update().get(pk=version.pk)
+        if locked.signed_counter is None:
+            locked.signed_counter = _counter_next(organisation_id=version.model.organisation_id)
+            locked.save(update_fields=["signed_counter"])
+        return locked.signed_counter
+
+
+def version_rollback_package(*, version: ModelVersion) -> Artifact:
+    """The version's package re-signed as an explicit rollback with a counter newer than any
+    package signed so far, so devices that moved past it accept going back to it.
+
+    The files are untouched (only manifest.sig changes). Reused while no newer package has
+    been signed since; otherwise re-signed with a fresh counter.
+    """
+    version = ModelVersion.objects.select_related("model__organisation", "package", "rollback_package").get(
+        pk=version.pk
+    )
+    if version.package is None:
+        raise VersionNotReady(f"Version {version} has no package to roll back to.")
+    organisation = version.model.organisation
+    latest = ReleaseCounter.objects.filter(organisation=organisation).values_list("value", flat=True).first()
+    if version.rollback_package is not None and version.rollback_counter == latest:
+        return version.rollback_package
+    private_key = release_private_key()
+    with (
+        storage.local_copy(version.package.file.name, ".ferry") as original,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        device_class = read_claims(original, public_key_of(private_key)).claims.device_class
+        with transaction.atomic():
+            counter = _counter_next(organisation_id=organisation.pk)
+            signed = Path(tmp) / "rollback.ferry"
+            sign_package(
+                original,
+                signed,
+                private_key,
+                SignedClaims(counter=counter, device_class=device_class, rollback=True),
+            )
+            with open(signed, "rb") as stream:
+                artifact = artifact_store(
+                    organisation=organisation, kind=Artifact.Kind.PACKAGE, stream=stream, suffix=".ferry"
+                )
+            ModelVersion.objects.filter(pk=version.pk).update(
+                rollback_package=artifact, rollback_counter=counter
+            )
+    log.info("version %s re-signed as a rollback with counter %s", version, counter)
+    return artifact

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 
@@ -23,8 +24,32 @@ def test_convert_prints_the_report(source, tmp_path, capsys):
     dst = tmp_path / "out.ferry"
     assert main(["convert", str(source), "-o", str(dst), "--quantize", "fp16"]) == 0
     out = capsys.readouterr().out
-    assert "nodes" in out and "9 -> 9" in out
+    assert "nodes" in out and "9 -> 7" in out
     assert "fp16 accuracy" in out and "cosine" in out
+    assert Session(dst).self_test().passed
+
+
+def test_int4_with_calibration_and_mixed_precision(source, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps table cells to the terminal width
+    samples = tmp_path / "calibration.npz"
+    np.savez(samples, image=np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    dst = tmp_path / "q.ferry"
+    args = [
+        "--quantize",
+        "int4",
+        "--block-size",
+        "64",
+        "--calibration",
+        str(samples),
+        "--keep-float",
+        "conv1,fc",
+    ]
+    args += ["--activations", "minmax"]
+    assert main(["convert", str(source), "-o", str(dst), *args]) == 0
+    out = capsys.readouterr().out
+    assert "kept float32" in out and "conv1, fc" in out
+    assert "accuracy probabilities" in out and "top-1 agreement" in out and "(1 calibration input(s))" in out
+    assert "size vs float32" in out and "int8 activations" in out and "1 (minmax ranges)" in out
     assert Session(dst).self_test().passed
 
 
@@ -36,16 +61,16 @@ def test_output_defaults_to_the_source_name(source, capsys):
 def test_json_report(source, tmp_path, capsys):
     assert main(["convert", str(source), "-o", str(tmp_path / "o.ferry"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["nodes_after"] == 9 and report["quantize"] is None
+    assert report["nodes_after"] == 7 and report["quantize"] is None
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--quantize", "int8"], "quantize='int8' is not supported yet"),
+        (["--quantize", "int4", "--block-size", "48"], "block_size must be one of (32, 64, 128)"),
         ([], "not an ONNX model"),
     ],
-    ids=["int8", "bad-source"],
+    ids=["bad-block-size", "bad-source"],
 )
 def test_errors_are_one_readable_line(tmp_path, source, capsys, args, message):
     src = source if args else tmp_path / "junk.onnx"

@@ -45,7 +45,7 @@ def test_metadata_and_report(onnx_file, tmp_path):
     assert report.source == str(onnx_file)
     assert report.source_size == onnx_file.stat().st_size
     assert report.package_size == dst.stat().st_size
-    assert (report.nodes_before, report.nodes_after) == (9, 9)
+    assert (report.nodes_before, report.nodes_after) == (9, 7)  # Conv+Relu fused twice
     assert report.inputs == [{"name": "image", "dtype": "float32", "shape": ["N", 3, 32, 32]}]
     assert report.outputs == [{"name": "probabilities", "dtype": "float32", "shape": ["N", 10]}]
     json.dumps(report.to_dict())  # the control plane stores it as JSON
