@@ -25,3 +25,7 @@ def _scalar(value: np.generic) -> str:
 
 def report(node: str, op: str, output: str, array: np.ndarray) -> None:
     print(f"[ferry] {node} ({op}) -> {output}: {describe(array)}", file=sys.stderr)
+
+
+def report_input(node: str, op: str, name: str, array: np.ndarray) -> None:
+    print(f"[ferry] {node} ({op}) <- {name}: {describe(array)}", file=sys.stderr)

@@ -17,9 +17,11 @@ same model twice gives the same bytes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import mmap
 import os
 import tarfile
 from dataclasses import dataclass, field
@@ -46,6 +48,22 @@ class Package:
     manifest: dict[str, Any]
     graph: dict[str, Any]
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    weights: np.ndarray | None = None  # the mapped weights file every tensor is a view of
+
+
+def release_pages(blob: np.ndarray | None) -> None:
+    """Drop a mapped file's pages from this process's resident set (Linux MADV_DONTNEED).
+
+    The data stays valid: the next read faults the page back in from the page cache.  Used
+    after hashing the weights at load and after planning (weights replaced by a pre-packed
+    copy are then never touched again), so peak RSS counts only the weights a run reads.
+    """
+    handle = getattr(blob, "_mmap", None)  # numpy.memmap keeps its mmap object here
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if handle is None or advice is None or not hasattr(handle, "madvise"):
+        return
+    with contextlib.suppress(OSError, ValueError):  # only a resident-memory hint
+        handle.madvise(advice)
 
 
 def canonical_json(value: Any) -> bytes:
@@ -58,7 +76,8 @@ def pack_tensors(tensors: dict[str, np.ndarray]) -> tuple[bytes, dict[str, dict[
     buf = io.BytesIO()
     table: dict[str, dict[str, Any]] = {}
     for name in sorted(tensors):
-        array = np.ascontiguousarray(tensors[name])
+        # not np.ascontiguousarray: it turns 0-d tensors (scalar Gather indices...) into 1-d
+        array = np.asarray(tensors[name], order="C")
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
         pad = (-buf.tell()) % ALIGNMENT
@@ -203,4 +222,4 @@ def read_package(path: str | os.PathLike[str], *, verify: bool = True) -> Packag
             raise PackageIntegrityError(f"{path}: tensor {name!r} runs past the end of {weights_name}")
         raw = weights[spec["offset"] : end]
         tensors[name] = np.frombuffer(raw, dtype=np.dtype(spec["dtype"])).reshape(spec["shape"])
-    return Package(manifest=manifest, graph=graph, tensors=tensors)
+    return Package(manifest=manifest, graph=graph, tensors=tensors, weights=weights)

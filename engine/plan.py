@@ -1,7 +1,7 @@
-"""The per-input-shape half of planning: which kernel variant each node uses for given shapes.
+"""The per-input-shape half of planning: plans cached by input-shape signature.
 
-A plan is recorded during the first run with a new input-shape signature (selectors need
-the actual shapes reaching each node) and reused by every later run with that signature.
+A plan is built on the second run with a new input-shape signature from what the first
+run recorded (see ``engine/planner.py``) and reused by every later run with that signature.
 """
 
 from __future__ import annotations
@@ -9,15 +9,20 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from engine.ops.registry import Kernel
+import numpy as np
+
+from engine.planner import PlannedStep
 
 Signature = tuple[tuple[str, tuple[int, ...]], ...]
 
 
 @dataclass(frozen=True)
 class Plan:
+    """What runs for one signature: the planned steps and the values folded for it."""
+
     signature: Signature
-    kernels: tuple[Kernel, ...]
+    steps: tuple[PlannedStep, ...]
+    constants: dict[str, np.ndarray]
 
 
 class PlanCache:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -12,12 +14,14 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from engine import debug
+from engine import debug, planner
 from engine.errors import EngineError, InputError, NodeExecutionError, PackageError
-from engine.format import read_package
+from engine.format import read_package, release_pages
 from engine.ops.registry import kernel_name
 from engine.plan import Plan, PlanCache, Signature
+from engine.planner import PlannedStep, Record, Recorder
 from engine.program import Program, Step, compile_program
+from engine.search import KernelSearch
 
 _controller: ThreadpoolController | None = None
 
@@ -45,6 +49,7 @@ class NodeTiming:
     op: str
     kernel: str
     seconds: float
+    note: str = ""  # why the planner picked this kernel: in place, fused, measured choice
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,12 @@ class Session:
             raise PackageError(f"{self.path}: unreadable package ({exc})") from exc
         self.metadata: dict[str, Any] = package.manifest.get("metadata", {})
         self._tensors = package.tensors
+        self._weights = package.weights
+        release_pages(self._weights)  # hashing touched every page; runs fault in what they read
         self._check_specs_match_graph()
         self._plans = PlanCache()
+        self._records: dict[Signature, Record] = {}  # first runs awaiting their plan
+        self._search = KernelSearch(_digest(package.manifest, package.graph), threads)
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, inputs={[s.name for s in self.inputs]}, threads={self.threads})"
@@ -93,12 +102,21 @@ class Session:
         return self._run(feeds, on_node=None)
 
     def profile(self, feeds: Mapping[str, np.ndarray]) -> list[NodeTiming]:
-        """Run once and return each node's kernel and wall time, in execution order."""
+        """Run once and return each node's kernel and wall time, in execution order.
+
+        This is a planned run: nodes folded for these input shapes do not appear, fused
+        nodes appear once (under the last node's name), and ``kernel`` says which kernel
+        ran and ``note`` the planner's reason (in place, fused, measured choice and timings).
+        """
         timings: list[NodeTiming] = []
 
-        def record(step: Step, kernel: Callable, seconds: float) -> None:
-            timings.append(NodeTiming(step.name, step.op, kernel_name(kernel), seconds))
+        def record(node: str, op: str, kernel: str, seconds: float, note: str = "") -> None:
+            timings.append(NodeTiming(node, op, kernel, seconds, note))
 
+        for _ in range(2):  # plan first (record, then build): the profile shows what later runs do
+            if debug.enabled() or self._plans.get(self._check_feeds(feeds)) is not None:
+                break
+            self._run(feeds, on_node=None)
         self._run(feeds, on_node=record)
         return timings
 
@@ -127,26 +145,55 @@ class Session:
         arrays = {name: np.asarray(value) for name, value in feeds.items()}  # numpy scalars -> 0-d
         plan = self._plans.get(signature)
         with _threadpools().limit(limits=self.threads):
-            env, chosen = self._execute(arrays, plan, on_node)
-        if plan is None:
-            self._plans.put(Plan(signature, tuple(chosen)))
+            if plan is None and signature in self._records and not debug.enabled():
+                # Second run of a signature: plan now (search, packing), so the first result
+                # comes as fast as a plain run and the planning cost lands on the next one.
+                record = self._records.pop(signature)
+                try:
+                    built = planner.build(
+                        self._program,
+                        record,
+                        self._choose_kernel,
+                        after_node=lambda: release_pages(self._weights),
+                    )
+                except Exception:  # noqa: BLE001 - planning is an optimisation: never fail a run over it
+                    built = planner.unoptimized(self._program, record)
+                self._search.save()
+                plan = Plan(signature, tuple(built.steps), built.constants)
+                self._plans.put(plan)
+                release_pages(self._weights)  # weights now pre-packed are never read again
+            if plan is None or debug.enabled():
+                # The first run of a signature (or a FERRY_DEBUG run) goes node by node and
+                # records what the plan needs; every later run executes the plan.
+                recorder = Recorder(self._program, arrays) if plan is None else None
+                env = self._execute_program(arrays, on_node, recorder)
+                if recorder is not None:
+                    self._records[signature] = recorder.record
+                    while len(self._records) > self._plans.capacity:
+                        self._records.pop(next(iter(self._records)))
+            else:
+                env = _execute_plan(plan, self._program.constants, arrays, on_node)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}
 
-    def _execute(
-        self, feeds: dict[str, np.ndarray], plan: Plan | None, on_node: Callable | None
-    ) -> tuple[dict[str, np.ndarray], list[Callable]]:
+    def _execute_program(
+        self, feeds: dict[str, np.ndarray], on_node: Callable | None, recorder: Recorder | None
+    ) -> dict[str, np.ndarray]:
         program: Program = self._program
         env: dict[str, np.ndarray] = {**program.constants, **feeds}
-        chosen: list[Callable] = []
         show = debug.enabled()
-        for index, step in enumerate(program.steps):
+        for step in program.steps:
             args = [env[name] if name else None for name in step.inputs]
-            kernel = plan.kernels[index] if plan is not None else _choose(step, args)
-            chosen.append(kernel)
+            kernel = _choose(step, args)
+            if show:
+                for name, value in zip(step.inputs, args, strict=True):
+                    if value is not None:
+                        debug.report_input(step.name, step.op, name, value)
             start = time.perf_counter()
             results = _call(step, kernel, args)
             if on_node is not None:
-                on_node(step, kernel, time.perf_counter() - start)
+                on_node(step.name, step.op, kernel_name(kernel), time.perf_counter() - start)
+            if recorder is not None:
+                recorder.step(step, kernel, args, results)
             for name, value in zip(step.outputs, results, strict=False):
                 if name:
                     env[name] = value
@@ -154,7 +201,30 @@ class Session:
                         debug.report(step.name, step.op, name, value)
             for name in step.release:
                 env.pop(name, None)
-        return env, chosen
+        return env
+
+    def _choose_kernel(self, step: Step, index: int, record: Record) -> tuple[Callable, str]:
+        """The kernel a planned node runs: the measured fastest for heavy ops (engine.search),
+        otherwise the one its selector picked in the first run."""
+        if not self._search.handles(step.op):
+            return record.kernels[index], ""
+        static = [bool(name) and name in record.static for name in step.inputs]
+        shapes = [record.info[name].shape if name else None for name in step.inputs]
+
+        def make_inputs() -> list[np.ndarray | None]:
+            rng = np.random.default_rng(0)
+            inputs: list[np.ndarray | None] = []
+            for name, fixed in zip(step.inputs, static, strict=True):
+                if not name or fixed:
+                    inputs.append(record.static[name] if name else None)
+                    continue
+                info = record.info[name]
+                kind = info.dtype.kind
+                value = rng.standard_normal(info.shape) if kind == "f" else np.zeros(info.shape)
+                inputs.append(value.astype(info.dtype))
+            return inputs
+
+        return self._search.choose(step.op, step.name, step.attrs, shapes, static, make_inputs)
 
     # -- validation -----------------------------------------------------------------------------
 
@@ -182,6 +252,14 @@ class Session:
             raise PackageError(
                 f"{self.path}: manifest inputs {names} do not match graph inputs {self._program.inputs}"
             )
+
+
+def _digest(manifest: dict[str, Any], graph: dict[str, Any]) -> str:
+    """The model's identity for the kernel-choice cache: graph.json's sha256 from the manifest."""
+    for entry in manifest.get("files", []):
+        if entry.get("path") == manifest.get("graph", "graph.json") and entry.get("sha256"):
+            return str(entry["sha256"])
+    return hashlib.sha256(json.dumps(graph, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _specs(raw: Any, key: str, path: Path) -> list[TensorSpec]:
@@ -226,30 +304,59 @@ def _check_one(spec: TensorSpec, value: Any, bindings: dict[str, tuple[int, str]
     return problems
 
 
+def _execute_plan(
+    plan: Plan, constants: dict[str, np.ndarray], feeds: dict[str, np.ndarray], on_node: Callable | None
+) -> dict[str, np.ndarray]:
+    """The planned run: the tightest loop we can write, since per-node overhead is what a
+    small model (a decode step) spends most of its time on.  The first run of the signature
+    already checked each kernel's outputs, so only failures are wrapped here."""
+    env: dict[str, np.ndarray] = {**constants, **plan.constants, **feeds}
+    ndarray = np.ndarray
+    for step in plan.steps:
+        args = [env[name] if name else None for name in step.inputs]
+        start = time.perf_counter() if on_node is not None else 0.0
+        try:
+            results = step.kernel(args, step.attrs)
+        except Exception as exc:  # noqa: BLE001 - every kernel failure is reported the same way
+            raise _failure(step, args, exc) from exc
+        if on_node is not None:
+            on_node(step.name, step.op, kernel_name(step.kernel), time.perf_counter() - start, step.note)
+        for name, value in zip(step.outputs, results, strict=False):
+            if name:
+                env[name] = value if type(value) is ndarray else np.asarray(value)
+        for name in step.release:
+            del env[name]
+    return env
+
+
 def _choose(step: Step, args: list[np.ndarray | None]) -> Callable:
     if step.select is None:
         return step.kernel
     return step.select(step.attrs, [None if a is None else a.shape for a in args])
 
 
-def _call(step: Step, kernel: Callable, args: list[np.ndarray | None]) -> list[np.ndarray]:
+def _call(step: Step | PlannedStep, kernel: Callable, args: list[np.ndarray | None]) -> list[np.ndarray]:
     """Run one kernel; any failure becomes a NodeExecutionError naming the node and its inputs."""
     try:
         results = [np.asarray(r) for r in kernel(args, step.attrs)]
     except Exception as exc:  # noqa: BLE001 - every kernel failure is reported the same way
-        shapes = ", ".join(
-            f"{name or '<none>'}: " + ("-" if a is None else f"{a.dtype.name}{list(a.shape)}")
-            for name, a in zip(step.inputs, args, strict=True)
-        )
-        raise NodeExecutionError(
-            f"node {step.name!r} ({step.op}) failed on inputs [{shapes}]: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise _failure(step, args, exc) from exc
     missing = [name for name in step.outputs[len(results) :] if name]
     if missing:
         raise NodeExecutionError(
             f"node {step.name!r} ({step.op}) produced {len(results)} outputs; nothing computed {missing}"
         )
     return results
+
+
+def _failure(step: Step | PlannedStep, args: list[np.ndarray | None], exc: Exception) -> NodeExecutionError:
+    shapes = ", ".join(
+        f"{name or '<none>'}: " + ("-" if a is None else f"{a.dtype.name}{list(a.shape)}")
+        for name, a in zip(step.inputs, args, strict=True)
+    )
+    return NodeExecutionError(
+        f"node {step.name!r} ({step.op}) failed on inputs [{shapes}]: {type(exc).__name__}: {exc}"
+    )
 
 
 def _owned(value: np.ndarray, feeds: Mapping[str, np.ndarray]) -> np.ndarray:

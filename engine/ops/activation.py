@@ -8,13 +8,14 @@ from typing import Any
 import numpy as np
 
 from engine.ops.elementwise import erf
+from engine.ops.inplace import clip_into, gelu_into
 from engine.ops.registry import check, register
 
 
 @register("Relu")
 def relu(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     x = inputs[0]
-    return [np.maximum(x, x.dtype.type(0))]
+    return [clip_into(x, 0, None, np.empty_like(x))]
 
 
 @register("LeakyRelu")
@@ -73,12 +74,9 @@ def clip(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndar
     x = inputs[0]
     low = inputs[1] if len(inputs) > 1 and inputs[1] is not None else attrs.get("min")
     high = inputs[2] if len(inputs) > 2 and inputs[2] is not None else attrs.get("max")
-    y = x
-    if low is not None:
-        y = np.maximum(y, np.asarray(low, dtype=x.dtype))
-    if high is not None:
-        y = np.minimum(y, np.asarray(high, dtype=x.dtype))
-    return [y]
+    if low is None and high is None:
+        return [x]
+    return [clip_into(x, low, high, np.empty_like(x))]
 
 
 @check("Gelu")
@@ -91,6 +89,9 @@ def check_gelu(attrs: dict[str, Any], n_inputs: int, n_outputs: int) -> str | No
 @register("Gelu")
 def gelu(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     x = inputs[0]
+    if attrs.get("approximate", "none") != "tanh" and x.dtype.kind == "f":
+        wide = x.astype(np.float32) if x.dtype.itemsize < 4 else x
+        return [gelu_into(wide, np.empty_like(wide)).astype(x.dtype, copy=False)]
     wide = x.astype(np.float64)
     if attrs.get("approximate", "none") == "tanh":
         inner = math.sqrt(2 / math.pi) * (wide + 0.044715 * wide**3)

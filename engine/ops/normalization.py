@@ -47,11 +47,17 @@ def layer_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     axes = tuple(range(axis, x.ndim))
     wide = x.astype(np.float32) if x.dtype.itemsize < 4 else x
     mean = wide.mean(axis=axes, keepdims=True)
-    centered = wide - mean
-    inv_std = 1 / np.sqrt(
-        (centered**2).mean(axis=axes, keepdims=True) + wide.dtype.type(attrs.get("epsilon", 1e-5))
-    )
-    y = (centered * inv_std).astype(x.dtype) * scale
+    y = wide - mean  # the one full-size temporary: everything after works in place on it
+    var = np.square(y).mean(axis=axes, keepdims=True)
+    var += wide.dtype.type(attrs.get("epsilon", 1e-5))
+    inv_std = np.reciprocal(np.sqrt(var, out=var), out=var)
+    y *= inv_std
+    if y.dtype == x.dtype:
+        y *= scale
+        if bias is not None:
+            y += bias
+        return [y, mean, inv_std]
+    y = y.astype(x.dtype) * scale
     if bias is not None:
         y = y + bias
     return [y.astype(x.dtype, copy=False), mean, inv_std]

@@ -100,6 +100,8 @@ def gather(inputs: Inputs, attrs: dict[str, Any]) -> list[np.ndarray]:
     dim = data.shape[axis]
     if indices.size and (indices.min() < -dim or indices.max() >= dim):
         raise IndexError(f"Gather indices out of range [-{dim}, {dim - 1}] on axis {axis}")
+    if indices.ndim == 0:  # one index: a view, no copy (q, k, v = qkv[0], qkv[1], qkv[2])
+        return [data[(slice(None),) * axis + (int(indices) % dim,)]]
     return [np.take(data, np.where(indices < 0, indices + dim, indices), axis=axis)]
 
 

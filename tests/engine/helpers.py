@@ -65,7 +65,10 @@ def write_model_package(model: onnx.ModelProto, path: Path, feeds: dict[str, np.
 def run_engine(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     with tempfile.TemporaryDirectory() as tmp:
         session = Session(write_model_package(model, Path(tmp) / "m.ferry", feeds), threads=1)
-        results = session.run(feeds)
+        first = session.run(feeds)  # node by node, recording the plan
+        results = session.run(feeds)  # the planned run: folded, fused, in place
+    for name, value in first.items():
+        np.testing.assert_array_equal(results[name], value, err_msg=f"planned run differs on {name}")
     return [results[o.name] for o in model.graph.output]
 
 

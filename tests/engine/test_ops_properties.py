@@ -7,6 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
+from engine.ops import conv, inplace
+from engine.search import with_packed
 from tests.engine.helpers import (
     assert_same,
     check_op,
@@ -190,3 +192,54 @@ def test_slice(data):
     # onnxruntime) clamp a start before the beginning to 0, which still selects element 0.
     oracle = run_reference if all(step > 0 for step in steps) else run_onnxruntime
     assert_same(run_engine(model, feeds), oracle(model, feeds), rtol=0, atol=0)
+
+
+@SETTINGS
+@given(conv_cases())
+def test_every_conv_kernel_the_search_may_pick_agrees_with_the_reference(case):
+    """Each candidate (im2col, 1x1, Winograd, three depthwise forms) on its own, weights pre-packed
+    the way a plan packs them, against the ONNX reference."""
+    inputs, attrs = case
+    model, feeds = single_node_model("Conv", inputs, attrs)
+    want = run_reference(model, feeds)[0]
+    shapes = [a.shape for a in inputs]
+    candidates = conv.conv_candidates(attrs, shapes)
+    assert candidates[0] is conv.select_conv(attrs, shapes)
+    for kernel in candidates:
+        got = kernel(with_packed(kernel, inputs, attrs), attrs)[0]
+        assert got.shape == want.shape, kernel.__name__
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kernel.__name__)
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 2),
+    c=st.integers(1, 6),
+    m=st.integers(1, 6),
+    size=st.integers(3, 12),
+    pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_winograd_matches_the_reference(n, c, m, size, pads, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, size, size + 1)).astype(np.float32)
+    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    attrs = {"pads": pads}
+    model, feeds = single_node_model("Conv", [x, w, b], attrs)
+    got = conv.conv_winograd([x, conv.pack_winograd(w), b], attrs)[0]
+    np.testing.assert_allclose(got, run_reference(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.sampled_from([np.float32, np.float64]))
+def test_fast_gelu_is_exact_gelu(seed, dtype):
+    x = (np.random.default_rng(seed).standard_normal(257) * 6).astype(dtype)
+    x[:4] = [0.0, -0.0, 40.0, -40.0]
+    model, feeds = single_node_model("Gelu", [x], {}, opset=20)
+    want = run_reference(model, feeds)[0]
+    got = inplace.gelu([x], {})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    again = x.copy()
+    inplace.gelu_inplace([again], {})
+    np.testing.assert_array_equal(again, got)

@@ -25,6 +25,7 @@ from engine import (
 from engine.format import read_package, write_package
 from engine.ops import REGISTRY
 from engine.program import compile_program
+from tests.engine.helpers import write_model_package
 
 NODES = ["conv1", "relu1", "pool1", "conv2", "relu2", "gap", "flatten", "fc", "softmax"]
 
@@ -35,6 +36,13 @@ def classifier(tmp_path_factory) -> tuple[Path, bytes]:
     path = tmp_path_factory.mktemp("classifier") / "model.ferry"
     convert(model, path)
     return path, model.SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def plain_classifier(tmp_path_factory) -> Path:
+    """The same classifier written node for node (no converter fusion), for per-node checks."""
+    model = build_image_classifier(seed=3)
+    return write_model_package(model, tmp_path_factory.mktemp("plain") / "model.ferry", {"image": images(2)})
 
 
 def images(batch: int, seed: int = 0) -> np.ndarray:
@@ -260,25 +268,31 @@ def test_threads_must_be_a_positive_int(classifier, threads):
 # -- debug, profile, threads, planning --------------------------------------------------------
 
 
-def test_ferry_debug_prints_every_node_output(classifier, monkeypatch, capsys):
-    session = Session(classifier[0])
+def test_ferry_debug_prints_every_node_input_and_output(plain_classifier, monkeypatch, capsys):
+    session = Session(plain_classifier)
     session.run({"image": images(2)})
+    session.run({"image": images(2)})  # planned: debug output must still cover every node
     assert capsys.readouterr().err == ""
     monkeypatch.setenv("FERRY_DEBUG", "1")
     session.run({"image": images(2)})
     lines = capsys.readouterr().err.splitlines()
-    assert [line.split(" ")[1] for line in lines] == NODES
-    assert lines[0].startswith("[ferry] conv1 (Conv) -> conv1: shape=(2, 8, 32, 32) dtype=float32 min=")
-    assert "max=" in lines[0]
-    assert lines[-1].startswith("[ferry] softmax (Softmax) -> probabilities: shape=(2, 10) dtype=float32")
+    outputs = [line for line in lines if " -> " in line]
+    assert [line.split(" ")[1] for line in outputs] == NODES
+    assert outputs[0].startswith("[ferry] conv1 (Conv) -> conv1: shape=(2, 8, 32, 32) dtype=float32 min=")
+    assert "max=" in outputs[0]
+    assert outputs[-1].startswith("[ferry] softmax (Softmax) -> probabilities: shape=(2, 10) dtype=float32")
+    assert lines[0].startswith("[ferry] conv1 (Conv) <- image: shape=(2, 3, 32, 32) dtype=float32 min=")
+    assert len(lines) == len(outputs) + sum(1 for line in lines if " <- " in line)
 
 
-def test_profile_times_every_node_with_its_kernel(classifier):
-    timings = Session(classifier[0]).profile({"image": images(1)})
+def test_profile_times_every_node_with_its_kernel(plain_classifier):
+    timings = Session(plain_classifier).profile({"image": images(2)})
     assert [t.node for t in timings] == NODES
     assert [t.op for t in timings][:3] == ["Conv", "Relu", "MaxPool"]
     assert timings[0].kernel == "conv.conv_im2col"
-    assert timings[-1].kernel == "softmax.softmax"
+    # conv1's output dies at relu1 and nothing else shares its buffer: relu runs in place
+    assert (timings[1].kernel, timings[1].note) == ("inplace.relu_inplace", "in place on conv1")
+    assert (timings[-1].kernel, timings[-1].note) == ("inplace.softmax_inplace", "in place on logits")
     assert all(t.seconds >= 0 for t in timings)
 
 
@@ -298,7 +312,33 @@ def test_conv_kernel_variant_is_chosen_from_shapes(tmp_path):
         },
     )
     timings = Session(path).profile({"x": np.ones((1, 2, 5, 5), np.float32)})
-    assert [t.kernel for t in timings] == ["conv.conv_1x1", "conv.conv_depthwise"]
+    assert timings[0].kernel == "conv.conv_1x1"  # the only candidate: nothing to measure
+    assert timings[0].note == ""
+    # depthwise has three kernels: each was measured on this device and the fastest kept
+    assert timings[1].kernel in {
+        "conv.conv_depthwise",
+        "conv.conv_depthwise_flat",
+        "conv.conv_depthwise_nhwc",
+    }
+    assert timings[1].note.startswith("searched: ")
+    assert timings[1].kernel.split(".")[1] == timings[1].note.removeprefix("searched: ").split(" ")[0]
+    # a later load of the same model on the same device reuses the choice without measuring
+    again = Session(path).profile({"x": np.ones((1, 2, 5, 5), np.float32)})
+    assert (again[1].kernel, again[1].note) == (timings[1].kernel, "searched, cached")
+
+
+def test_kernel_search_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("FERRY_KERNEL_SEARCH", "0")
+    rng = np.random.default_rng(0)
+    path = write_graph(
+        tmp_path / "p.ferry",
+        [node("conv", "Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+        [{"name": "x", "dtype": "float32", "shape": [1, 4, 6, 6]}],
+        ["y"],
+        tensors={"w": rng.standard_normal((4, 4, 3, 3)).astype(np.float32)},
+    )
+    timings = Session(path).profile({"x": np.ones((1, 4, 6, 6), np.float32)})
+    assert [(t.kernel, t.note) for t in timings] == [("conv.conv_im2col", "")]
 
 
 def test_one_plan_per_input_shape_signature(classifier):
@@ -308,8 +348,8 @@ def test_one_plan_per_input_shape_signature(classifier):
     assert len(session._plans) == 2
 
 
-def test_values_are_released_after_their_last_reader(classifier):
-    package = read_package(classifier[0])
+def test_values_are_released_after_their_last_reader(plain_classifier):
+    package = read_package(plain_classifier)
     program = compile_program(package.graph, package.tensors, "classifier")
     releases = {step.name: set(step.release) for step in program.steps}
     assert releases["relu1"] >= {"conv1"}  # conv1's output dies once relu1 has read it
@@ -345,7 +385,7 @@ def test_plan_cache_drops_the_least_recently_used_signature():
     from engine.plan import Plan, PlanCache
 
     cache = PlanCache(capacity=2)
-    plans = [Plan(((f"x{i}", (i,)),), ()) for i in range(3)]
+    plans = [Plan(((f"x{i}", (i,)),), (), {}) for i in range(3)]
     cache.put(plans[0])
     cache.put(plans[1])
     assert cache.get(plans[0].signature) is plans[0]  # now the most recent

@@ -1,0 +1,332 @@
+"""Ferry's engine side by side with onnxruntime and onnx's ReferenceEvaluator, in one run.
+
+    .venv/bin/python bench/engine.py [--models resnet18,vit_tiny] [--rounds 10]
+
+For each of the five benchmark models (bench/models.py, exported once to var/bench/) this
+converts the ONNX file to a Ferry package, then times Ferry (1 and 2 threads), onnxruntime
+(intra_op_num_threads 1 and 2) and ReferenceEvaluator interleaved in this process: a
+warm-up, then several rounds whose order rotates, so machine noise hits every runtime
+alike.  Load time (session creation + first result) and peak RSS are measured in a fresh
+process per runtime, so one runtime's memory never counts against another.  The int8
+package of the GPT step is timed too when the converter can make one.
+
+It prints a table; it is not a test and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path[:0] = [str(ROOT), str(BENCH)]
+
+import models  # noqa: E402  (bench/ is not a package)
+
+
+def feeds_for(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for an ONNX model: N(0,1) floats, token ids below 1000 for int64 inputs."""
+    import onnx  # noqa: PLC0415 - not in the fresh processes that measure RSS
+
+    model = onnx.load(str(path), load_external_data=False)
+    rng = np.random.default_rng(seed)
+    inits = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in inits:
+            continue
+        tensor = value.type.tensor_type
+        shape = [d.dim_value or 1 for d in tensor.shape.dim]
+        if tensor.elem_type == onnx.TensorProto.INT64:
+            feeds[value.name] = rng.integers(0, 1000, shape).astype(np.int64)
+        else:
+            feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def flops(path: Path) -> float:
+    """Multiply-adds x2 of the Conv, ConvTranspose, MatMul and Gemm nodes (the rest is noise)."""
+    import onnx  # noqa: PLC0415
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    shapes = {}
+    for value in [*model.graph.value_info, *model.graph.input, *model.graph.output]:
+        shapes[value.name] = [d.dim_value for d in value.type.tensor_type.shape.dim]
+    for init in model.graph.initializer:
+        shapes[init.name] = list(init.dims)
+    total = 0.0
+    for node in model.graph.node:
+        if node.op_type in ("Conv", "ConvTranspose"):
+            w, y = shapes.get(node.input[1]), shapes.get(node.output[0])
+            if w and y:
+                total += 2.0 * np.prod(y, dtype=np.float64) * np.prod(w[1:], dtype=np.float64)
+        elif node.op_type in ("MatMul", "Gemm"):
+            a, y = shapes.get(node.input[0]), shapes.get(node.output[0])
+            if a and y:
+                trans_a = any(att.name == "transA" and att.i for att in node.attribute)
+                k = a[-2] if node.op_type == "Gemm" and trans_a else a[-1]
+                total += 2.0 * np.prod(y, dtype=np.float64) * k
+    return total
+
+
+# -- fresh-process measurement of load time and peak RSS -------------------------------------------
+
+
+def child(runtime: str, path: str, feeds_path: str, threads: int) -> None:
+    """Runs in its own process: load, first result, three more runs; print load time and peak RSS.
+
+    The feeds come from an .npz file: building them from the ONNX file would load its weights
+    into this process and count them in its RSS."""
+    with np.load(feeds_path) as data:
+        feeds = {name: data[name] for name in data.files}
+    start = time.perf_counter()
+    if runtime == "ferry":
+        from engine import Session
+
+        session = Session(path, threads=threads)
+        run = lambda: session.run(feeds)  # noqa: E731
+    else:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        run = lambda: session.run(None, feeds)  # noqa: E731
+    run()
+    load = time.perf_counter() - start
+    for _ in range(3):
+        run()
+    print(json.dumps({"load_s": load, "peak_rss_mb": _peak_rss_mb()}))
+
+
+def _peak_rss_mb() -> float:
+    """VmHWM of this process: unlike getrusage's ru_maxrss it is not inherited from the parent
+    across fork+exec (which would report the benchmark's own peak for every child)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def in_fresh_process(
+    runtime: str, path: Path, feeds: dict[str, np.ndarray], threads: int = 1
+) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="ferry-bench-feeds-") as tmp:
+        feeds_path = Path(tmp) / "feeds.npz"
+        np.savez(feeds_path, **feeds)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", runtime, str(path), str(feeds_path), str(threads)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- interleaved timing --------------------------------------------------------------------------
+
+
+@dataclass
+class Runner:
+    name: str
+    run: Callable[[], object]
+    rounds: int  # how many rounds this runner takes part in (ReferenceEvaluator is slow)
+    times: list[float] = field(default_factory=list)
+
+    def median_ms(self) -> float:
+        return statistics.median(self.times) * 1e3
+
+    def min_ms(self) -> float:
+        return min(self.times) * 1e3
+
+
+def interleave(runners: list[Runner], rounds: int, settle: float = 0.0) -> None:
+    """Warm up, then run ``rounds`` rounds in rotating order; ``settle`` seconds of sleep
+    before each timed run let the previous runtime's spinning pool threads go idle."""
+    for _ in range(2):  # warm-up: Ferry records on its first run and plans on its second
+        for runner in runners:
+            runner.run()
+    for round_ in range(rounds):
+        order = runners[round_ % len(runners) :] + runners[: round_ % len(runners)]
+        for runner in order:
+            if len(runner.times) < runner.rounds:
+                time.sleep(settle)
+                start = time.perf_counter()
+                runner.run()
+                runner.times.append(time.perf_counter() - start)
+
+
+def ferry_runner(name: str, package: Path, feeds: dict, threads: int, rounds: int) -> tuple[Runner, object]:
+    from engine import Session
+
+    session = Session(package, threads=threads)
+    return Runner(name, lambda: session.run(feeds), rounds), session
+
+
+def ort_runner(name: str, onnx_path: Path, feeds: dict, threads: int, rounds: int) -> tuple[Runner, object]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    return Runner(name, lambda: session.run(None, feeds), rounds), session
+
+
+def convert_package(onnx_path: Path, out_dir: Path, quantize: str | None = None) -> Path | None:
+    from converter import convert
+    from converter.errors import ConversionError
+
+    package = out_dir / f"{onnx_path.stem}{'-' + quantize if quantize else ''}.ferry"
+    try:
+        convert(onnx_path, package, quantize=quantize)
+    except ConversionError as exc:
+        print(f"  {onnx_path.stem} {quantize}: not converted ({exc})", file=sys.stderr)
+        return None
+    return package
+
+
+def bench_model(name: str, out_dir: Path, rounds: int, ref_rounds: int) -> list[dict]:
+    from onnx.reference import ReferenceEvaluator
+
+    from engine import Session
+
+    onnx_path = models.ALL[name]()
+    feeds = feeds_for(onnx_path)
+    package = convert_package(onnx_path, out_dir)
+    variants = [("fp32", package)]
+    if name == "gpt_decoder_step":
+        variants.append(("int8", convert_package(onnx_path, out_dir, "int8")))
+    ferry1, _ = ferry_runner("ferry1", package, feeds, 1, rounds)
+    ferry2, _ = ferry_runner("ferry2", package, feeds, 2, rounds)
+    ort1, ort_session = ort_runner("ort1", onnx_path, feeds, 1, rounds)
+    ort2, _ = ort_runner("ort2", onnx_path, feeds, 2, rounds)
+    reference = ReferenceEvaluator(str(onnx_path))
+    ref = Runner("ref", lambda: reference.run(None, feeds), ref_rounds)
+    one_thread = [ferry1, ort1, ref]
+    extra = {}
+    for label, pkg in variants[1:]:
+        if pkg is not None:
+            runner, _ = ferry_runner(f"ferry1-{label}", pkg, feeds, 1, rounds)
+            one_thread.append(runner)
+            extra[label] = (runner, pkg)
+    # 1-thread and 2-thread runtimes in separate phases, with a pause before each 2-thread
+    # run: idle pool threads of a 2-thread session (onnxruntime's and OpenBLAS's) spin for
+    # a while after each run and would starve whatever runs next on a 2-core machine.
+    interleave(one_thread, rounds)
+    interleave([ferry2, ort2], rounds, settle=0.05)
+
+    expected = ort_session.run(None, feeds)
+    gflop = flops(onnx_path) / 1e9
+    ort_fresh = in_fresh_process("ort", onnx_path, feeds)
+    rows = []
+    for label, pkg in variants:
+        if pkg is None:
+            rows.append({"model": name, "variant": label, "missing": True})
+            continue
+        runner = ferry1 if label == "fp32" else extra[label][0]
+        got = Session(pkg, threads=1).run(feeds)
+        diff = max(
+            float(np.max(np.abs(got[key].astype(np.float64) - want))) / max(1.0, float(np.max(np.abs(want))))
+            for key, want in zip(got, expected, strict=True)
+        )
+        fresh = in_fresh_process("ferry", pkg, feeds)
+        rows.append(
+            {
+                "model": name,
+                "variant": label,
+                "ferry1": (runner.median_ms(), runner.min_ms()),
+                "ort1": (ort1.median_ms(), ort1.min_ms()),
+                "ferry2_min": ferry2.min_ms() if label == "fp32" else None,
+                "ort2_min": ort2.min_ms(),
+                "ref": ref.median_ms(),
+                "gflops": gflop / (runner.median_ms() / 1e3),
+                "ort_gflops": gflop / (ort1.median_ms() / 1e3),
+                "load": (fresh["load_s"] * 1e3, ort_fresh["load_s"] * 1e3),
+                "rss": (fresh["peak_rss_mb"], ort_fresh["peak_rss_mb"]),
+                "rel_diff": diff,
+            }
+        )
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    head = (
+        f"{'model':<22}{'ferry1 med/min':>16}{'ort1 med/min':>15}{'ratio':>7}{'f2min':>8}{'o2min':>8}"
+        f"{'ratio2':>7}{'x ref':>8}{'GF/s f/o':>11}{'load ms f/o':>13}{'RSS MB f/o':>12}{'rel diff':>10}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        label = r["model"] + ("" if r["variant"] == "fp32" else f" {r['variant']}")
+        if r.get("missing"):
+            print(f"{label:<22}  not converted")
+            continue
+        f1, o1 = r["ferry1"], r["ort1"]
+        f2 = f"{r['ferry2_min']:8.1f}" if r["ferry2_min"] is not None else f"{'-':>8}"
+        ratio2 = f"{r['ferry2_min'] / r['ort2_min']:7.2f}" if r["ferry2_min"] is not None else f"{'-':>7}"
+        print(
+            f"{label:<22}{f1[0]:8.1f}/{f1[1]:<7.1f}{o1[0]:7.1f}/{o1[1]:<7.1f}{f1[0] / o1[0]:7.2f}"
+            f"{f2}{r['ort2_min']:8.1f}{ratio2}{r['ref'] / f1[0]:8.0f}"
+            f"{r['gflops']:6.0f}/{r['ort_gflops']:<4.0f}{r['load'][0]:7.0f}/{r['load'][1]:<5.0f}"
+            f"{r['rss'][0]:6.0f}/{r['rss'][1]:<5.0f}{r['rel_diff']:10.1e}"
+        )
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default=",".join(models.ALL))
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--ref-rounds", type=int, default=2)
+    parser.add_argument(
+        "--child", nargs=4, metavar=("RUNTIME", "PATH", "FEEDS", "THREADS"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args()
+    if args.child:
+        runtime, path, feeds_path, threads = args.child
+        child(runtime, path, feeds_path, int(threads))
+        return
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ferry-bench-") as tmp:
+        for name in args.models.split(","):
+            print(f"benchmarking {name}...", file=sys.stderr)
+            rows += bench_model(name, Path(tmp), args.rounds, args.ref_rounds)
+    import onnxruntime
+
+    print(
+        f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_cpu()}, "
+        f"numpy {np.__version__}, onnxruntime {onnxruntime.__version__}; times in ms; "
+        "ratio = Ferry/onnxruntime (1 thread, medians); f2min/o2min = 2-thread minimums; "
+        "x ref = times faster than ReferenceEvaluator; rel diff = max abs difference to onnxruntime "
+        "/ max(1, max |onnxruntime|); RSS = peak of a fresh process\n"
+    )
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

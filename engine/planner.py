@@ -1,0 +1,365 @@
+"""Planning one input-shape signature: what the first run learns, turned into a leaner program.
+
+The first run with a new signature executes the bound program as is and records, for every
+value, its shape, dtype and which buffer owns its memory; the second run builds the plan
+from that record (so planning never delays the first result) and every run after executes
+it.  The planner:
+
+1. folds every node whose inputs are all known for this signature (constants, and values
+   computed from shapes only: Shape -> Gather -> Concat chains, weight transposes...) into
+   plan constants, unless the result would be larger than its inputs (Expand, or a
+   dequantized weight: those stay lazy so int8/int4 packages keep their memory savings);
+2. fuses patterns the exporters spell out op by op (GELU as Div/Erf/Add/Mul/Mul) into one
+   kernel;
+3. picks each node's kernel (the op's selector, or the device-measured choice of
+   ``engine.search`` for the heavy ones) and pre-packs the weights a kernel wants in its
+   own layout (``kernel.pack``: Winograd's transformed filters) as plan constants;
+4. recomputes liveness on what is left, and runs an elementwise node in place when an
+   input dies there, has the output's shape and dtype, and owns its buffer alone (no
+   constant, feed, graph output or still-live view shares it), so activations reuse
+   buffers instead of allocating new ones.
+
+Every planned kernel keeps the ordinary calling convention, so the executor is the same
+loop for planned and unplanned runs.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.ops import inplace
+from engine.ops.registry import REGISTRY, Kernel, kernel_name
+from engine.program import Program, Step
+
+# Outputs that depend on their input's shape only, so are known once the signature is.
+SHAPE_ONLY = frozenset({"Shape", "Size"})
+# Never folded: their point is to keep weights compressed until the moment they are used.
+NO_FOLD = frozenset({"DequantizeLinear", "QMatMul", "QGather", "QGemm", "RandomNormal", "RandomUniform"})
+# Folded results up to this size are kept even when larger than their inputs.
+FOLD_SMALL_BYTES = 64 * 1024
+
+
+@dataclass
+class ValueInfo:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    owner: int  # token of the object owning the memory: equal tokens may share memory
+    writeable: bool
+
+
+@dataclass
+class Record:
+    """What the first run of a signature saw."""
+
+    info: dict[str, ValueInfo] = field(default_factory=dict)
+    static: dict[str, np.ndarray] = field(default_factory=dict)  # values known for this signature
+    kernels: list[Kernel] = field(default_factory=list)
+
+
+@dataclass
+class PlannedStep:
+    """A node as the planned run executes it (same fields ``session._call`` reads from a Step)."""
+
+    name: str
+    op: str
+    kernel: Kernel
+    attrs: dict[str, Any]
+    inputs: list[str]
+    outputs: list[str]
+    release: list[str] = field(default_factory=list)
+    note: str = ""  # why the kernel differs from the op's default (profile shows it)
+
+
+def owner_of(array: np.ndarray) -> object:
+    """The object owning the array's memory (an ndarray, or the mmap/bytes under a view)."""
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base
+
+
+class Recorder:
+    """Fed each node's inputs/outputs during the first run of a signature."""
+
+    def __init__(self, program: Program, feeds: dict[str, np.ndarray]) -> None:
+        self.record = Record()
+        # id() of a freed buffer is soon reused by a new one, which would wrongly tie two
+        # unrelated values together; a weak reference tells a live owner from a new one.
+        self._owners: dict[int, tuple[Callable[[], object], int]] = {}
+        for name, value in program.constants.items():
+            self._note(name, value)
+            self.record.static[name] = value
+        for name, value in feeds.items():
+            self._note(name, value)
+
+    def _note(self, name: str, value: np.ndarray) -> None:
+        self.record.info[name] = ValueInfo(
+            tuple(value.shape), value.dtype, self._token(owner_of(value)), bool(value.flags.writeable)
+        )
+
+    def _token(self, owner: object) -> int:
+        known = self._owners.get(id(owner))
+        if known is not None and known[0]() is owner:
+            return known[1]
+        try:
+            ref = weakref.ref(owner)
+        except TypeError:  # not weakly referenceable (e.g. bytes): keep it; such owners live long
+            ref = lambda owner=owner: owner  # noqa: E731
+        token = self._next = getattr(self, "_next", 0) + 1
+        self._owners[id(owner)] = (ref, token)
+        return token
+
+    def step(
+        self, step: Step, kernel: Kernel, args: list[np.ndarray | None], results: list[np.ndarray]
+    ) -> None:
+        self.record.kernels.append(kernel)
+        static = self.record.static
+        foldable = step.op not in NO_FOLD and (
+            step.op in SHAPE_ONLY or all(not name or name in static for name in step.inputs)
+        )
+        in_bytes = sum(a.nbytes for a in args if a is not None)
+        for name, value in zip(step.outputs, results, strict=False):
+            if not name:
+                continue
+            self._note(name, value)
+            if foldable and value.nbytes <= max(FOLD_SMALL_BYTES, in_bytes):
+                static[name] = value
+
+
+@dataclass
+class Built:
+    steps: list[PlannedStep]
+    constants: dict[str, np.ndarray]
+
+
+def build(
+    program: Program, record: Record, choose: Any, after_node: Callable[[], None] | None = None
+) -> Built:
+    """The planned steps for one signature; ``choose(step, index, record)`` picks a node's kernel.
+
+    ``after_node()`` is called after each node whose kernel was measured or whose weights
+    were packed (the session drops weight pages from memory there, to keep the peak low)."""
+    outputs = set(program.outputs)
+    static = record.static
+    steps: list[PlannedStep] = []
+    packed: dict[str, np.ndarray] = {}
+    for index, step in enumerate(program.steps):
+        if all(not name or name in static for name in step.outputs):
+            continue  # folded
+        kernel, note = choose(step, index, record)
+        inputs = _packed_inputs(step, kernel, record, packed)
+        if after_node is not None and (note or inputs != step.inputs):
+            after_node()
+        steps.append(PlannedStep(step.name, step.op, kernel, step.attrs, inputs, step.outputs, note=note))
+    steps = _fuse_gelu(steps, static, outputs)
+    used = {name for s in steps for name in s.inputs if name} | outputs
+    constants = {name: _frozen(value) for name, value in {**static, **packed}.items() if name in used}
+    _assign_releases(steps, outputs)
+    _assign_inplace(steps, record, constants, outputs, set(program.inputs))
+    return Built(steps, constants)
+
+
+def unoptimized(program: Program, record: Record) -> Built:
+    """The program as the first run executed it (the fallback if planning itself fails)."""
+    steps = [
+        PlannedStep(s.name, s.op, kernel, s.attrs, s.inputs, s.outputs, list(s.release))
+        for s, kernel in zip(program.steps, record.kernels, strict=True)
+    ]
+    return Built(steps, {})
+
+
+def stand_in(info: ValueInfo) -> np.ndarray:
+    """An array of the recorded shape and dtype that takes no memory (for shape-only uses)."""
+    return np.broadcast_to(np.zeros((), dtype=info.dtype), info.shape)
+
+
+def _packed_inputs(step: Step, kernel: Kernel, record: Record, packed: dict[str, np.ndarray]) -> list[str]:
+    """The step's input names, with weights the kernel wants pre-packed (``kernel.pack``)
+    replaced by plan constants holding the packed layout (computed once, shared by runs)."""
+    pack = getattr(kernel, "pack", None)
+    if pack is None:
+        return list(step.inputs)
+    values = [
+        None if not name else record.static[name] if name in record.static else stand_in(record.info[name])
+        for name in step.inputs
+    ]
+    inputs = list(step.inputs)
+    for position, array in pack(values, step.attrs).items():
+        if inputs[position] not in record.static:
+            raise ValueError(
+                f"node {step.name!r}: {kernel_name(kernel)} packs input {position}, which is not fixed"
+            )
+        name = f"{inputs[position]}@{kernel_name(kernel)}"
+        packed.setdefault(name, array)
+        inputs[position] = name
+    return inputs
+
+
+def _frozen(value: np.ndarray) -> np.ndarray:
+    """Plan constants are shared by every run: make accidental writes fail loudly."""
+    if value.flags.writeable:
+        value = value.view()
+        value.flags.writeable = False
+    return value
+
+
+def _assign_releases(steps: list[PlannedStep], keep: set[str]) -> None:
+    last: dict[str, int] = {}
+    for index, step in enumerate(steps):
+        for name in (*step.outputs, *step.inputs):
+            if name:
+                last[name] = index
+    for step in steps:
+        step.release = []
+    for name, index in last.items():
+        if name not in keep:
+            steps[index].release.append(name)
+
+
+def _assign_inplace(
+    steps: list[PlannedStep],
+    record: Record,
+    constants: dict[str, np.ndarray],
+    outputs: set[str],
+    feeds: set[str],
+) -> None:
+    """Swap in an in-place kernel where an input can safely become the output buffer."""
+    info = record.info
+    # The last step reading any value of each owner group: a buffer may be overwritten only
+    # after every alias of it is dead.  Constants, feeds and graph outputs never die.
+    forever = math.inf
+    group_end: dict[int, float] = {}
+    for index, step in enumerate(steps):
+        for name in (*step.inputs, *step.outputs):
+            if name and name in info:
+                owner = info[name].owner
+                group_end[owner] = max(group_end.get(owner, -1), index)
+    for name, value in info.items():
+        if name in constants or name in outputs or name in record.static or name in feeds:
+            group_end[value.owner] = forever
+    for index, step in enumerate(steps):
+        if not _plain(step) or len(step.outputs) != 1 or not step.outputs[0]:
+            continue
+        out = info.get(step.outputs[0])
+        if out is None:
+            continue
+        for position in _inplace_candidates(step):
+            name = step.inputs[position] if position < len(step.inputs) else ""
+            value = info.get(name) if name else None
+            if (
+                value is None
+                or not value.writeable
+                or value.shape != out.shape
+                or value.dtype != out.dtype
+                or out.dtype.kind != "f"
+                or group_end.get(value.owner, forever) > index
+            ):
+                continue
+            kernel = _inplace_kernel(step, position)
+            if kernel is not None:
+                step.kernel = kernel
+                step.note = f"{step.note}, in place on {name}" if step.note else f"in place on {name}"
+                group_end[out.owner] = max(group_end.get(out.owner, -1), group_end.get(value.owner, -1))
+                break
+
+
+def _plain(step: PlannedStep) -> bool:
+    """Only nodes running the op's current default kernel (or the fused exact GELU) get an
+    in-place form: a legacy or converter-specific kernel may mean something else."""
+    if step.op == "Gelu":
+        return step.kernel is inplace.gelu or (
+            step.kernel is REGISTRY.get("Gelu") and step.attrs.get("approximate", "none") == "none"
+        )
+    return step.kernel is REGISTRY.get(step.op)
+
+
+def _inplace_candidates(step: PlannedStep) -> list[int]:
+    if step.op in inplace.UNARY_INPLACE:
+        return [0]
+    if (step.op, 0) in inplace.BINARY_INPLACE:
+        return [0, 1]
+    return []
+
+
+def _inplace_kernel(step: PlannedStep, position: int) -> Kernel | None:
+    if step.op in inplace.UNARY_INPLACE:
+        return inplace.UNARY_INPLACE[step.op]
+    return inplace.BINARY_INPLACE.get((step.op, position))
+
+
+# -- pattern fusion -------------------------------------------------------------------------------
+
+
+def _scalar(static: dict[str, np.ndarray], name: str) -> float | None:
+    value = static.get(name)
+    if value is None or value.size != 1 or value.dtype.kind != "f":
+        return None
+    return float(value.reshape(()))
+
+
+def _other(step: PlannedStep, name: str) -> str | None:
+    """The other input of a binary step, if ``name`` is one of its two inputs."""
+    if len(step.inputs) != 2 or name not in step.inputs:
+        return None
+    return step.inputs[1] if step.inputs[0] == name else step.inputs[0]
+
+
+def _fuse_gelu(steps: list[PlannedStep], static: dict[str, np.ndarray], keep: set[str]) -> list[PlannedStep]:
+    """x/sqrt2 (or x*(1/sqrt2)) -> Erf -> +1 -> *x -> *0.5 (torch's exact GELU) becomes one Gelu."""
+    readers: dict[str, list[int]] = {}
+    for index, step in enumerate(steps):
+        for name in step.inputs:
+            if name:
+                readers.setdefault(name, []).append(index)
+    producer = {o: i for i, s in enumerate(steps) for o in s.outputs if o}
+
+    def only_reader(name: str) -> PlannedStep | None:
+        found = readers.get(name, [])
+        return steps[found[0]] if len(found) == 1 and name not in keep else None
+
+    drop: set[int] = set()
+    for erf in steps:
+        if erf.op != "Erf" or not erf.inputs or erf.inputs[0] not in producer:
+            continue
+        scale_step = steps[producer[erf.inputs[0]]]
+        x = _gelu_input(scale_step, static)
+        add = only_reader(erf.outputs[0])
+        if x is None or add is None or add.op != "Add":
+            continue
+        if _scalar(static, _other(add, erf.outputs[0]) or "") != 1.0:
+            continue
+        mul1 = only_reader(add.outputs[0])
+        if mul1 is None or mul1.op != "Mul" or _other(mul1, add.outputs[0]) != x:
+            continue
+        mul2 = only_reader(mul1.outputs[0])
+        if mul2 is None or mul2.op != "Mul" or _scalar(static, _other(mul2, mul1.outputs[0]) or "") != 0.5:
+            continue
+        if only_reader(scale_step.outputs[0]) is not erf:
+            continue
+        chain = [scale_step, erf, add, mul1]
+        drop.update(steps.index(s) for s in chain)
+        position = steps.index(mul2)
+        steps[position] = PlannedStep(
+            mul2.name, "Gelu", inplace.gelu, {}, [x], list(mul2.outputs), note="fused Div/Erf/Add/Mul/Mul"
+        )
+    return [s for i, s in enumerate(steps) if i not in drop]
+
+
+def _gelu_input(step: PlannedStep, static: dict[str, np.ndarray]) -> str | None:
+    if len(step.inputs) != 2:
+        return None
+    x, c = step.inputs
+    value = _scalar(static, c)
+    if value is None:
+        return None
+    if step.op == "Div" and abs(value - math.sqrt(2)) < 1e-6:
+        return x
+    if step.op == "Mul" and abs(value - 1 / math.sqrt(2)) < 1e-6:
+        return x
+    return None

@@ -1,0 +1,216 @@
+"""Semi-automatic kernel search (MNN's idea): measure a heavy node's candidate kernels once on
+this device, keep the fastest, and remember the choice.
+
+For ops with several correct kernels (Conv: im2col + GEMM, direct GEMM for 1x1, Winograd
+F(2x2, 3x3) for 3x3 stride 1, depthwise as shifted multiply-adds in two layouts), the
+planner asks ``KernelSearch.choose`` which one a node runs.  The first time, each candidate
+runs on the node's real weights and an input of the recorded shape (best of a few runs;
+a candidate whose result differs from the selector's choice is dropped).  The choice is
+cached in a JSON file per (model digest, device fingerprint) under ``FERRY_KERNEL_CACHE``
+(default ``~/.cache/ferry/kernels``), so later loads of the same model on the same device
+skip the measuring.  ``FERRY_KERNEL_SEARCH=0`` turns measuring off (the selector decides).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.ops import conv, inplace
+from engine.ops.registry import Kernel, kernel_name
+
+Candidates = Callable[[dict[str, Any], Sequence[tuple[int, ...] | None]], list[Kernel]]
+RUNS = 3  # timed runs per candidate (after one warm-up); the minimum counts
+PACKED_MARGIN = 0.85  # a kernel with pre-packed weights must take <= 85% of the default's time
+
+
+def _fused_conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
+    """The converter's FusedConv (Conv + activation): the Conv candidates, activation after."""
+    from engine.ops import fused  # noqa: PLC0415 - the converter's module; optional here
+
+    def apply(y: np.ndarray, node_attrs: dict[str, Any]) -> np.ndarray:
+        """Relu and Clip on the fast single-pass path (inplace.clip_into); others as fused does."""
+        name, extra = node_attrs.get("activation"), node_attrs.get("activation_attrs") or {}
+        if name == "Relu" and y.dtype.kind == "f":
+            return inplace.clip_into(y, 0, None, y)
+        if name == "Clip" and y.dtype.kind == "f":
+            return inplace.clip_into(y, extra.get("min"), extra.get("max"), y)
+        return fused.apply_activation(y, node_attrs)
+
+    return [_with_activation(inner, apply) for inner in conv.conv_candidates(attrs, shapes)]
+
+
+_WRAPPED: dict[Kernel, Kernel] = {}
+
+
+def _with_activation(inner: Kernel, apply: Callable[[np.ndarray, dict[str, Any]], np.ndarray]) -> Kernel:
+    if inner not in _WRAPPED:
+
+        def fused_variant(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+            return [apply(inner(inputs, attrs)[0], attrs)]
+
+        fused_variant.__name__ = f"fused_{inner.__name__}"
+        fused_variant.__module__ = inner.__module__
+        if hasattr(inner, "pack"):
+            fused_variant.pack = inner.pack  # type: ignore[attr-defined]
+        _WRAPPED[inner] = fused_variant
+    return _WRAPPED[inner]
+
+
+CANDIDATES: dict[str, Candidates] = {
+    "Conv": conv.conv_candidates,
+    "FusedConv": _fused_conv_candidates,
+}
+
+
+def enabled() -> bool:
+    return os.environ.get("FERRY_KERNEL_SEARCH", "1") != "0"
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("FERRY_KERNEL_CACHE")
+    if configured:
+        return Path(configured)
+    try:
+        return Path.home() / ".cache" / "ferry" / "kernels"
+    except (RuntimeError, KeyError):  # no home directory (some service accounts)
+        return Path(tempfile.gettempdir()) / "ferry-kernels"
+
+
+def device_fingerprint(threads: int) -> str:
+    """What makes timings comparable: CPU, its flags, numpy and BLAS build, thread count."""
+    from threadpoolctl import threadpool_info  # noqa: PLC0415 - only needed when searching
+
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            cpu = "".join(line for line in info if line.startswith(("model name", "flags")))[:4096]
+    except OSError:
+        cpu = platform.processor()
+    blas = [(p.get("internal_api"), p.get("architecture"), p.get("version")) for p in threadpool_info()]
+    text = json.dumps([platform.machine(), cpu, np.__version__, blas, threads, os.cpu_count()], default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class KernelSearch:
+    """Kernel choices for one model on this device, measured once and cached on disk."""
+
+    def __init__(self, model_digest: str, threads: int) -> None:
+        self.threads = threads
+        self.path = cache_dir() / f"{model_digest[:24]}-{device_fingerprint(threads)[:24]}.json"
+        self.choices: dict[str, str] = self._load()
+        self._dirty = False
+
+    def _load(self) -> dict[str, str]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+    def handles(self, op: str) -> bool:
+        return op in CANDIDATES and enabled()
+
+    def choose(
+        self,
+        op: str,
+        node: str,
+        attrs: dict[str, Any],
+        shapes: list[tuple[int, ...] | None],
+        static: list[bool],
+        make_inputs: Callable[[], list[np.ndarray | None]],
+    ) -> tuple[Kernel, str]:
+        """The kernel this node should run and a note saying how it was chosen.
+
+        ``make_inputs()`` gives the node's inputs to measure on (real for weights, any values
+        of the right shape and dtype otherwise), called only if nothing is cached;
+        ``static[i]`` says whether input i is fixed for the plan (only those may be pre-packed).
+        """
+        candidates = [k for k in CANDIDATES[op](attrs, shapes) if _packable(k, static)]
+        if len(candidates) == 1:
+            return candidates[0], ""
+        key = f"{node}|{shapes}"
+        cached = self.choices.get(key)
+        for kernel in candidates:
+            if kernel_name(kernel) == cached:
+                return kernel, "searched, cached"
+        best, note = self._measure(candidates, attrs, make_inputs())
+        self.choices[key] = kernel_name(best)
+        self._dirty = True
+        return best, note
+
+    def _measure(
+        self, candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None]
+    ) -> tuple[Kernel, str]:
+        reference, timings = None, []
+        for kernel in candidates:
+            args = with_packed(kernel, inputs, attrs)
+            try:
+                result = kernel(args, attrs)[0]
+            except Exception:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
+                continue
+            if reference is None:
+                reference = result
+            elif result.shape != reference.shape or not np.allclose(
+                result,
+                reference,
+                rtol=1e-3,
+                atol=1e-4 * max(1.0, float(np.max(np.abs(reference), initial=0))),
+            ):
+                continue
+            best = float("inf")
+            for _ in range(RUNS):
+                start = time.perf_counter()
+                kernel(args, attrs)
+                best = min(best, time.perf_counter() - start)
+            timings.append((best, kernel))
+        default = timings[0][0] if timings and timings[0][1] is candidates[0] else float("inf")
+        timings.sort(key=lambda item: item[0])
+        summary = ", ".join(f"{kernel_name(k).rsplit('.', 1)[-1]} {t * 1e3:.2f} ms" for t, k in timings)
+        # A kernel holding a pre-packed copy of the weights (Winograd's is 16/9 their size)
+        # must beat the default clearly to be worth that memory (and the timing noise).
+        for seconds, kernel in timings:
+            if not hasattr(kernel, "pack") or seconds <= PACKED_MARGIN * default:
+                return kernel, f"searched: {summary}"
+        return candidates[0], f"searched: {summary}"
+
+    def save(self) -> None:
+        """Write new choices (atomically; a failure to write only costs a later re-measure)."""
+        if not self._dirty:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            merged = {**self._load(), **self.choices}
+            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False, suffix=".tmp") as out:
+                json.dump(merged, out, sort_keys=True, indent=0)
+            os.replace(out.name, self.path)
+            self._dirty = False
+        except OSError:
+            pass
+
+
+def _packable(kernel: Kernel, static: list[bool]) -> bool:
+    """A kernel reading pre-packed weights is only a candidate when those weights are fixed."""
+    return not hasattr(kernel, "pack") or (len(static) > 1 and static[1])
+
+
+def with_packed(
+    kernel: Kernel, inputs: list[np.ndarray | None], attrs: dict[str, Any]
+) -> list[np.ndarray | None]:
+    """The node's inputs with the ones the kernel pre-packs replaced by their packed form."""
+    pack = getattr(kernel, "pack", None)
+    if pack is None:
+        return list(inputs)
+    args = list(inputs)
+    for position, packed in pack(inputs, attrs).items():
+        args[position] = packed
+    return args
