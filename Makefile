@@ -45,7 +45,8 @@ proto: $(VENV)/.test
 # torch (bench/requirements.txt, an exact CPU pin) builds the benchmark models.
 bench: $(VENV)/.test
 	$(BIN)/pip install --disable-pip-version-check -q -r bench/requirements.txt
-	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+	@for script in engine convert rollout_decide rollout_sim agent_stream agent_footprint; do \
+		echo "== bench/$$script.py"; $(BIN)/python bench/$$script.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) var
