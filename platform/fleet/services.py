@@ -103,22 +103,42 @@ def device_revoke(*, device: Device) -> None:
     Device.objects.filter(pk=device.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
-def device_record_check_in(*, device: Device, attributes: dict[str, str], running_version_id: str) -> Device:
-    """Store what the device says it is and runs."""
-    running = None
-    if running_version_id:
-        running = ModelVersion.objects.filter(
+# A check-in that changes nothing writes nothing, except last_seen_at at this resolution.
+LAST_SEEN_RESOLUTION = timedelta(seconds=60)
+
+
+def _reported_version(device: Device, running_version_id: str) -> ModelVersion | None:
+    if not running_version_id:
+        return None
+    try:
+        return ModelVersion.objects.filter(
             pk=running_version_id, model__organisation=device.organisation
         ).first()
-    if (running.pk if running else None) != device.running_version_id:
-        # the history rollbacks read: what the device ran before a release reached it
-        DeviceVersionChange.objects.create(
-            device=device, from_version_id=device.running_version_id, to_version=running
-        )
-    device.attributes = attributes or device.attributes
-    device.running_version = running
-    device.last_seen_at = timezone.now()
-    device.save(update_fields=["attributes", "running_version", "last_seen_at"])
+    except (ValidationError, ValueError):  # a malformed id is "nothing we know of"
+        return None
+
+
+def device_record_check_in(*, device: Device, attributes: dict[str, str], running_version_id: str) -> Device:
+    """Store what the device says it is and runs; cheap when nothing changed (no query, no write)."""
+    changed: list[str] = []
+    if running_version_id != (str(device.running_version_id) if device.running_version_id else ""):
+        running = _reported_version(device, running_version_id)
+        if (running.pk if running else None) != device.running_version_id:
+            # the history rollbacks read: what the device ran before a release reached it
+            DeviceVersionChange.objects.create(
+                device=device, from_version_id=device.running_version_id, to_version=running
+            )
+            device.running_version = running
+            changed.append("running_version")
+    if attributes and attributes != device.attributes:
+        device.attributes = attributes
+        changed.append("attributes")
+    now = timezone.now()
+    if changed or device.last_seen_at is None or now - device.last_seen_at >= LAST_SEEN_RESOLUTION:
+        device.last_seen_at = now
+        changed.append("last_seen_at")
+    if changed:
+        device.save(update_fields=changed)
     return device
 
 
