@@ -5,37 +5,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from agent.errors import ActivationError
 from agent.install import Installer, Offer
-from converter import convert
-from converter.samples import build_image_classifier
 from deploy.errors import SignatureError
 from deploy.signing import file_sha256, generate_keypair, sign_package
-from engine.format import read_package, write_package
+from tests.agent.packages import convert_classifier
 
 KEYS = generate_keypair()
 
 
 def _signed(tmp_path: Path, name: str, *, seed: int = 0, break_selftest: bool = False) -> Path:
-    unsigned = tmp_path / f"{name}.unsigned"
-    convert(build_image_classifier(seed=seed), unsigned)
-    if break_selftest:  # a validly signed package whose model no longer matches its expected output
-        package = read_package(unsigned)
-        tensors = {k: np.array(v) for k, v in package.tensors.items()}
-        for tensor in package.manifest["metadata"]["selftest"]["outputs"].values():
-            tensors[tensor] = tensors[tensor] + 0.5
-        graph = {k: v for k, v in package.graph.items() if k != "tensors"}
-        write_package(
-            unsigned,
-            graph=graph,
-            tensors=tensors,
-            inputs=package.manifest["inputs"],
-            outputs=package.manifest["outputs"],
-            metadata=package.manifest["metadata"],
-        )
+    unsigned = convert_classifier(tmp_path / f"{name}.unsigned", seed, break_selftest=break_selftest)
     signed = tmp_path / f"{name}.ferry"
     sign_package(unsigned, signed, KEYS.private_key)
     return signed

@@ -21,34 +21,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converter import convert
-from converter.samples import build_image_classifier
 from deploy.signing import SignedClaims, generate_keypair, sign_package
-from engine.format import read_package, write_package
+from engine.format import write_package
 from tests.agent.double import AgentProcess, GatewayDouble, read_state, serve, wait_for, whole_version
+from tests.agent.packages import convert_classifier
 
 pytestmark = pytest.mark.slow
 
 KEYS = generate_keypair()
-
-
-def _convert(path: Path, seed: int, break_selftest: bool = False) -> Path:
-    convert(build_image_classifier(seed=seed), path)
-    if break_selftest:  # validly signed, but the model no longer gives its expected output
-        package = read_package(path)
-        tensors = {k: np.array(v) for k, v in package.tensors.items()}
-        for tensor in package.manifest["metadata"]["selftest"]["outputs"].values():
-            tensors[tensor] = tensors[tensor] + 0.5
-        graph = {k: v for k, v in package.graph.items() if k != "tensors"}
-        write_package(
-            path,
-            graph=graph,
-            tensors=tensors,
-            inputs=package.manifest["inputs"],
-            outputs=package.manifest["outputs"],
-            metadata=package.manifest["metadata"],
-        )
-    return path
 
 
 def _members(path: Path) -> list[tuple[tarfile.TarInfo, bytes]]:
@@ -67,7 +47,11 @@ def _rewrite(path: Path, out: Path, members: list[tuple[tarfile.TarInfo, bytes]]
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("packages")
-    u1, u2, u0 = _convert(d / "u1", 0), _convert(d / "u2", 1), _convert(d / "u0", 2)
+    u1, u2, u0 = (
+        convert_classifier(d / "u1", 0),
+        convert_classifier(d / "u2", 1),
+        convert_classifier(d / "u0", 2),
+    )
     p: dict[str, Path] = {}
 
     def signed(name: str, src: Path, claims: SignedClaims, key: bytes = KEYS.private_key) -> Path:
@@ -81,7 +65,7 @@ def packages(tmp_path_factory) -> dict[str, Path]:
     signed("v1-rollback", p["v1"], SignedClaims(counter=30, rollback=True))
     signed("other-key", u2, SignedClaims(counter=21), key=generate_keypair().private_key)
     signed("x86", u2, SignedClaims(counter=22, device_class="x86"))
-    signed("bad-selftest", _convert(d / "ub", 3, break_selftest=True), SignedClaims(counter=25))
+    signed("bad-selftest", convert_classifier(d / "ub", 3, break_selftest=True), SignedClaims(counter=25))
     members = _members(signed("base", u2, SignedClaims(counter=23)))
     info, data = members[-1]
     p["tampered"] = _rewrite(
