@@ -22,6 +22,7 @@ from engine import supported_operators
 from engine.format import write_package
 from engine.ops.fused import INTERNAL_OPS as FUSED_OPS
 from engine.ops.quantized import INTERNAL_OPS as QUANTIZED_OPS
+from engine.ops.raster import INTERNAL_OPS as RASTER_OPS
 
 CONVERTER_VERSION = "0.2.0"
 Progress = Callable[[float, str], None]
@@ -297,7 +298,7 @@ def _validated(loaded: LoadedModel, limits: Limits) -> tuple[onnx.ModelProto, in
     validate.check_initializers(loaded.model, loaded.label, limits)
     validate.check_structure(loaded.model, loaded.label)
     # ops only the converter emits are not accepted from a source model
-    supported = set(supported_operators()) - FUSED_OPS - QUANTIZED_OPS
+    supported = set(supported_operators()) - FUSED_OPS - QUANTIZED_OPS - RASTER_OPS
     validate.check_operators(loaded.model, supported)
     model = validate.upgrade_opset(loaded.model, source_opset, loaded.label)
     validate.check_operators(model, supported)  # an upgrade may introduce ops

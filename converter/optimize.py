@@ -3,7 +3,8 @@
 Every pass keeps the graph's inputs and outputs (names, meaning) exactly; tests run the
 graph after each pass against onnxruntime on the original model.  Order matters only as
 written in PASSES: folding first (it exposes constant weights), then pattern fusions (GELU,
-LayerNorm, attention) before BatchNorm folding and bias/activation fusion, and dead-node removal last.
+LayerNorm, attention) before BatchNorm folding and bias/activation fusion, then static-shape data
+movement lowered to Raster nodes (converter/lower.py), and dead-node removal last.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from converter.lower import lower_data_movement
 from converter.translate import FerryGraph
 from engine.ops import PREPARES, kernel_for
 
@@ -576,5 +578,6 @@ PASSES: list[Pass] = [
     fold_batch_norm,
     fuse_matmul_add,
     fuse_activation,
+    lower_data_movement,
     drop_dead,
 ]

@@ -271,8 +271,8 @@ def test_pad_negative_pads_crop():
     assert_same(got, run_onnxruntime(model, feeds), rtol=0, atol=0)
 
 
-# Kernels of the converter's fused and quantized forms are tested with the converter.
-ELSEWHERE = ("engine.ops.fused", "engine.ops.quantized")
+# Kernels of the converter's fused, quantized and Raster forms are tested with the converter.
+ELSEWHERE = ("engine.ops.fused", "engine.ops.quantized", "engine.ops.raster")
 
 
 def test_every_registered_op_is_covered():

@@ -1,0 +1,117 @@
+"""Raster: the one data-movement primitive the converter lowers Transpose, Slice, Concat, Pad,
+Expand, Gather (constant indices), Split and the reshape family into (MNN's "geometry computing").
+
+attrs:
+
+- ``shape``: the output's shape; ``dtype`` (optional): its dtype, else the first input's;
+- ``regions``: a list of ``{"input", "src_offset", "src_strides", "dst_offset", "dst_strides",
+  "size"}``.  Each copies a strided block of input ``input`` (a flat, C-order index space of that
+  input: element ``src_offset + sum(k_i * src_strides[i])``) to the output's flat index
+  ``dst_offset + sum(k_i * dst_strides[i])``, for every multi-index ``k`` within ``size``;
+- ``fill`` (optional): the value of output elements no region writes (Pad).  Without it the
+  regions must cover the whole output.
+
+Every region is one vectorised copy between two strided views over the flat buffers (the
+stride trick of ``as_strided``, built directly with ``np.ndarray(buffer=...)``: a tenth of the
+overhead, and numpy checks the extent too); the source view is read-only.  Offsets and strides
+are checked against the arrays' sizes first, so a bad region fails cleanly instead of reading
+or writing outside a buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from engine.ops.common import tensor_attr
+from engine.ops.registry import check, register
+
+# Ops only the converter writes (not ONNX operators a user model may contain).
+INTERNAL_OPS = frozenset({"Raster"})
+REGION_KEYS = ("input", "src_offset", "src_strides", "dst_offset", "dst_strides", "size")
+
+
+def extent(offset: int, strides: list[int], size: list[int]) -> tuple[int, int]:
+    """The lowest and highest flat index a region touches (size must have no 0)."""
+    low = high = offset
+    for stride, count in zip(strides, size, strict=True):
+        reach = stride * (count - 1)
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    return low, high
+
+
+@check("Raster")
+def check_raster(attrs: dict[str, Any], n_inputs: int, n_outputs: int) -> str | None:
+    shape, regions = attrs.get("shape"), attrs.get("regions")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        return "Raster needs its output shape as a list of non-negative ints in attribute 'shape'"
+    if not isinstance(regions, list) or n_outputs != 1:
+        return "Raster needs a list of regions in attribute 'regions' and exactly one output"
+    total = math.prod(shape)
+    for region in regions:
+        if not isinstance(region, dict) or any(key not in region for key in REGION_KEYS):
+            return f"Raster region must have the keys {REGION_KEYS}"
+        if not 0 <= int(region["input"]) < n_inputs:
+            return f"Raster region reads input {region['input']}, the node has {n_inputs}"
+        size = region["size"]
+        if not len(size) == len(region["src_strides"]) == len(region["dst_strides"]):
+            return "Raster region: size, src_strides and dst_strides must have the same length"
+        if 0 in size:
+            continue
+        low, high = extent(int(region["dst_offset"]), region["dst_strides"], size)
+        if low < 0 or high >= total:
+            return f"Raster region writes outside the output (indices {low}..{high} of {total})"
+    return None
+
+
+def _fill(attrs: dict[str, Any], dtype: np.dtype) -> Any:
+    fill = attrs["fill"]
+    if isinstance(fill, dict):  # a tensor attribute
+        return tensor_attr(fill).reshape(-1)[0]
+    if isinstance(fill, str):  # "nan", "inf", "-inf": JSON has no such numbers
+        return float(fill)
+    return fill
+
+
+@register("Raster")
+def raster(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    shape = [int(d) for d in attrs["shape"]]
+    sources = [_read_only_flat(x) if x is not None else None for x in inputs]
+    first = next((x for x in sources if x is not None), None)
+    dtype = np.dtype(attrs["dtype"]) if attrs.get("dtype") else first.dtype
+    total = math.prod(shape)
+    out = np.full(total, _fill(attrs, dtype), dtype=dtype) if "fill" in attrs else np.empty(total, dtype)
+    itemsize = dtype.itemsize
+    for region in attrs["regions"]:
+        size = tuple(int(n) for n in region["size"])
+        if 0 in size:
+            continue
+        src = sources[int(region["input"])]
+        if src.dtype != dtype:
+            raise ValueError(f"Raster input {region['input']} is {src.dtype}, the output {dtype}")
+        src_offset, dst_offset = int(region["src_offset"]), int(region["dst_offset"])
+        src_strides, dst_strides = region["src_strides"], region["dst_strides"]
+        low, high = extent(src_offset, src_strides, size)
+        if low < 0 or high >= src.size:
+            raise IndexError(f"Raster region reads indices {low}..{high} of an input of {src.size}")
+        low, high = extent(dst_offset, dst_strides, size)
+        if low < 0 or high >= total:
+            raise IndexError(f"Raster region writes indices {low}..{high} of an output of {total}")
+        # strided views straight over the flat buffers (what as_strided builds, without its
+        # overhead, and numpy checks the extent once more); the source view is read-only
+        read = np.ndarray(size, dtype, src, src_offset * itemsize, tuple(s * itemsize for s in src_strides))
+        write = np.ndarray(size, dtype, out, dst_offset * itemsize, tuple(s * itemsize for s in dst_strides))
+        np.copyto(write, read, casting="no")
+    return [out.reshape(shape)]
+
+
+def _read_only_flat(x: np.ndarray) -> np.ndarray:
+    """A read-only, C-contiguous 1-D view of ``x`` (a copy only when ``x`` is not contiguous)."""
+    flat = np.ascontiguousarray(x).reshape(-1).view()
+    flat.flags.writeable = False
+    return flat
