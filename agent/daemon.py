@@ -275,7 +275,11 @@ class Agent:
             batch = self.outbox.batch(self.config.upload_batch)
             if not batch:
                 return
-            ack = self.client.report(batch)
+            try:
+                ack = self.client.report(batch)
+            except BaseException:
+                self.outbox.release_in_flight()
+                raise
             self.outbox.acknowledge(list(ack.stored_seqs) + list(ack.duplicate_seqs))
             if len(batch) < self.config.upload_batch:
                 return

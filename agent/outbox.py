@@ -47,6 +47,10 @@ class Outbox:
         self._db.executescript(SCHEMA)
         self._lock = threading.Lock()
         self._max = max_records
+        # The batch being uploaded is never dropped: the gateway may already have stored it,
+        # and dropping it would count as lost a record that arrived. So while a batch is in
+        # flight the outbox may exceed its bound by at most one batch.
+        self._in_flight: tuple[int, int] | None = None
 
     def _meta(self, key: str) -> int:
         return self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()[0]
@@ -72,11 +76,14 @@ class Outbox:
     def _drop_oldest_over_bound(self) -> None:
         excess = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0] - self._max
         if excess > 0:
+            low, high = self._in_flight or (0, -1)
+            dropped = self._db.execute(
+                "DELETE FROM records WHERE seq IN (SELECT seq FROM records WHERE seq < ? OR seq > ? "
+                "ORDER BY seq LIMIT ?)",
+                (low, high, excess),
+            ).rowcount
             self._db.execute(
-                "DELETE FROM records WHERE seq IN (SELECT seq FROM records ORDER BY seq LIMIT ?)", (excess,)
-            )
-            self._db.execute(
-                "UPDATE meta SET value=value+? WHERE key IN ('dropped', 'dropped_total')", (excess,)
+                "UPDATE meta SET value=value+? WHERE key IN ('dropped', 'dropped_total')", (dropped,)
             )
 
     def take_dropped(self) -> int:
@@ -94,18 +101,25 @@ class Outbox:
             return self._meta("dropped_total")
 
     def batch(self, limit: int = 500) -> list[OutboxRecord]:
+        """The oldest records, marked in flight until acknowledge() or release_in_flight()."""
         with self._lock:
             rows = self._db.execute("SELECT * FROM records ORDER BY seq LIMIT ?", (limit,)).fetchall()
+            self._in_flight = (rows[0][0], rows[-1][0]) if rows else None
         return [
             OutboxRecord(seq, kind, ts, version, json.loads(payload))
             for seq, kind, ts, version, payload in rows
         ]
 
     def acknowledge(self, seqs: list[int]) -> None:
-        if not seqs:
-            return
         with self._lock:
-            self._db.executemany("DELETE FROM records WHERE seq=?", [(s,) for s in seqs])
+            self._in_flight = None
+            if seqs:
+                self._db.executemany("DELETE FROM records WHERE seq=?", [(s,) for s in seqs])
+
+    def release_in_flight(self) -> None:
+        """The upload failed: the batch may be dropped again if the bound needs it."""
+        with self._lock:
+            self._in_flight = None
 
     def pending(self) -> int:
         with self._lock:
