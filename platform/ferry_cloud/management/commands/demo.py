@@ -95,7 +95,7 @@ class Command(BaseCommand):
             )
             _watch(api, stack, console, stop, duration, live=not no_live and console.is_terminal)
         finally:
-            console.print("stopping agents, gateway, worker and web ...")
+            console.print("stopping agents, then gateway, beat, worker and web ...")
             codes = stack.stop()
             console.print("stopped: " + ", ".join(f"{n} ({c})" for n, c in codes.items()))
 
