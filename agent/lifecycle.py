@@ -200,12 +200,13 @@ class Lifecycle:
     def resume(self) -> None:
         """Called once per process start: count unclean starts in the risky states (crash loops)."""
         if self.update.state in (SWITCHING, PROBATION):
-            if self.update.clean_stop:
-                self.update.clean_stop = False
-            else:
+            unclean = not self.update.clean_stop
+            self.update.clean_stop = False
+            if unclean:
                 self.update.attempts += 1
+            self._save()  # before the log line: a kill right after it must not lose the count
+            if unclean:
                 log.info("resuming in %s after an unclean stop (%d)", self.update.state, self.update.attempts)
-            self._save()
 
     def wake_in(self) -> float:
         """Seconds until the lifecycle needs a step without a check-in (a timer, a retry)."""
