@@ -14,7 +14,6 @@ agent with no model stays small.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import shutil
@@ -26,7 +25,7 @@ from typing import Any
 from agent.errors import ActivationError, DiskFullError, DownloadError, DownloadStalled
 from agent.files import fsync_dir, switch_symlink
 from deploy.errors import PackageRejected
-from deploy.signing import SignedClaims
+from deploy.signing import SignedClaims, file_sha256
 from deploy.unpack import ClaimsCheck, verify_and_unpack
 
 log = logging.getLogger(__name__)
@@ -132,7 +131,7 @@ class Installer:
                         f"at byte {offset} of {offer.package_size} ({os.strerror(exc.errno)})"
                     ) from exc
                 raise
-        if offset != offer.package_size or _sha256(part) != offer.package_digest:
+        if offset != offer.package_size or file_sha256(part) != offer.package_digest:
             part.unlink()
             raise DownloadError(f"package {offer.package_digest[:12]} arrived with the wrong size or digest")
         return part
@@ -218,24 +217,6 @@ class Installer:
             self.current_link.unlink()
             fsync_dir(self.state_dir)
 
-    def activate(self, offer: Offer, directory: Path) -> None:
-        """Switch to the new version; switch back if it fails its health check."""
-        before = self.current_version()
-        if before == offer.version_id:
-            return
-        self.switch_to(offer.version_id)
-        try:
-            health_check(directory)
-        except ActivationError:
-            self.switch_back(before)
-            raise
-
-    def install(self, offer: Offer) -> None:
-        archive = self.download(offer)
-        directory = self.unpack(offer, archive)
-        self.activate(offer, directory)
-        archive.unlink(missing_ok=True)
-
     def discard(self, offer: Offer) -> None:
         """Forget a refused package: its partial download and any half-unpacked copy."""
         self.part_file(offer).unlink(missing_ok=True)
@@ -316,11 +297,3 @@ def _link_target(link: Path) -> str:
     if not link.is_symlink():
         return ""
     return Path(os.readlink(link)).name
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

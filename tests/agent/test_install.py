@@ -1,4 +1,5 @@
-"""Verify, unpack, activate atomically, health-check, roll back: with real packages and files."""
+"""The installer's steps, as the update lifecycle calls them: verify and unpack, switch the pointer
+atomically, health-check, switch back. With real packages and files."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ActivationError
-from agent.install import Installer, Offer
+from agent.install import Installer, Offer, health_check
 from deploy.errors import SignatureError
 from deploy.signing import file_sha256, generate_keypair, sign_package
 from tests.agent.packages import convert_classifier
@@ -27,27 +28,34 @@ def _offer(version_id: str, archive: Path) -> Offer:
     return Offer("release", version_id, version_id, "m", file_sha256(archive), archive.stat().st_size)
 
 
-def _install(installer: Installer, version_id: str, archive: Path) -> None:
+def _stage(installer: Installer, version_id: str, archive: Path) -> Path:
     offer = _offer(version_id, archive)
-    installer.activate(offer, installer.unpack(offer, archive))
+    return installer.unpack(offer, archive)
 
 
-def test_activation_switches_the_pointer_and_keeps_the_previous_version(tmp_path: Path):
+def test_switch_moves_the_pointer_and_keeps_the_previous_version(tmp_path: Path):
     installer = Installer(tmp_path / "state", client=None, public_key=KEYS.public_key)
-    _install(installer, "v1", _signed(tmp_path, "one"))
+    health_check(_stage(installer, "v1", _signed(tmp_path, "one")))
+    installer.switch_to("v1")
     assert installer.current_version() == "v1"
-    _install(installer, "v2", _signed(tmp_path, "two", seed=1))
+    _stage(installer, "v2", _signed(tmp_path, "two", seed=1))
+    installer.switch_to("v2")
     assert installer.current_version() == "v2"
     assert os.readlink(tmp_path / "state" / "previous") == "versions/v1"
     assert (tmp_path / "state" / "versions" / "v1" / "weights.bin").exists()
 
 
-def test_failed_health_check_rolls_back_to_the_running_version(tmp_path: Path):
+def test_failed_health_check_and_switch_back_to_the_running_version(tmp_path: Path):
     installer = Installer(tmp_path / "state", client=None, public_key=KEYS.public_key)
-    _install(installer, "v1", _signed(tmp_path, "good"))
+    _stage(installer, "v1", _signed(tmp_path, "good"))
+    installer.switch_to("v1")
+    bad = _stage(installer, "v2", _signed(tmp_path, "bad", break_selftest=True))
+    installer.switch_to("v2")
     with pytest.raises(ActivationError, match="self-test output"):
-        _install(installer, "v2", _signed(tmp_path, "bad", break_selftest=True))
+        health_check(bad)
+    installer.switch_back("v1")
     assert installer.current_version() == "v1"
+    assert installer.previous_version() == "v1"  # switch_back leaves `previous` alone
 
 
 def test_package_signed_by_another_key_never_reaches_versions(tmp_path: Path):
