@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 
 GATE_FIELDS = [
@@ -81,13 +83,7 @@ class ReleaseForm(forms.Form):
         ]
         gate = {name: data[name] for name, _, _ in GATE_FIELDS}
         gate["on_failure"] = data["on_failure"]
-        window = None
-        if data["window_cron"].strip():
-            window = {
-                "cron": data["window_cron"].strip(),
-                "duration_seconds": data["window_duration_seconds"] or 0,
-                "timezone": data["window_timezone"].strip() or "UTC",
-            }
+        window = window_from(data)
         return {
             "name": data["name"],
             "target": target,
@@ -108,3 +104,14 @@ class GroupForm(forms.Form):
     window_cron = forms.CharField(required=False, label="Window cron")
     window_duration_seconds = forms.IntegerField(required=False, min_value=60, label="Window duration (s)")
     window_timezone = forms.CharField(required=False, initial="UTC", label="Window time zone")
+
+
+def window_from(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The maintenance window a form's window_* fields describe (None when no cron is given)."""
+    if not data["window_cron"].strip():
+        return None
+    return {
+        "cron": data["window_cron"].strip(),
+        "duration_seconds": data["window_duration_seconds"] or 0,
+        "timezone": data["window_timezone"].strip() or "UTC",
+    }

@@ -24,7 +24,7 @@ from releases.selectors import release_device_counts, release_get, release_list,
 from releases.services import release_create, release_gate_evaluate, release_transition
 from telemetry.selectors import fleet_rates
 
-from console.forms import GroupForm, ReleaseForm
+from console.forms import GroupForm, ReleaseForm, window_from
 
 
 def _organisation(request):
@@ -166,13 +166,7 @@ def groups(request):
     form = GroupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
-        window = None
-        if data["window_cron"].strip():
-            window = {
-                "cron": data["window_cron"].strip(),
-                "duration_seconds": data["window_duration_seconds"] or 0,
-                "timezone": data["window_timezone"].strip() or "UTC",
-            }
+        window = window_from(data)
         try:
             device_group_create(
                 organisation=org,
