@@ -1,7 +1,8 @@
-"""Start and stop the control plane's processes (web, worker, gateway) and agents.
+"""Start and stop the control plane's processes (web, worker, beat, gateway) and agents,
+and drive the REST API.
 
 Used by `manage.py demo` and by the end-to-end tests, so both run the very same
-processes the way an operator would.
+processes and make the very same calls an operator or a fleet-automation script would.
 """
 
 from __future__ import annotations
@@ -15,9 +16,29 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import requests
 from django.conf import settings
 
 MANAGE = str(settings.REPO_ROOT / "manage.py")
+
+
+class RestError(Exception):
+    """A REST call the control plane refused; the message holds the status and the body."""
+
+
+class RestClient:
+    """The control plane's REST API with a token, as a fleet-automation script uses it."""
+
+    def __init__(self, base: str, token: str) -> None:
+        self.base = base
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Token {token}"
+
+    def call(self, method: str, path: str, **kwargs) -> dict | list:
+        response = self.session.request(method, f"{self.base}/api/v1/{path}", timeout=30, **kwargs)
+        if response.status_code >= 400:
+            raise RestError(f"{method} {path}: {response.status_code} {response.text[:500]}")
+        return response.json()
 
 
 def free_port(preferred: int = 0, host: str = "127.0.0.1") -> int:

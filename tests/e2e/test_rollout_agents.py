@@ -20,8 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
-import requests
-from ferry_cloud.stack import Stack, free_port
+from ferry_cloud.stack import RestClient, Stack, free_port
 
 from converter.samples import build_image_classifier
 from deploy.rollout import bucket
@@ -40,18 +39,6 @@ call_command("migrate", verbosity=0)
 org = organisation_ensure(name="Rollout E2E")
 print(json.dumps({"token": user_ensure_admin(organisation=org, username="admin", password="pw")[1]}))
 """
-
-
-class Api:
-    def __init__(self, base: str, token: str) -> None:
-        self.base = base
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Token {token}"
-
-    def __call__(self, method: str, path: str, **kwargs):
-        response = self.session.request(method, f"{self.base}/api/v1/{path}", timeout=30, **kwargs)
-        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text}"
-        return response.json()
 
 
 def _wait(what: str, check: Callable[[], object], stack: Stack, timeout: float = 40.0):
@@ -88,13 +75,13 @@ def environment(tmp_path: Path):
             conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
-def _upload(api: Api, model_id: int, label: str) -> str:
+def _upload(api: RestClient, model_id: int, label: str) -> str:
     files = {"file": ("model.onnx", build_image_classifier().SerializeToString())}
-    return api("POST", f"models/{model_id}/versions/", files=files, data={"label": label})["id"]
+    return api.call("POST", f"models/{model_id}/versions/", files=files, data={"label": label})["id"]
 
 
-def _running(api: Api) -> dict[str, str | None]:
-    return {d["id"]: (d["running_version"] or {}).get("label") for d in api("GET", "devices/")}
+def _running(api: RestClient) -> dict[str, str | None]:
+    return {d["id"]: (d["running_version"] or {}).get("label") for d in api.call("GET", "devices/")}
 
 
 def _salt_with_one_canary(device_ids: list[str], percentage: float) -> str:
@@ -122,24 +109,24 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
     http_port, gateway_port = free_port(), free_port()
     try:
         stack.start_control_plane(http_port, gateway_port)
-        api = Api(f"http://127.0.0.1:{http_port}", token)
-        model = api("POST", "models/", json={"name": "classifier"})
+        api = RestClient(f"http://127.0.0.1:{http_port}", token)
+        model = api.call("POST", "models/", json={"name": "classifier"})
         versions = {label: _upload(api, model["id"], label) for label in ("v1", "v2", "v3")}
         _wait(
             "three converted versions",
-            lambda: all(api("GET", f"versions/{v}/")["status"] == "ready" for v in versions.values()),
+            lambda: all(api.call("GET", f"versions/{v}/")["status"] == "ready" for v in versions.values()),
             stack,
             timeout=60,
         )
 
         # everyone on v1
-        api(
+        api.call(
             "POST",
             "releases/",
             json={"name": "v1", "version": versions["v1"], "target": {"labels": LABELS}, "start": True},
         )
         for i in range(AGENTS):
-            enrolment = api("POST", "enrolment-tokens/", json={"labels": LABELS})["token"]
+            enrolment = api.call("POST", "enrolment-tokens/", json={"labels": LABELS})["token"]
             stack.start_agent(
                 f"agent-{i}",
                 gateway_port,
@@ -156,7 +143,7 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
         salt = _salt_with_one_canary(list(running), 40.0)
 
         # a staged release: one canary first, then the whole fleet, each phase through its gate
-        staged = api(
+        staged = api.call(
             "POST",
             "releases/",
             json={
@@ -178,7 +165,7 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
         assert canary_phase
         done = _wait(
             "the staged release to complete",
-            lambda: (r := api("GET", f"releases/{staged['id']}/"))["state"] == "completed" and r,
+            lambda: (r := api.call("GET", f"releases/{staged['id']}/"))["state"] == "completed" and r,
             stack,
         )
         gate_moves = [
@@ -190,7 +177,7 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
         _wait("all agents on v2", lambda: set(_running(api).values()) == {"v2"}, stack)
 
         # a faulty release: its canary cannot meet the latency gate, the gate aborts, the canary goes back
-        faulty = api(
+        faulty = api.call(
             "POST",
             "releases/",
             json={
@@ -211,7 +198,7 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
         )
         aborted = _wait(
             "the gate to abort",
-            lambda: (r := api("GET", f"releases/{faulty['id']}/"))["state"] == "aborted" and r,
+            lambda: (r := api.call("GET", f"releases/{faulty['id']}/"))["state"] == "aborted" and r,
             stack,
         )
         abort = aborted["events"][-1]

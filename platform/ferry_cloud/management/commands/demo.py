@@ -15,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import requests
 from accounts.services import organisation_ensure, user_ensure_admin
 from django.conf import settings
 from django.core.management import call_command
@@ -25,27 +24,12 @@ from rich.live import Live
 from rich.table import Table
 
 from converter.samples import build_image_classifier
-from ferry_cloud.stack import Stack, free_port
+from ferry_cloud.stack import RestClient, RestError, Stack, free_port
 
 MODEL = "demo-classifier"
 LABEL = "v1"
 AGENTS = 3
 FLEET_LABELS = {"fleet": "demo"}
-
-
-class Api:
-    """The demo drives the control plane the way a fleet-automation script would: over REST."""
-
-    def __init__(self, base: str, token: str) -> None:
-        self.base = base
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Token {token}"
-
-    def call(self, method: str, path: str, **kwargs) -> dict | list:
-        response = self.session.request(method, f"{self.base}/api/v1/{path}", timeout=30, **kwargs)
-        if response.status_code >= 400:
-            raise CommandError(f"{method} {path}: {response.status_code} {response.text[:500]}")
-        return response.json()
 
 
 class Command(BaseCommand):
@@ -85,7 +69,7 @@ class Command(BaseCommand):
                 f"(logs in {stack.log_dir})"
             )
             stack.start_control_plane(http_port, gateway_port)
-            api = Api(base, api_token)
+            api = RestClient(base, api_token)
             version = _ensure_version(api, console, stop)
             _ensure_release(api, version)
             _start_agents(api, stack, demo_dir, gateway_port)
@@ -94,6 +78,8 @@ class Command(BaseCommand):
                 f"[bold]API[/] {base}/api/docs/   (Ctrl-C stops everything)\n"
             )
             _watch(api, stack, console, stop, duration, live=not no_live and console.is_terminal)
+        except RestError as exc:
+            raise CommandError(str(exc)) from None
         finally:
             console.print("stopping agents, then gateway, beat, worker and web ...")
             codes = stack.stop()
@@ -110,7 +96,7 @@ def _demo_password(demo_dir: Path) -> str:
     return path.read_text().strip()
 
 
-def _ensure_version(api: Api, console: Console, stop: threading.Event) -> dict:
+def _ensure_version(api: RestClient, console: Console, stop: threading.Event) -> dict:
     models = {m["name"]: m for m in api.call("GET", "models/")}
     model = models.get(MODEL) or api.call("POST", "models/", json={"name": MODEL})
     existing = {v["label"]: v for v in model["versions"]}
@@ -138,7 +124,7 @@ def _ensure_version(api: Api, console: Console, stop: threading.Event) -> dict:
     raise CommandError("the conversion did not finish in 300 s; see the worker log")
 
 
-def _ensure_release(api: Api, version: dict) -> None:
+def _ensure_release(api: RestClient, version: dict) -> None:
     for release in api.call("GET", "releases/"):
         if release["version"]["id"] == version["id"] and release["state"] == "active":
             return
@@ -154,7 +140,7 @@ def _ensure_release(api: Api, version: dict) -> None:
     )
 
 
-def _start_agents(api: Api, stack: Stack, demo_dir: Path, gateway_port: int) -> None:
+def _start_agents(api: RestClient, stack: Stack, demo_dir: Path, gateway_port: int) -> None:
     for i in range(1, AGENTS + 1):
         state_dir = demo_dir / "agents" / f"agent-{i}"
         enrolled = (state_dir / "credential.json").exists()
@@ -188,7 +174,7 @@ def _summary_table(summary: dict) -> Table:
 
 
 def _watch(
-    api: Api, stack: Stack, console: Console, stop: threading.Event, duration: float, live: bool
+    api: RestClient, stack: Stack, console: Console, stop: threading.Event, duration: float, live: bool
 ) -> None:
     ends = time.monotonic() + duration if duration else float("inf")
     if live:
