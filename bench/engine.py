@@ -177,6 +177,18 @@ def ferry_runner(name: str, package: Path, feeds: dict, threads: int, rounds: in
     return Runner(name, lambda: session.run(feeds), rounds), session
 
 
+def one_blas_thread(run: Callable[[], object]) -> Callable[[], object]:
+    """ReferenceEvaluator's matmuls go to numpy's BLAS: cap it at one thread, like the runtimes
+    it is compared with in the 1-thread phase."""
+    from threadpoolctl import threadpool_limits  # noqa: PLC0415
+
+    def limited() -> object:
+        with threadpool_limits(limits=1):
+            return run()
+
+    return limited
+
+
 def ort_runner(name: str, onnx_path: Path, feeds: dict, threads: int, rounds: int) -> tuple[Runner, object]:
     import onnxruntime as ort
 
@@ -215,7 +227,7 @@ def bench_model(name: str, out_dir: Path, rounds: int, ref_rounds: int) -> list[
     ort1, ort_session = ort_runner("ort1", onnx_path, feeds, 1, rounds)
     ort2, _ = ort_runner("ort2", onnx_path, feeds, 2, rounds)
     reference = ReferenceEvaluator(str(onnx_path))
-    ref = Runner("ref", lambda: reference.run(None, feeds), ref_rounds)
+    ref = Runner("ref", one_blas_thread(lambda: reference.run(None, feeds)), ref_rounds)
     one_thread = [ferry1, ort1, ref]
     extra = {}
     for label, pkg in variants[1:]:
@@ -266,7 +278,7 @@ def bench_model(name: str, out_dir: Path, rounds: int, ref_rounds: int) -> list[
 def print_table(rows: list[dict]) -> None:
     head = (
         f"{'model':<22}{'ferry1 med/min':>16}{'ort1 med/min':>15}{'ratio':>7}{'f2min':>8}{'o2min':>8}"
-        f"{'ratio2':>7}{'x ref':>8}{'GF/s f/o':>11}{'load ms f/o':>13}{'RSS MB f/o':>12}{'rel diff':>10}"
+        f"{'ratio2':>7}{'x ref f/o':>10}{'GF/s f/o':>11}{'load ms f/o':>13}{'RSS MB f/o':>12}{'rel diff':>10}"
     )
     print(head)
     print("-" * len(head))
@@ -280,10 +292,36 @@ def print_table(rows: list[dict]) -> None:
         ratio2 = f"{r['ferry2_min'] / r['ort2_min']:7.2f}" if r["ferry2_min"] is not None else f"{'-':>7}"
         print(
             f"{label:<22}{f1[0]:8.1f}/{f1[1]:<7.1f}{o1[0]:7.1f}/{o1[1]:<7.1f}{f1[0] / o1[0]:7.2f}"
-            f"{f2}{r['ort2_min']:8.1f}{ratio2}{r['ref'] / f1[0]:8.0f}"
+            f"{f2}{r['ort2_min']:8.1f}{ratio2}{r['ref'] / f1[0]:6.0f}/{r['ref'] / o1[0]:<4.0f}"
             f"{r['gflops']:6.0f}/{r['ort_gflops']:<4.0f}{r['load'][0]:7.0f}/{r['load'][1]:<5.0f}"
             f"{r['rss'][0]:6.0f}/{r['rss'][1]:<5.0f}{r['rel_diff']:10.1e}"
         )
+    for note in variant_notes(rows):
+        print(note)
+
+
+def variant_notes(rows: list[dict]) -> list[str]:
+    """Each quantized variant against its model's fp32 package: time vs onnxruntime fp32, peak RSS."""
+    fp32 = {r["model"]: r for r in rows if r["variant"] == "fp32" and not r.get("missing")}
+    notes = []
+    for r in rows:
+        base = fp32.get(r["model"])
+        if r["variant"] == "fp32" or r.get("missing") or base is None:
+            continue
+        notes.append(
+            f"{r['model']} {r['variant']}: {r['ferry1'][0] / r['ort1'][0]:.2f}x onnxruntime fp32 time, "
+            f"peak RSS {r['rss'][0]:.0f} MB = {100 * r['rss'][0] / base['rss'][0]:.0f}% of Ferry fp32's"
+        )
+    return notes
+
+
+def _blas() -> str:
+    """numpy's BLAS and the kernel set it picked: OPENBLAS_CORETYPE=Haswell on an AVX-512
+    machine halves its GEMM peak, so a table is only comparable with the same set."""
+    from threadpoolctl import threadpool_info  # noqa: PLC0415
+
+    found = [f"{p.get('internal_api')} {p.get('architecture')}" for p in threadpool_info()]
+    return ", ".join(found) or "unknown BLAS"
 
 
 def _cpu() -> str:
@@ -320,9 +358,10 @@ def main() -> None:
 
     print(
         f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_cpu()}, "
-        f"numpy {np.__version__}, onnxruntime {onnxruntime.__version__}; times in ms; "
+        f"numpy {np.__version__} on {_blas()}, onnxruntime {onnxruntime.__version__}; times in ms; "
         "ratio = Ferry/onnxruntime (1 thread, medians); f2min/o2min = 2-thread minimums; "
-        "x ref = times faster than ReferenceEvaluator; rel diff = max abs difference to onnxruntime "
+        "x ref f/o = times faster than ReferenceEvaluator (1 BLAS thread) for Ferry / onnxruntime; "
+        "rel diff = max abs difference to onnxruntime "
         "/ max(1, max |onnxruntime|); RSS = peak of a fresh process\n"
     )
     print_table(rows)
