@@ -316,8 +316,8 @@ def variant_notes(rows: list[dict]) -> list[str]:
 
 
 def _blas() -> str:
-    """numpy's BLAS and the kernel set it picked: OPENBLAS_CORETYPE=Haswell on an AVX-512
-    machine halves its GEMM peak, so a table is only comparable with the same set."""
+    """numpy's BLAS and the kernel set it picked (OpenBLAS honours OPENBLAS_CORETYPE): tables
+    are comparable only with the same BLAS build and kernel set."""
     from threadpoolctl import threadpool_info  # noqa: PLC0415
 
     found = [f"{p.get('internal_api')} {p.get('architecture')}" for p in threadpool_info()]
