@@ -1,8 +1,10 @@
 """Conv: im2col + matmul in general, a direct matmul for 1x1 kernels, tap sums for depthwise.
 
-The planner picks the variant once per input-shape signature (``select_conv``); every
-variant checks its own precondition and falls back to im2col, so a stale choice is only
-slower, never wrong.
+The planner picks the variant once per input-shape signature (``select_conv``), or the
+kernel search (engine/search.py) measures the candidates of ``conv_candidates``: im2col
+over flat phases for strided convs, the bias as a GEMM column for 1x1, Winograd F(2x2, 3x3)
+and F(4x4, 3x3) for 3x3 stride 1, depthwise in two layouts.  Every variant checks its own
+precondition and falls back to im2col, so a stale choice is only slower, never wrong.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.ops import window
+from engine.ops import inplace, window
 from engine.ops.registry import Kernel, register, selector
 from engine.ops.scratch import scratch, zeroed
 
@@ -46,6 +48,20 @@ def _finish(y: np.ndarray, b: np.ndarray | None, win: window.Window, dtype: np.d
     if b is not None:
         y += b.reshape(1, -1, *([1] * len(win.out)))
     return y.astype(dtype, copy=False)
+
+
+def fused_bounds(attrs: dict[str, Any]) -> tuple[Any, Any] | None:
+    """(low, high) of a FusedConv's Relu / Clip (None for an open side), else None.
+
+    Kernels marked ``fuses_clip`` apply it in their last copy, saving a pass over the output
+    (the search's FusedConv wrapper then skips it; applying it twice would be harmless)."""
+    name = attrs.get("activation")
+    if name == "Relu":
+        return 0, None
+    if name == "Clip":
+        extra = attrs.get("activation_attrs") or {}
+        return extra.get("min"), extra.get("max")
+    return None
 
 
 @register("Conv")
@@ -118,6 +134,112 @@ def conv_depthwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
 # -- variants the planner measures per node (engine/search.py) -----------------------------------
 
 
+def _flat_phases(
+    x: np.ndarray, win: window.Window, purpose: str = "flat.phases"
+) -> tuple[np.ndarray, int, int]:
+    """The zero-padded 2-D input split into stride x stride phases, each row-flattened.
+
+    Returns (phases (sh*sw, N, C, hph*wph), hph, wph): output (r, q) of tap (i, j) reads
+    phase ((i*dh) % sh, (j*dw) % sw) at flat index (r + i*dh // sh) * wph + q + j*dw // sw,
+    so every tap is one contiguous slice covering all outputs (plus wph - Wo junk columns
+    per row, which the caller drops).
+    """
+    n, c, height, width = x.shape
+    (kh, kw), (sh, sw), (dh, dw), (ho, wo) = win.kernel, win.strides, win.dilations, win.out
+    pt, pl = win.pads_begin
+    hph, wph = ho + (kh - 1) * dh // sh + 1, wo + (kw - 1) * dw // sw
+    phases = scratch(purpose, (sh * sw, n, c, hph, wph), np.result_type(x))
+    for a in range(sh):
+        r0, r1 = max(0, -(-(pt - a) // sh)), min(hph, (height - 1 + pt - a) // sh + 1)
+        for bb in range(sw):
+            q0, q1 = max(0, -(-(pl - bb) // sw)), min(wph, (width - 1 + pl - bb) // sw + 1)
+            phase = phases[a * sw + bb]
+            if r1 <= r0 or q1 <= q0:
+                phase.fill(0)
+                continue
+            # zero only what the input does not cover: a full fill is one more pass
+            phase[:, :, :r0] = 0
+            phase[:, :, r1:] = 0
+            phase[:, :, r0:r1, :q0] = 0
+            phase[:, :, r0:r1, q1:] = 0
+            rows = slice(a + r0 * sh - pt, a + (r1 - 1) * sh - pt + 1, sh)
+            cols = slice(bb + q0 * sw - pl, bb + (q1 - 1) * sw - pl + 1, sw)
+            phase[:, :, r0:r1, q0:q1] = x[:, :, rows, cols]
+    return phases.reshape(sh * sw, n, c, hph * wph), hph, wph
+
+
+def _flat_tap(flat: np.ndarray, win: window.Window, wph: int, i: int, j: int) -> np.ndarray:
+    """Tap (i, j) of ``_flat_phases`` output: (N, C, Ho*wph), a contiguous slice per channel."""
+    (sh, sw), (dh, dw) = win.strides, win.dilations
+    offset = (i * dh // sh) * wph + j * dw // sw
+    return flat[(i * dh % sh) * sw + j * dw % sw, :, :, offset : offset + win.out[0] * wph]
+
+
+def conv_im2col_flat(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """2-D im2col whose columns are copied as whole contiguous rows (``_flat_phases``) instead
+    of strided windows: for strided convs (ResNet's 7x7/2 stem) the copy was ~30% of the time.
+
+    Without groups the bias rides in the GEMM (a row of ones under the columns), so the one
+    pass that crops the junk columns also applies a fused Relu / Clip (``fuses_clip``).
+    """
+    x, w, b, group, win = _prepare(inputs, attrs)
+    if x.ndim != 4:
+        return conv_im2col(inputs, attrs)
+    n, c = x.shape[:2]
+    (kh, kw), (ho, wo), m = win.kernel, win.out, w.shape[0]
+    dtype = np.result_type(x, w)
+    flat, _, wph = _flat_phases(x.astype(dtype, copy=False), win)
+    bias_row = b is not None and group == 1
+    depth = c * kh * kw
+    cols = scratch("im2col_flat.cols", (n, depth + bias_row, ho * wph), dtype)
+    taps = cols[:, :depth].reshape(n, c, kh * kw, ho * wph)
+    for tap, (i, j) in enumerate(itertools.product(range(kh), range(kw))):
+        np.copyto(taps[:, :, tap], _flat_tap(flat, win, wph, i, j))
+    wmat = w.reshape(group, m // group, (c // group) * kh * kw).astype(dtype, copy=False)
+    if bias_row:
+        cols[:, depth] = 1
+        wmat = np.concatenate([wmat[0], b.reshape(m, 1).astype(dtype)], axis=1)[None]
+    full = scratch("im2col_flat.y", (n, group, m // group, ho * wph), dtype)
+    np.matmul(wmat, cols.reshape(n, group, -1, ho * wph), out=full)
+    y = np.empty((n, m, ho, wo), dtype=dtype)
+    cropped = full.reshape(n, m, ho, wph)[:, :, :, :wo]
+    if b is not None and not bias_row:
+        np.add(cropped, b.reshape(1, m, 1, 1), out=y)
+        cropped = y
+    bounds = fused_bounds(attrs)
+    if bounds is not None:
+        inplace.clip_into(cropped, *bounds, y)
+    elif cropped is not y:
+        np.copyto(y, cropped)
+    return [y.astype(x.dtype, copy=False)]
+
+
+conv_im2col_flat.fuses_clip = True  # type: ignore[attr-defined]
+
+
+def conv_1x1_bias_row(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """1x1 conv with the bias as one more GEMM column: [W | b] @ [X; 1].
+
+    Copying the (small) input once is cheaper than a bias pass over the output when the
+    output has many more channels than the input (MobileNet's expansion convs, 6x).
+    """
+    x, w, b, group, win = _prepare(inputs, attrs)
+    if b is None or group != 1 or x.ndim < 3 or any(k != 1 for k in win.kernel) or win.padded:
+        return conv_1x1(inputs, attrs)
+    n, c = x.shape[:2]
+    m, p = w.shape[0], math.prod(win.out)
+    dtype = np.result_type(x, w, b)
+    _, sl = next(window.taps(win))
+    rows = scratch("1x1_bias.x", (n, c + 1, p), dtype)
+    np.copyto(rows[:, :c].reshape(n, c, *win.out), x[(slice(None), slice(None), *sl)])
+    rows[:, c] = 1
+    weights = np.empty((m, c + 1), dtype=dtype)
+    weights[:, :c] = w.reshape(m, c)
+    weights[:, c] = b
+    y = np.matmul(weights, rows)
+    return [y.reshape(n, m, *win.out).astype(x.dtype, copy=False)]
+
+
 def _depthwise_ok(x: np.ndarray, w: np.ndarray, group: int, win: window.Window) -> bool:
     return (
         x.ndim == 4
@@ -139,21 +261,10 @@ def conv_depthwise_flat(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     x, w, b, group, win = _prepare(inputs, attrs)
     if not _depthwise_ok(x, w, group, win):
         return conv_depthwise(inputs, attrs)
-    n, c, height, width = x.shape
+    n, c = x.shape[:2]
     (kh, kw), (sh, sw), (ho, wo) = win.kernel, win.strides, win.out
-    pt, pl = win.pads_begin
-    hph, wph = ho + (kh - 1) // sh + 1, wo + (kw - 1) // sw
     dtype = np.result_type(x, w)
-    phases = zeroed("dw_flat.phases", (sh * sw, n, c, hph, wph), dtype)
-    for a in range(sh):
-        r0, r1 = max(0, -(-(pt - a) // sh)), min(hph, (height - 1 + pt - a) // sh + 1)
-        for bb in range(sw):
-            q0, q1 = max(0, -(-(pl - bb) // sw)), min(wph, (width - 1 + pl - bb) // sw + 1)
-            if r1 > r0 and q1 > q0:
-                rows = slice(a + r0 * sh - pt, a + (r1 - 1) * sh - pt + 1, sh)
-                cols = slice(bb + q0 * sw - pl, bb + (q1 - 1) * sw - pl + 1, sw)
-                phases[a * sw + bb, :, :, r0:r1, q0:q1] = x[:, :, rows, cols]
-    flat = phases.reshape(sh * sw, n, c, hph * wph)
+    flat, _, wph = _flat_phases(x.astype(dtype, copy=False), win, "dw_flat.phases")
     length = ho * wph
     wk = w.reshape(c, kh, kw).astype(dtype, copy=False)
     acc = scratch("dw_flat.acc", (n, c, length), dtype)
@@ -178,18 +289,21 @@ def conv_depthwise_flat(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
 
 def conv_depthwise_nhwc(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Depthwise conv with channels last, so each multiply-add's inner loop runs over the
-    channels (long for the late, small-image layers) with one weight vector per tap."""
+    channels (long for the late, small-image layers) with one weight vector per tap.
+
+    The input is transposed straight into a padded scratch image (only its border zeroed),
+    and bias and a fused Relu / Clip (``fuses_clip``) run on the contiguous accumulator
+    before the one transposing copy out.
+    """
     x, w, b, group, win = _prepare(inputs, attrs)
     if not _depthwise_ok(x, w, group, win):
         return conv_depthwise(inputs, attrs)
-    c = x.shape[1]
+    n, c, height, width = x.shape
     dtype = np.result_type(x, w)
-    padded = window.pad(x, win)
-    xp = scratch("dw_nhwc.x", (padded.shape[0], *padded.shape[2:], c), dtype)
-    np.copyto(xp, padded.transpose(0, 2, 3, 1))
+    xp = _padded_channels_last(x, win, dtype)
     wk = np.ascontiguousarray(w.reshape(c, -1).T, dtype=dtype)  # (taps, c)
-    acc = scratch("dw_nhwc.acc", (x.shape[0], *win.out, c), dtype)
-    tmp = scratch("dw_nhwc.tmp", (x.shape[0], *win.out, c), dtype)
+    acc = scratch("dw_nhwc.acc", (n, *win.out, c), dtype)
+    tmp = scratch("dw_nhwc.tmp", (n, *win.out, c), dtype)
     for tap, (_, sl) in enumerate(window.taps(win)):
         patch = xp[(slice(None), *sl, slice(None))]
         if tap == 0:
@@ -198,10 +312,29 @@ def conv_depthwise_nhwc(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
             np.multiply(patch, wk[tap], out=tmp)
             acc += tmp
     if b is not None:
-        acc += b
-    y = np.empty((x.shape[0], c, *win.out), dtype=x.dtype)
+        acc += b.astype(dtype, copy=False)
+    bounds = fused_bounds(attrs)
+    if bounds is not None:
+        inplace.clip_into(acc, *bounds, acc)
+    y = np.empty((n, c, *win.out), dtype=x.dtype)
     np.copyto(y, acc.transpose(0, 3, 1, 2))
     return [y]
+
+
+conv_depthwise_nhwc.fuses_clip = True  # type: ignore[attr-defined]
+
+
+def _padded_channels_last(x: np.ndarray, win: window.Window, dtype: np.dtype) -> np.ndarray:
+    """(N, C, H, W) -> zero-padded (N, Hp, Wp, C) scratch; only the padding border is zeroed."""
+    n, c, height, width = x.shape
+    (pt, pl), (pb, pr) = win.pads_begin, win.pads_end
+    xp = scratch("dw_nhwc.x", (n, height + pt + pb, width + pl + pr, c), dtype)
+    xp[:, :pt] = 0
+    xp[:, pt + height :] = 0
+    xp[:, pt : pt + height, :pl] = 0
+    xp[:, pt : pt + height, pl + width :] = 0
+    np.copyto(xp[:, pt : pt + height, pl : pl + width], x.transpose(0, 2, 3, 1))
+    return xp
 
 
 # Winograd F(2x2, 3x3) (Lavin & Gray 2015): each 2x2 output tile from a 4x4 input tile with
@@ -221,8 +354,7 @@ def winograd_ok(x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: dict[
 
 def pack_winograd(w: np.ndarray) -> np.ndarray:
     """(M, C, 3, 3) weights -> U = G g G^T as (16, M, C), the layout the 16 GEMMs read."""
-    u = np.einsum("ik,mckl,jl->ijmc", _WINO_G, w.astype(np.float64), _WINO_G, optimize=True)
-    return np.ascontiguousarray(u.reshape(16, w.shape[0], w.shape[1]).astype(w.dtype))
+    return _pack_transformed(w, _WINO_G)
 
 
 def conv_winograd(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -303,6 +435,140 @@ conv_winograd.pack = lambda inputs, attrs: (  # type: ignore[attr-defined]
 )
 
 
+# Winograd F(4x4, 3x3): each 4x4 output tile from a 6x6 input tile, 36 multiplies per channel
+# pair instead of 144 (4x fewer).  The transforms run as small matmuls over every tile at once
+# (B^T d B and A^T m A, one side at a time), so each is one BLAS call, not one ufunc per term.
+_WINO4_BT = np.array(
+    [
+        [4, 0, -5, 0, 1, 0],
+        [0, -4, -4, 1, 1, 0],
+        [0, 4, -4, -1, 1, 0],
+        [0, -2, -1, 2, 1, 0],
+        [0, 2, -1, -2, 1, 0],
+        [0, 4, 0, -5, 0, 1],
+    ],
+    dtype=np.float64,
+)
+_WINO4_G = np.array(
+    [
+        [1 / 4, 0, 0],
+        [-1 / 6, -1 / 6, -1 / 6],
+        [-1 / 6, 1 / 6, -1 / 6],
+        [1 / 24, 1 / 12, 1 / 6],
+        [1 / 24, -1 / 12, 1 / 6],
+        [0, 0, 1],
+    ],
+    dtype=np.float64,
+)
+_WINO4_AT = np.array(
+    [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], dtype=np.float64
+)
+# Below this many 4x4 output tiles per image the 36 GEMMs are too thin to pay for reading
+# filters 4x the original size (ResNet's 7x7 stage: slower than im2col, 38 MB per layer).
+WINO4_MIN_TILES = 16
+
+
+def winograd4_ok(x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: dict[str, Any]) -> bool:
+    if not winograd_ok(x_shape, w_shape, attrs):
+        return False
+    win = window.geometry(attrs, tuple(x_shape[2:]), (3, 3))
+    return -(-win.out[0] // 4) * -(-win.out[1] // 4) >= WINO4_MIN_TILES
+
+
+def pack_winograd4(w: np.ndarray) -> np.ndarray:
+    """(M, C, 3, 3) weights -> U = G g G^T as (36, C, M), the right-hand side of the 36 GEMMs."""
+    return np.ascontiguousarray(_pack_transformed(w, _WINO4_G).transpose(0, 2, 1))
+
+
+def _pack_transformed(w: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """G w G^T per (m, c) filter as (r*r, M, C), in float64 a few output channels at a time:
+    the whole float64 product of a 256x256 layer is ~40 MB and would set the peak RSS."""
+    r = g.shape[0]
+    packed = np.empty((r, r, w.shape[0], w.shape[1]), dtype=w.dtype)
+    step = max(1, (1 << 20) // max(1, w.shape[1] * r * r * 8))  # ~1 MB of float64 per block
+    for m0 in range(0, w.shape[0], step):
+        block = w[m0 : m0 + step].astype(np.float64)
+        packed[:, :, m0 : m0 + step] = np.einsum("ik,mckl,jl->ijmc", g, block, g, optimize=True)
+    return packed.reshape(r * r, w.shape[0], w.shape[1])
+
+
+def conv_winograd4(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """3x3 stride-1 conv by Winograd F(4x4, 3x3); input 1 may be pre-packed by ``pack_winograd4``.
+
+    Tiles are laid out channels-last, so the 36 GEMMs are (tiles, C) @ (C, M): with the
+    (large, cold) filters as the right-hand operand OpenBLAS runs them 10-25% faster here
+    than (M, C) @ (C, tiles), and gathering tiles copies whole channel vectors.
+    """
+    x, packed = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    if packed.ndim == 4:  # not pre-packed (a run outside a plan)
+        if not winograd_ok(x.shape, packed.shape, attrs):
+            return conv_im2col(inputs, attrs)
+        packed = pack_winograd4(packed)
+    n, c, height, width = x.shape
+    win = window.geometry(attrs, (height, width), (3, 3))
+    th, tw = -(-win.out[0] // 4), -(-win.out[1] // 4)
+    dtype = np.result_type(x, packed)
+    y = np.empty((n, packed.shape[2], *win.out), dtype=dtype)
+    for image in range(n):
+        v = _wino4_input(x[image], win, th, tw, dtype)
+        prod = scratch("wino4.prod", (36, th * tw, packed.shape[2]), dtype)
+        np.matmul(v, packed, out=prod)
+        _wino4_output(prod, th, tw, b, y[image], fused_bounds(attrs))
+    return [y.astype(x.dtype, copy=False)]
+
+
+def _wino4_input(x: np.ndarray, win: window.Window, th: int, tw: int, dtype: np.dtype) -> np.ndarray:
+    """(C, H, W) image -> V = B^T d B over all tiles, as (36, th*tw, C)."""
+    c, height, width = x.shape
+    xp = zeroed("wino4.x", (4 * th + 2, 4 * tw + 2, c), dtype)  # padded, channels last
+    pt, pl = win.pads_begin
+    rows = slice(max(0, -pt), min(height, 4 * th + 2 - pt))
+    cols = slice(max(0, -pl), min(width, 4 * tw + 2 - pl))
+    target = xp[rows.start + pt : rows.stop + pt, cols.start + pl : cols.stop + pl]
+    np.copyto(target, x[:, rows, cols].transpose(1, 2, 0))
+    sh, sw, sc = xp.strides
+    tiles = scratch("wino4.d", (6, 6, th, tw, c), dtype)  # [a, b, ti, tj, c] = xp[4ti+a, 4tj+b, c]
+    np.copyto(tiles, np.lib.stride_tricks.as_strided(xp, (6, 6, th, tw, c), (sh, sw, 4 * sh, 4 * sw, sc)))
+    bt = _WINO4_BT.astype(dtype)
+    rows_t = scratch("wino4.t", (6, 6, th * tw * c), dtype)
+    np.matmul(bt, tiles.reshape(6, -1), out=rows_t.reshape(6, -1))
+    v = scratch("wino4.v", (6, 6, th * tw * c), dtype)
+    np.matmul(bt, rows_t, out=v)  # batched over the transformed row index
+    return v.reshape(36, th * tw, c)
+
+
+def _wino4_output(
+    prod: np.ndarray, th: int, tw: int, b: np.ndarray | None, y: np.ndarray, bounds: tuple[Any, Any] | None
+) -> None:
+    """(36, th*tw, M) tile products -> A^T m A written (cropped, plus bias, clipped to
+    ``bounds`` if given) into y (M, Ho, Wo)."""
+    m = prod.shape[2]
+    at = _WINO4_AT.astype(prod.dtype)
+    rows = scratch("wino4.o1", (4, 6, th * tw * m), prod.dtype)
+    np.matmul(at, prod.reshape(6, -1), out=rows.reshape(4, -1))
+    out = scratch("wino4.o2", (4, 4, th * tw, m), prod.dtype)
+    np.matmul(at, rows, out=out.reshape(4, 4, -1))
+    if b is not None:  # along the contiguous channel axis: cheaper than on the NCHW output
+        out += b.astype(prod.dtype, copy=False)
+    # (i, j, ti, tj, M) -> channels-last image (4ti+i, 4tj+j, M) -> cropped NCHW: two copies
+    # with contiguous inner runs beat one 5-D scatter into y
+    hwc = scratch("wino4.hwc", (th, 4, tw, 4, m), prod.dtype)
+    np.copyto(hwc, out.reshape(4, 4, th, tw, m).transpose(2, 0, 3, 1, 4))
+    height, width = y.shape[1:]
+    image = hwc.reshape(4 * th, 4 * tw, m)[:height, :width].transpose(2, 0, 1)
+    if bounds is None:
+        np.copyto(y, image)
+    else:
+        inplace.clip_into(image, *bounds, y)
+
+
+conv_winograd4.fuses_clip = True  # type: ignore[attr-defined]
+conv_winograd4.pack = lambda inputs, attrs: (  # type: ignore[attr-defined]
+    {1: pack_winograd4(inputs[1])} if winograd4_ok(inputs[0].shape, inputs[1].shape, attrs) else {}
+)
+
+
 def conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
     """Every Conv variant that can run these shapes, the selector's pick first."""
     x_shape, w_shape = shapes[0], shapes[1]
@@ -311,8 +577,14 @@ def conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | No
     if x_shape is None or w_shape is None or len(x_shape) != 4:
         return found
     group = int(attrs.get("group", 1))
+    if first is conv_1x1 and len(shapes) > 2 and shapes[2] is not None and group == 1:
+        found.append(conv_1x1_bias_row)
+    if first is conv_im2col and any(s > 1 for s in (attrs.get("strides") or [1, 1])):
+        found.append(conv_im2col_flat)  # at stride 1 it saves little and computes junk columns
     if first is conv_depthwise and all(d == 1 for d in (attrs.get("dilations") or [1, 1])):
         found += [conv_depthwise_flat, conv_depthwise_nhwc]
     if group == 1 and winograd_ok(x_shape, w_shape, attrs):
         found.append(conv_winograd)
+    if group == 1 and winograd4_ok(x_shape, w_shape, attrs):
+        found.append(conv_winograd4)
     return found

@@ -1,0 +1,290 @@
+"""Hypothesis: the Conv kernels the search may pick (Winograd F(4x4, 3x3), im2col over flat
+phases, the 1x1 with its bias as a GEMM column, depthwise channels-last with a fused clip)
+and the separable MaxPool, on random shapes and attributes, against the ONNX reference."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import search
+from engine.ops import conv, pool
+from engine.search import with_packed
+from tests.engine.helpers import (
+    assert_same,
+    run_engine,
+    run_onnxruntime,
+    run_reference,
+    single_node_model,
+)
+
+SETTINGS = settings(max_examples=30, deadline=None)
+
+
+def _scaled_atol(want: np.ndarray) -> float:
+    """The accuracy bar of the issue: 1e-4 of the output's magnitude (at least 1e-4)."""
+    return 1e-4 * max(1.0, float(np.max(np.abs(want), initial=0.0)))
+
+
+@st.composite
+def winograd_cases(draw):
+    n = draw(st.integers(1, 2))
+    c, m = draw(st.integers(1, 8)), draw(st.integers(1, 8))
+    height, width = draw(st.integers(1, 19)), draw(st.integers(1, 19))
+    pads = draw(st.lists(st.integers(0, 2), min_size=4, max_size=4))
+    if height + pads[0] + pads[2] < 3 or width + pads[1] + pads[3] < 3:
+        pads = [1, 1, 1, 1]  # the 3x3 window must fit
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.standard_normal((n, c, height, width)).astype(np.float32)
+    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if draw(st.booleans()) else None
+    return [x, w] + ([b] if b is not None else []), {"pads": pads}
+
+
+@SETTINGS
+@given(winograd_cases(), st.booleans())
+def test_winograd4_matches_the_reference(case, prepacked):
+    inputs, attrs = case
+    model, feeds = single_node_model("Conv", inputs, attrs)
+    want = run_reference(model, feeds)[0]
+    args = list(inputs)
+    if prepacked:
+        args[1] = conv.pack_winograd4(inputs[1])
+        assert args[1].shape == (36, inputs[1].shape[1], inputs[1].shape[0])
+    got = conv.conv_winograd4(args, attrs)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
+
+
+@SETTINGS
+@given(st.integers(2, 3), st.integers(0, 2**16))
+def test_winograd4_falls_back_to_im2col_for_strided_convs(stride, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, 3, 11, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [stride, stride]}
+    assert not conv.winograd4_ok(x.shape, w.shape, attrs)
+    assert conv.conv_winograd4.pack([x, w], attrs) == {}
+    model, feeds = single_node_model("Conv", [x, w], attrs)
+    np.testing.assert_allclose(
+        conv.conv_winograd4([x, w], attrs)[0], run_reference(model, feeds)[0], rtol=1e-4, atol=1e-4
+    )
+
+
+def test_winograd4_is_a_candidate_only_with_enough_tiles():
+    attrs = {"pads": [1, 1, 1, 1]}
+    big, small = (1, 8, 16, 16), (1, 8, 7, 7)  # 16 and 4 tiles of 4x4
+    assert conv.conv_winograd4 in conv.conv_candidates(attrs, [big, (8, 8, 3, 3)])
+    assert conv.conv_winograd4 not in conv.conv_candidates(attrs, [small, (8, 8, 3, 3)])
+    assert conv.conv_winograd in conv.conv_candidates(attrs, [small, (8, 8, 3, 3)])
+
+
+@st.composite
+def strided_conv_cases(draw):
+    kh, kw = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    group = draw(st.integers(1, 3))
+    c, m = group * draw(st.integers(1, 3)), group * draw(st.integers(1, 3))
+    extent_h, extent_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    height, width = extent_h + draw(st.integers(0, 9)), extent_w + draw(st.integers(0, 9))
+    attrs = {"strides": [sh, sw], "dilations": [dh, dw], "group": group}
+    auto_pad = draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    if auto_pad == "NOTSET":
+        attrs["pads"] = draw(st.lists(st.integers(0, 3), min_size=4, max_size=4))
+    else:
+        attrs["auto_pad"] = auto_pad
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.standard_normal((draw(st.integers(1, 2)), c, height, width)).astype(np.float32)
+    w = rng.standard_normal((m, c // group, kh, kw)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if draw(st.booleans()) else None
+    return [x, w] + ([b] if b is not None else []), attrs
+
+
+@SETTINGS
+@given(strided_conv_cases())
+def test_im2col_over_flat_phases_matches_the_reference(case):
+    inputs, attrs = case
+    model, feeds = single_node_model("Conv", inputs, attrs)
+    want = run_reference(model, feeds)[0]
+    got = conv.conv_im2col_flat(inputs, attrs)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@SETTINGS
+@given(strided_conv_cases())
+def test_every_candidate_of_a_strided_conv_agrees_with_the_reference(case):
+    inputs, attrs = case
+    model, feeds = single_node_model("Conv", inputs, attrs)
+    want = run_reference(model, feeds)[0]
+    shapes = [a.shape for a in inputs]
+    candidates = conv.conv_candidates(attrs, shapes)
+    strided = any(s > 1 for s in attrs["strides"])
+    assert (conv.conv_im2col_flat in candidates) == (strided and candidates[0] is conv.conv_im2col)
+    for kernel in candidates:
+        got = kernel(with_packed(kernel, inputs, attrs), attrs)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want), err_msg=kernel.__name__)
+
+
+@st.composite
+def max_pool_cases(draw):
+    nd = draw(st.integers(1, 3))
+    kernel = draw(st.lists(st.integers(1, 3), min_size=nd, max_size=nd))
+    strides = draw(st.lists(st.integers(1, 3), min_size=nd, max_size=nd))
+    dilations = draw(st.lists(st.integers(1, 2), min_size=nd, max_size=nd))
+    extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+    # padding smaller than the kernel, as the spec requires: no window lies in the padding only
+    pads = [draw(st.integers(0, k - 1)) for k in kernel] + [draw(st.integers(0, k - 1)) for k in kernel]
+    spatial = [e + draw(st.integers(0, 5)) for e in extents]
+    attrs = {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": pads}
+    if draw(st.booleans()):
+        attrs["ceil_mode"] = 1
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.standard_normal((draw(st.integers(1, 2)), draw(st.integers(1, 3)), *spatial)).astype(np.float32)
+    return x, attrs
+
+
+@SETTINGS
+@given(max_pool_cases())
+def test_separable_max_pool_matches_the_reference(case):
+    x, attrs = case
+    model, feeds = single_node_model("MaxPool", [x], attrs, opset=19)
+    # onnxruntime is the oracle, as in test_ops_properties.test_pools: the reference
+    # evaluator's pooling is wrong for asymmetric pads and ceil_mode
+    want = run_onnxruntime(model, feeds)
+    assert_same(run_engine(model, feeds), want, rtol=0, atol=0)
+    got = pool.max_pool([x], attrs)[0]
+    assert_same([got], want, rtol=0, atol=0)
+    assert got.flags.c_contiguous
+    assert not np.shares_memory(got, x)
+
+
+def test_max_pool_of_a_unit_window_is_a_fresh_copy():
+    x = np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4)
+    y = pool.max_pool([x], {"kernel_shape": [1, 1]})[0]
+    np.testing.assert_array_equal(y, x)
+    assert not np.shares_memory(y, x)
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 2),
+    c=st.integers(1, 6),
+    m=st.integers(1, 12),
+    spatial=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+    stride=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_1x1_with_the_bias_as_a_gemm_column_matches_the_reference(n, c, m, spatial, stride, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, *spatial)).astype(np.float32)
+    w = rng.standard_normal((m, c, *[1] * len(spatial))).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    attrs = {"strides": [stride] * len(spatial)}
+    model, feeds = single_node_model("Conv", [x, w, b], attrs)
+    want = run_reference(model, feeds)[0]
+    got = conv.conv_1x1_bias_row([x, w, b], attrs)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    if len(spatial) == 2:  # the search only offers variants for 2-D convs
+        assert conv.conv_1x1_bias_row in conv.conv_candidates(attrs, [x.shape, w.shape, b.shape])
+        assert conv.conv_1x1_bias_row not in conv.conv_candidates(attrs, [x.shape, w.shape])
+
+
+def test_1x1_with_the_bias_as_a_gemm_column_falls_back_without_a_bias():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 4, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 1, 1)).astype(np.float32)
+    attrs = {"group": 2}
+    want = conv.conv_1x1([x, w], attrs)[0]
+    np.testing.assert_array_equal(conv.conv_1x1_bias_row([x, w], attrs)[0], want)
+
+
+def _activation(y: np.ndarray, attrs: dict) -> np.ndarray:
+    name, extra = attrs.get("activation"), attrs.get("activation_attrs") or {}
+    if name == "Relu":
+        return np.maximum(y, 0)
+    if name == "Clip":
+        return np.clip(y, extra.get("min", -np.inf), extra.get("max", np.inf))
+    if name == "LeakyRelu":
+        return np.where(y >= 0, y, y * np.float32(extra["alpha"]))
+    return y
+
+
+@SETTINGS
+@given(
+    size=st.integers(16, 22),
+    activation=st.sampled_from(["Relu", "Clip", "ClipLow", "LeakyRelu", None]),
+    stride=st.integers(1, 2),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_fused_conv_candidates_apply_the_activation_exactly_once(size, activation, stride, bias, seed):
+    """Winograd F(4x4) and im2col over flat phases clip in their last copy (``fuses_clip``):
+    the search's FusedConv wrapper must then skip the activation, and still apply the ones
+    the kernel does not fuse."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, 4, size, size)).astype(np.float32)
+    w = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32) if bias else None
+    attrs: dict = {"pads": [1, 1, 1, 1], "strides": [stride, stride]}
+    if activation == "Clip":
+        attrs |= {"activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}}
+    elif activation == "ClipLow":
+        attrs |= {"activation": "Clip", "activation_attrs": {"min": 0.25}}
+    elif activation == "LeakyRelu":
+        attrs |= {"activation": "LeakyRelu", "activation_attrs": {"alpha": 0.1}}
+    elif activation == "Relu":
+        attrs |= {"activation": "Relu"}
+    inputs = [x, w] if b is None else [x, w, b]
+    want = _activation(conv.conv_im2col(inputs, attrs)[0], attrs)
+    candidates = search.CANDIDATES["FusedConv"](attrs, [a.shape for a in inputs])
+    names = [kernel.__name__ for kernel in candidates]
+    assert ("fused_conv_winograd4" if stride == 1 else "fused_conv_im2col_flat") in names
+    for kernel in candidates:
+        got = kernel(with_packed(kernel, inputs, attrs), attrs)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want), err_msg=kernel.__name__)
+    assert conv.fused_bounds(attrs) == {
+        "Relu": (0, None),
+        "Clip": (-0.5, 1.5),
+        "ClipLow": (0.25, None),
+    }.get(activation)
+
+
+@SETTINGS
+@given(
+    channels=st.integers(1, 9),
+    size=st.integers(3, 12),
+    kernel=st.integers(1, 3),
+    stride=st.integers(1, 3),
+    pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+    activation=st.sampled_from(["Relu", "Clip", "ClipLow", "LeakyRelu", None]),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_fused_depthwise_candidates_apply_the_activation_exactly_once(
+    channels, size, kernel, stride, pads, activation, bias, seed
+):
+    """Depthwise channels-last clips its accumulator (``fuses_clip``), the flat form does not."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, channels, size, size + 1)).astype(np.float32)
+    w = rng.standard_normal((channels, 1, kernel, kernel)).astype(np.float32)
+    inputs = [x, w] + ([rng.standard_normal(channels).astype(np.float32)] if bias else [])
+    attrs: dict = {"pads": pads, "strides": [stride, stride], "group": channels}
+    attrs |= {
+        "Relu": {"activation": "Relu"},
+        "Clip": {"activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}},
+        "ClipLow": {"activation": "Clip", "activation_attrs": {"min": 0.25}},
+        "LeakyRelu": {"activation": "LeakyRelu", "activation_attrs": {"alpha": 0.1}},
+    }.get(activation, {})
+    model, feeds = single_node_model("Conv", inputs, {k: attrs[k] for k in ("pads", "strides", "group")})
+    want = _activation(run_reference(model, feeds)[0], attrs)
+    candidates = search.CANDIDATES["FusedConv"](attrs, [a.shape for a in inputs])
+    if channels > 1 and kernel > 1:  # a 1x1 depthwise conv runs as a (grouped) 1x1 GEMM
+        assert "fused_conv_depthwise_nhwc" in [c.__name__ for c in candidates]
+    for candidate in candidates:
+        got = candidate(with_packed(candidate, inputs, attrs), attrs)[0]
+        assert got.shape == want.shape, candidate.__name__
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=candidate.__name__)
