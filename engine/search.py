@@ -2,7 +2,8 @@
 this device, keep the fastest, and remember the choice.
 
 For ops with several correct kernels (Conv: im2col + GEMM, direct GEMM for 1x1, Winograd
-F(2x2, 3x3) for 3x3 stride 1, depthwise as shifted multiply-adds in two layouts), the
+F(2x2, 3x3) and F(4x4, 3x3) for 3x3 stride 1, depthwise as shifted multiply-adds in two
+layouts; see ``conv.conv_candidates``), the
 planner asks ``KernelSearch.choose`` which one a node runs.  The first time, each candidate
 runs on the node's real weights and an input of the recorded shape (best of a few runs;
 a candidate whose result differs from the selector's choice is dropped).  The choice is
@@ -54,9 +55,13 @@ _WRAPPED: dict[Kernel, Kernel] = {}
 
 def _with_activation(inner: Kernel, apply: Callable[[np.ndarray, dict[str, Any]], np.ndarray]) -> Kernel:
     if inner not in _WRAPPED:
+        fuses_clip = getattr(inner, "fuses_clip", False)
 
         def fused_variant(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-            return [apply(inner(inputs, attrs)[0], attrs)]
+            y = inner(inputs, attrs)[0]
+            if fuses_clip and conv.fused_bounds(attrs) is not None:
+                return [y]  # the kernel applied the Relu / Clip in its last pass
+            return [apply(y, attrs)]
 
         fused_variant.__name__ = f"fused_{inner.__name__}"
         fused_variant.__module__ = inner.__module__
@@ -66,9 +71,18 @@ def _with_activation(inner: Kernel, apply: Callable[[np.ndarray, dict[str, Any]]
     return _WRAPPED[inner]
 
 
+def _attention_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
+    """FusedAttention: all heads in batched matmuls, or one head at a time (which wins depends
+    on the head count and sizes, and on the BLAS: measured, batched usually)."""
+    from engine.ops import fused  # noqa: PLC0415 - the converter's module, as above
+
+    return fused.attention_candidates(attrs, shapes)
+
+
 CANDIDATES: dict[str, Candidates] = {
     "Conv": conv.conv_candidates,
     "FusedConv": _fused_conv_candidates,
+    "FusedAttention": _attention_candidates,
 }
 
 
