@@ -4,7 +4,8 @@ block-wise along the reduction axis, two values per byte).
 Only weights change; the engine computes in float32.  What each quantized weight becomes:
 
 - MatMul / Gemm with a constant 2-D weight -> one ``QMatMul`` node (engine/ops/quantized.py),
-  which dequantizes the weight a few hundred rows at a time.  Gemm's B is stored as [K, N]
+  which casts a few MB of the weight's rows at a time into a reused float buffer and, per
+  output channel, scales the product rather than the weight.  Gemm's B is stored as [K, N]
   (transposed at conversion when transB=1), and its constant bias becomes QMatMul's bias.
 - Conv -> ``DequantizeLinear`` feeding the Conv (int4: of the weight flattened to
   [out, in*kh*kw], then a Reshape back).

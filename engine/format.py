@@ -39,6 +39,7 @@ SIGNATURE = "manifest.sig"
 GRAPH = "graph.json"
 WEIGHTS = "weights.bin"
 ALIGNMENT = 64
+HASH_CHUNK = 1 << 20  # bytes read at a time when verifying a file's sha256
 
 
 @dataclass
@@ -55,8 +56,8 @@ def release_pages(blob: np.ndarray | None) -> None:
     """Drop a mapped file's pages from this process's resident set (Linux MADV_DONTNEED).
 
     The data stays valid: the next read faults the page back in from the page cache.  Used
-    after hashing the weights at load and after planning (weights replaced by a pre-packed
-    copy are then never touched again), so peak RSS counts only the weights a run reads.
+    after planning (weights replaced by a pre-packed copy are then never touched again), so
+    peak RSS counts only the weights a run reads.
     """
     handle = getattr(blob, "_mmap", None)  # numpy.memmap keeps its mmap object here
     advice = getattr(mmap, "MADV_DONTNEED", None)
@@ -176,6 +177,25 @@ def _map(location: tuple[Path, int, int]) -> np.ndarray:
     return np.memmap(file, dtype=np.uint8, mode="r", offset=offset, shape=(size,))
 
 
+def _sha256(location: tuple[Path, int, int]) -> str:
+    """The sha256 of a member, read through one small buffer.  Hashing the memory-mapped file
+    instead would make every page of it resident at once: the peak RSS of a load would count
+    the whole package, when a run only ever needs the weights it reads."""
+    file, offset, size = location
+    digest = hashlib.sha256()
+    buffer = memoryview(bytearray(max(1, min(size, HASH_CHUNK))))
+    with open(file, "rb", buffering=0) as handle:
+        handle.seek(offset)
+        remaining = size
+        while remaining:
+            got = handle.readinto(buffer[: min(remaining, len(buffer))])
+            if not got:
+                break  # shorter than its tar header says: the digest cannot match
+            digest.update(buffer[:got])
+            remaining -= got
+    return digest.hexdigest()
+
+
 def read_package(path: str | os.PathLike[str], *, verify: bool = True) -> Package:
     """Load a package file or directory; raise PackageError / PackageIntegrityError if it is bad."""
     path = Path(path)
@@ -204,7 +224,7 @@ def read_package(path: str | os.PathLike[str], *, verify: bool = True) -> Packag
                 raise PackageIntegrityError(
                     f"{path}: {name} is {blob.size} bytes, the manifest says {entry['size']}"
                 )
-            if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
+            if _sha256(files[name]) != entry["sha256"]:
                 raise PackageIntegrityError(f"{path}: {name} does not match its sha256 in the manifest")
         blobs[name] = blob
     graph_name, weights_name = manifest.get("graph", GRAPH), manifest.get("weights", WEIGHTS)

@@ -1,0 +1,255 @@
+"""QMatMul / QGather against a float reference (dequantize, then matmul), with the weight cast a
+block of rows at a time into a reused scratch buffer; and package loading that verifies every
+file's sha256 without making the mapped weights resident."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from converter import quantize as quant
+from engine import format as fmt
+from engine.errors import PackageIntegrityError
+from engine.ops import quantized
+from engine.ops.quantized import block_rows, dequantize, qgather, qmatmul
+
+SETTINGS = settings(max_examples=40, deadline=None)
+
+
+def _array(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _reference(a: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """a @ weight (+ bias) in float64: what QMatMul computes in float32."""
+    y = a.astype(np.float64) @ weight.astype(np.float64)
+    return y if bias is None else y + bias
+
+
+def _close(got: np.ndarray, want: np.ndarray, k: int) -> None:
+    """float32 accumulation over k terms: the error grows with k and the terms' size."""
+    assert got.dtype == np.float32 and got.shape == want.shape
+    size = max(1.0, float(np.abs(want).max(initial=0)))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1, k) * size)
+
+
+@st.composite
+def int8_cases(draw):
+    k, n = draw(st.integers(0, 70)), draw(st.integers(1, 40))
+    lead = tuple(draw(st.lists(st.integers(0, 3), min_size=0, max_size=2)))  # M may be 0
+    seed = draw(st.integers(0, 2**32 - 1))
+    weight = _array(seed, (k, n))
+    if k and draw(st.booleans()):
+        weight[:, 0] = 0  # an all-zero column: scale 1
+    a = _array(seed + 1, (*lead, k))
+    bias = _array(seed + 2, (n,)) if draw(st.booleans()) else None
+    scratch = draw(st.sampled_from([4, 64, 1000, 4 << 20]))  # bytes: 1 row, a few rows, all at once
+    return a, weight, bias, scratch
+
+
+@SETTINGS
+@given(int8_cases())
+def test_int8_qmatmul_matches_dequantize_then_matmul(case):
+    a, weight, bias, scratch = case
+    if weight.shape[0]:
+        q, scale = quant.quantize_int8(weight, 1)
+    else:  # K = 0: nothing to quantize, the product is zeros
+        q, scale = weight.astype(np.int8), np.ones(weight.shape[1], np.float32)
+    attrs = {"axis": 1}
+    full = dequantize(q, scale, None, attrs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quantized, "SCRATCH_BYTES", scratch)
+        (got,) = qmatmul([a, q, scale, None, bias], attrs)
+    _close(got, _reference(a, full, bias), a.shape[-1])
+
+
+@st.composite
+def int4_cases(draw):
+    block = draw(st.sampled_from([2, 4, 8]))
+    k, n = draw(st.integers(1, 40)), draw(st.integers(1, 12))
+    seed = draw(st.integers(0, 2**32 - 1))
+    weight = _array(seed, (k, n))
+    a = _array(seed + 1, (draw(st.integers(0, 4)), k))
+    bias = _array(seed + 2, (n,)) if draw(st.booleans()) else None
+    scratch = draw(st.sampled_from([4, 4 * n * block + 4, 4 << 20]))
+    return a, weight, bias, block, scratch
+
+
+@SETTINGS
+@given(int4_cases())
+def test_int4_blockwise_qmatmul_matches_dequantize_then_matmul(case):
+    """Blocks along K, a shorter last block, several blocks per scratch fill or one."""
+    a, weight, bias, block, scratch = case
+    q, scale, zero = quant.quantize_int4(weight, block)
+    attrs = {"axis": 0, "block_size": block, "packed": "uint4", "shape": list(weight.shape)}
+    inputs = [a, quant.pack4(q), scale.astype(np.float32), quant.pack4(zero), bias]
+    full = dequantize(inputs[1], inputs[2], inputs[3], attrs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quantized, "SCRATCH_BYTES", scratch)
+        (got,) = qmatmul(inputs, attrs)
+    _close(got, _reference(a, full, bias), a.shape[-1])
+
+
+@SETTINGS
+@given(st.integers(1, 50), st.integers(1, 20), st.integers(0, 2**32 - 1), st.sampled_from([8, 1 << 20]))
+def test_uint8_per_column_with_zero_point_matches_reference(k, n, seed, scratch):
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, 256, (k, n)).astype(np.uint8)
+    zero = rng.integers(0, 256, n).astype(np.uint8)
+    scale = (rng.random(n) * 0.1 + 0.01).astype(np.float32)
+    a = _array(seed, (2, 3, k))
+    full = dequantize(q, scale, zero, {"axis": 1})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quantized, "SCRATCH_BYTES", scratch)
+        (got,) = qmatmul([a, q, scale, zero], {"axis": 1})
+    _close(got, _reference(a, full, None), k)
+
+
+@pytest.mark.parametrize("activation", ["Gelu", "Relu"])
+def test_int8_qmatmul_equals_onnx_reference_dequantize_matmul_add(activation):
+    """The same computation as ONNX spells it, run by onnx's ReferenceEvaluator."""
+    k, n = 96, 40
+    weight, a, bias = _array(1, (k, n)), _array(2, (1, 3, k)), _array(3, (n,))
+    q, scale = quant.quantize_int8(weight, 1)
+    graph = helper.make_graph(
+        [
+            helper.make_node("DequantizeLinear", ["q", "scale"], ["w"], axis=1),
+            helper.make_node("MatMul", ["a", "w"], ["h"]),
+            helper.make_node("Add", ["h", "bias"], ["hb"]),
+            helper.make_node(activation, ["hb"], ["y"]),
+        ],
+        "qmatmul",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[
+            numpy_helper.from_array(q, "q"),
+            numpy_helper.from_array(scale, "scale"),
+            numpy_helper.from_array(bias, "bias"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    (want,) = ReferenceEvaluator(model).run(None, {"a": a})
+    attrs = {"axis": 1, "activation": activation, "activation_attrs": {}}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quantized, "SCRATCH_BYTES", 4 * n * 10)  # 10 rows at a time
+        (got,) = qmatmul([a, q, scale, None, bias], attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_scratch_is_reused_not_reallocated():
+    weight, a = _array(4, (64, 32)), _array(5, (1, 64))
+    q, scale = quant.quantize_int8(weight, 1)
+    qmatmul([a, q, scale], {"axis": 1})
+    buffer = quantized._scratch(1, 1, np.dtype(np.float32)).base
+    for _ in range(3):
+        (got,) = qmatmul([a, q, scale], {"axis": 1})
+        assert quantized._scratch(1, 1, np.dtype(np.float32)).base is buffer
+    _close(got, _reference(a, dequantize(q, scale, None, {"axis": 1}), None), 64)
+
+
+def test_threads_do_not_share_a_scratch_buffer():
+    """Sessions may run in parallel threads: each must cast into its own buffer."""
+    weights = [quant.quantize_int8(_array(seed, (1000, 300)), 1) for seed in range(4)]
+    a = _array(9, (2, 1000))
+    want = [_reference(a, dequantize(q, s, None, {"axis": 1}), None) for q, s in weights]
+    failures: list[str] = []
+
+    def work(index: int) -> None:
+        q, s = weights[index]
+        for _ in range(30):
+            (got,) = qmatmul([a, q, s], {"axis": 1})
+            if not np.allclose(got, want[index], rtol=1e-4, atol=1e-3):
+                failures.append(f"thread {index}")
+                return
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quantized, "SCRATCH_BYTES", 4 * 300 * 400)  # big casts: numpy lets go of the GIL
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert failures == []
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "itemsize", "multiple", "budget", "rows"),
+    [
+        (512, 16384, 4, 1, 4 << 20, 64),  # a vocabulary projection: 64 rows of 16384 floats
+        (512, 512, 4, 1, 4 << 20, 512),  # fits whole
+        (100, 1 << 20, 4, 1, 4 << 20, 1),  # one row is over budget: still one row
+        (200, 1000, 4, 32, 4 * 1000 * 40, 32),  # whole quantization blocks
+        (200, 1000, 4, 32, 4, 32),
+        (0, 10, 4, 1, 4 << 20, 1),
+    ],
+)
+def test_block_rows(monkeypatch, k, n, itemsize, multiple, budget, rows):
+    monkeypatch.setattr(quantized, "SCRATCH_BYTES", budget)
+    assert block_rows(k, n, itemsize, multiple) == rows
+
+
+@SETTINGS
+@given(st.integers(1, 30), st.integers(1, 20), st.integers(0, 2**32 - 1))
+def test_int8_qgather_matches_dequantized_rows(height, width, seed):
+    table = _array(seed, (height, width))
+    q, scale = quant.quantize_int8(table, 0)
+    indices = np.random.default_rng(seed).integers(-height, height, (2, 3))
+    (got,) = qgather([q, scale, None, indices], {"axis": 0})
+    np.testing.assert_array_equal(got, dequantize(q, scale, None, {"axis": 0})[indices])
+
+
+# -- loading: verify without making the weights resident -------------------------------------------
+
+
+def _package(tmp_path: Path, megabytes: int = 0, size: int = 1000) -> Path:
+    count = max(size, megabytes * (1 << 20) // 4)
+    weights = {"w": np.random.default_rng(0).standard_normal(count).astype(np.float32)}
+    path = tmp_path / "p.ferry"
+    fmt.write_package(
+        path,
+        graph={"nodes": [], "inputs": [], "outputs": []},
+        tensors=weights,
+        inputs=[],
+        outputs=[],
+    )
+    return path
+
+
+@pytest.mark.parametrize("chunk", [7, 4096, 1 << 20])
+def test_chunked_hash_verifies_and_catches_a_flipped_byte(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(fmt, "HASH_CHUNK", chunk)
+    path = _package(tmp_path, size=3001)
+    package = fmt.read_package(path)
+    assert package.tensors["w"].shape == (3001,)
+    data = bytearray(path.read_bytes())
+    with tarfile.open(fileobj=io.BytesIO(bytes(data))) as tar:
+        member = tar.getmember(fmt.WEIGHTS)
+    data[member.offset_data + member.size - 1] ^= 0x80  # the last byte: the end of the last chunk
+    path.write_bytes(bytes(data))
+    with pytest.raises(PackageIntegrityError, match="weights.bin does not match its sha256"):
+        fmt.read_package(path)
+
+
+def _rss_file_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1])
+    pytest.skip("no RssFile in /proc/self/status")
+
+
+def test_verifying_a_package_does_not_map_its_weights_in(tmp_path):
+    path = _package(tmp_path, megabytes=32)
+    before = _rss_file_kb()
+    package = fmt.read_package(path)
+    grown = _rss_file_kb() - before
+    assert grown < 8 * 1024, f"loading made {grown} KB of the 32 MB package resident"
+    assert float(package.tensors["w"][-1]) == float(np.asarray(package.tensors["w"])[-1])
