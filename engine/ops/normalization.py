@@ -44,6 +44,8 @@ def layer_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     x, scale = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     axis = normalize_axis(int(attrs.get("axis", -1)), x.ndim)
+    if _last_axis_fast(x, scale, bias, axis):
+        return _layer_norm_rows(x, scale, bias, x.dtype.type(attrs.get("epsilon", 1e-5)))
     axes = tuple(range(axis, x.ndim))
     wide = x.astype(np.float32) if x.dtype.itemsize < 4 else x
     mean = wide.mean(axis=axes, keepdims=True)
@@ -61,3 +63,37 @@ def layer_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     if bias is not None:
         y = y + bias
     return [y.astype(x.dtype, copy=False), mean, inv_std]
+
+
+def _last_axis_fast(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, axis: int) -> bool:
+    n = x.shape[-1] if x.ndim else 0
+    return (
+        axis == x.ndim - 1
+        and n > 0
+        and x.dtype in (np.float32, np.float64)
+        and scale.shape == (n,)
+        and scale.dtype == x.dtype
+        and (bias is None or (bias.shape == (n,) and bias.dtype == x.dtype))
+    )
+
+
+def _layer_norm_rows(
+    x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, epsilon: np.floating
+) -> list[np.ndarray]:
+    """LayerNorm over the last axis in fewer, cheaper passes: row means as a matrix-vector
+    product and row sums of squares as an einsum (both ~4x faster than ``mean``), and one
+    row-times-column factor (inv_std outer scale) instead of two broadcast multiplies."""
+    n = x.shape[-1]
+    rows = x.reshape(-1, n)
+    mean = np.dot(rows, np.ones(n, dtype=x.dtype))
+    mean /= x.dtype.type(n)  # not a dot with 1/n: its rounding would bias large means
+    y = rows - mean[:, None]
+    var = np.einsum("ij,ij->i", y, y)
+    var /= x.dtype.type(n)
+    var += epsilon
+    inv_std = np.reciprocal(np.sqrt(var, out=var), out=var)
+    y *= np.multiply.outer(inv_std, scale)
+    if bias is not None:
+        y += bias
+    stats = (*x.shape[:-1], 1)
+    return [y.reshape(x.shape), mean.reshape(stats), inv_std.reshape(stats)]

@@ -81,6 +81,9 @@ def _fill(attrs: dict[str, Any], dtype: np.dtype) -> Any:
 @register("Raster")
 def raster(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     shape = [int(d) for d in attrs["shape"]]
+    view = _as_view(inputs, shape, attrs)
+    if view is not None:
+        return [view]
     sources = [_read_only_flat(x) if x is not None else None for x in inputs]
     first = next((x for x in sources if x is not None), None)
     dtype = np.dtype(attrs["dtype"]) if attrs.get("dtype") else first.dtype
@@ -115,3 +118,54 @@ def _read_only_flat(x: np.ndarray) -> np.ndarray:
     flat = np.ascontiguousarray(x).reshape(-1).view()
     flat.flags.writeable = False
     return flat
+
+
+def _as_view(inputs: list[np.ndarray | None], shape: list[int], attrs: dict[str, Any]) -> np.ndarray | None:
+    """The output as a read-only view of the input when one region copies a whole strided
+    block of it in C order (transpose, slice, split, gather of a constant index): the head
+    split of attention is then free, and GEMMs read the strided views directly.  None when
+    a copy is needed."""
+    regions = attrs["regions"]
+    if "fill" in attrs or len(regions) != 1:
+        return None
+    region = regions[0]
+    size = [int(n) for n in region["size"]]
+    x = inputs[int(region["input"])]
+    total = math.prod(shape)
+    if x is None or 0 in size or math.prod(size) != total or int(region["dst_offset"]) != 0:
+        return None
+    if attrs.get("dtype") and np.dtype(attrs["dtype"]) != x.dtype:
+        return None
+    if not _c_order(region["dst_strides"], size):
+        return None
+    offset, strides = int(region["src_offset"]), [int(s) for s in region["src_strides"]]
+    low, high = extent(offset, strides, size)
+    if low < 0 or high >= x.size:
+        return None  # the copy path reports the bad region
+    if strides != [1] or not x.flags.c_contiguous:
+        return None  # measured: strided views make later kernels slower than the copy costs
+    flat = x.reshape(-1)
+    itemsize = x.dtype.itemsize
+    read = np.ndarray(size, x.dtype, flat, offset * itemsize, tuple(s * itemsize for s in strides))
+    return _reshaped_view(read, shape)
+
+
+def _c_order(strides: list[int], size: list[int]) -> bool:
+    """Whether ``strides`` walk a C-ordered block of ``size`` (dims of size 1 are free)."""
+    expected = 1
+    for stride, count in zip(reversed(strides), reversed(size), strict=True):
+        if count != 1 and int(stride) != expected:
+            return False
+        expected *= count
+    return True
+
+
+def _reshaped_view(x: np.ndarray, shape: list[int]) -> np.ndarray | None:
+    try:
+        view = np.reshape(x, shape, copy=False)  # raises instead of copying
+    except ValueError:
+        return None
+    if view is x:
+        view = x.view()
+    view.flags.writeable = False
+    return view

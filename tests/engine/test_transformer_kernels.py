@@ -1,0 +1,295 @@
+"""Hypothesis: the transformer kernels (GELU, LayerNorm, FusedAttention, Raster views) against
+onnx's ReferenceEvaluator on random shapes and values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from converter import convert
+from engine import Session
+from engine.format import read_package
+from engine.ops import fused, inplace, raster
+from engine.ops.normalization import layer_normalization
+from engine.search import CANDIDATES
+from tests.converter.models import fvalue, model
+from tests.engine.helpers import assert_same, run_engine, run_reference, single_node_model
+
+SETTINGS = settings(max_examples=30, deadline=None)
+
+
+def _array(seed: int, shape: tuple[int, ...], scale: float = 1.0, dtype: type = np.float32) -> np.ndarray:
+    return np.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, dtype=dtype)
+
+
+shapes = st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple)
+
+
+# -- GELU --------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(
+    st.integers(0, 2**32 - 1),
+    shapes,
+    st.sampled_from([0.5, 3.0, 12.0]),
+    st.sampled_from([np.float32, np.float64]),
+)
+def test_gelu_matches_reference(seed, shape, scale, dtype):
+    x = _array(seed, shape, scale, dtype)
+    model, feeds = single_node_model("Gelu", [x], {}, opset=20)
+    want = run_reference(model, feeds)[0]
+    got = inplace.gelu_into(x, np.empty_like(x))
+    assert got.dtype == x.dtype
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+    again = x.copy()
+    assert inplace.gelu_into(again, again) is again
+    np.testing.assert_array_equal(again, got)
+
+
+def test_gelu_limits_and_special_values():
+    x = np.array([0.0, -0.0, 1e-30, -1e-30, 8.0, -8.0, 40.0, -40.0, 1e30, -1e30, np.inf, np.nan], np.float32)
+    model, feeds = single_node_model("Gelu", [x], {}, opset=20)
+    want = run_reference(model, feeds)[0]
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # no warning escapes the kernel
+        got = inplace.gelu_into(x, np.empty_like(x))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert np.isnan(inplace.gelu_into(np.array([-np.inf], np.float32), np.empty(1, np.float32))[0])
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(1, 70))
+def test_fused_matmul_gelu_matches_reference(seed, rows, cols):
+    a, w, b = _array(seed, (rows, 16)), _array(seed + 1, (16, cols)), _array(seed + 2, (cols,))
+    x = a @ w + b
+    model, feeds = single_node_model("Gelu", [x], {}, opset=20)
+    got = fused.fused_matmul([a, w, b], {"activation": "Gelu", "activation_attrs": {}})[0]
+    np.testing.assert_allclose(got, run_reference(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 3), st.integers(1, 90), st.sampled_from([None, "Gelu"]))
+def test_fused_matmul_with_tiled_bias_matches_reference(seed, batch, rows, activation):
+    a, w, b = _array(seed, (batch, rows, 8)), _array(seed + 1, (8, 1100)), _array(seed + 2, (1100,))
+    attrs = {"activation": activation, "activation_attrs": {}} if activation else {}
+    model, feeds = single_node_model(activation or "Identity", [a @ w + b], {}, opset=20)
+    want = run_reference(model, feeds)[0]
+    packed = fused.pack_fused_matmul([a, w, b], attrs)
+    assert (2 in packed) == (batch * rows >= 2 * fused.BIAS_ROWS and batch * rows * 1100 >= 1 << 16)
+    for bias in (b, packed.get(2, b)):
+        got = fused.fused_matmul([a, w, bias], attrs)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# -- LayerNormalization ------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(
+    st.integers(0, 2**32 - 1),
+    shapes,
+    st.booleans(),
+    st.sampled_from([-1, 0]),
+    st.sampled_from([np.float32, np.float64]),
+    st.sampled_from([0.1, 1.0, 50.0]),
+)
+def test_layer_norm_matches_reference(seed, shape, with_bias, axis, dtype, offset):
+    x = _array(seed, shape, 3.0, dtype) + dtype(offset)
+    normalized = shape[axis:] if axis == 0 else shape[-1:]
+    scale = _array(seed + 1, normalized, 1.0, dtype)
+    bias = _array(seed + 2, normalized, 1.0, dtype) if with_bias else None
+    inputs = [x, scale] + ([bias] if with_bias else [])
+    model, feeds = single_node_model("LayerNormalization", inputs, {"axis": axis}, n_outputs=3)
+    want = run_reference(model, feeds)
+    # Rows far from zero mean lose digits to cancellation in any float order of operations: the
+    # engine's and the reference's roundings may differ by a few ulps of |x| over the row's std.
+    conditioning = np.max(np.abs(x)) * np.max(want[2]) * np.max(np.abs(scale))
+    atol = (1e-5 if dtype == np.float32 else 1e-9) + 16 * np.finfo(dtype).eps * conditioning
+    rtol = 1e-5 if dtype == np.float32 else 1e-7
+    assert_same(run_engine(model, feeds), want, rtol=rtol, atol=atol)
+    assert_same(layer_normalization(inputs, {"axis": axis}), want, rtol=rtol, atol=atol)
+
+
+# -- FusedAttention ----------------------------------------------------------------------------
+
+
+def _attention_model(q, k, v, mask, scale):
+    """MatMul(q, Transpose(k)) * scale [+ mask] -> Softmax -> MatMul(., v), as exporters write it."""
+    feeds = {"q": q, "k": k, "v": v, **({"mask": mask} if mask is not None else {})}
+    perm = [*range(k.ndim - 2), k.ndim - 1, k.ndim - 2]
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=perm),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "mask"], ["masked"]) if mask is not None else None,
+        helper.make_node("Softmax", ["masked" if mask is not None else "scaled"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        [n for n in nodes if n is not None],
+        "attention",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, a.shape) for name, a in feeds.items()],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        initializer=[helper.make_tensor("scale", TensorProto.FLOAT, [], [scale])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), feeds
+
+
+@st.composite
+def attention_cases(draw):
+    lead = tuple(draw(st.lists(st.integers(1, 4), min_size=0, max_size=2)))
+    s, t, d, dv = (draw(st.integers(1, 24)) for _ in range(4))
+    seed = draw(st.integers(0, 2**32 - 1))
+    q, k = _array(seed, (*lead, s, d), 2.0), _array(seed + 1, (*lead, t, d), 2.0)
+    v = _array(seed + 2, (*lead, t, dv))
+    mask_shape = draw(st.sampled_from([None, (t,), (s, t), (*lead, s, t)]))
+    mask = None
+    if mask_shape is not None:  # some positions masked out, as padding masks do
+        mask = np.where(_array(seed + 3, mask_shape) > 1.5, -1e4, 0).astype(np.float32)
+    scale = draw(st.sampled_from([1.0, 0.125, 1 / math.sqrt(d)]))
+    return q, k, v, mask, scale
+
+
+@SETTINGS
+@given(attention_cases(), st.booleans())
+def test_fused_attention_kernels_match_reference(case, k_transposed):
+    q, k, v, mask, scale = case
+    model, feeds = _attention_model(q, k, v, mask, scale)
+    want = run_reference(model, feeds)[0]
+    key = np.ascontiguousarray(np.swapaxes(k, -1, -2)) if k_transposed else k
+    inputs = [q, key, v] + ([mask] if mask is not None else [])
+    attrs = {"scale": scale, "k_transposed": int(k_transposed)}
+    shapes = [a.shape for a in inputs]
+    kernels = CANDIDATES["FusedAttention"](attrs, shapes)
+    assert fused.fused_attention in kernels
+    assert (fused.attention_per_head in kernels) == (mask is None)
+    for kernel in (fused.fused_attention, fused.attention_per_head):
+        got = kernel(inputs, attrs)[0]
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=kernel.__name__)
+
+
+def test_fused_attention_large_scores_stay_finite():
+    q = np.full((1, 2, 3, 4), 30.0, np.float32)
+    k = np.full((1, 2, 5, 4), 30.0, np.float32)
+    v = _array(0, (1, 2, 5, 3))
+    model, feeds = _attention_model(q, k, v, None, 1.0)
+    want = run_reference(model, feeds)[0]
+    for kernel in (fused.fused_attention, fused.attention_per_head):
+        np.testing.assert_allclose(kernel([q, k, v], {"scale": 1.0})[0], want, rtol=1e-5, atol=1e-5)
+
+
+# -- Raster views ------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.lists(st.integers(1, 5), min_size=2, max_size=4).map(tuple), st.data())
+def test_raster_block_is_a_read_only_view_equal_to_gather(seed, shape, data):
+    x = _array(seed, shape)
+    index = data.draw(st.integers(0, shape[0] - 1))
+    block = math.prod(shape[1:])
+    region = {
+        "input": 0,
+        "src_offset": index * block,
+        "src_strides": [1],
+        "dst_offset": 0,
+        "dst_strides": [1],
+        "size": [block],
+    }
+    got = raster.raster([x], {"shape": list(shape[1:]), "regions": [region]})[0]
+    model, feeds = single_node_model("Gather", [x, np.array(index, np.int64)], {"axis": 0})
+    np.testing.assert_array_equal(got, run_reference(model, feeds)[0])
+    assert np.shares_memory(got, x) and not got.flags.writeable
+
+
+def test_raster_copies_strided_regions_and_non_contiguous_inputs():
+    x = _array(1, (4, 6))
+    transpose = {"input": 0, "src_offset": 0, "src_strides": [1, 6], "dst_offset": 0, "dst_strides": [4, 1]}
+    got = raster.raster([x], {"shape": [6, 4], "regions": [{**transpose, "size": [6, 4]}]})[0]
+    np.testing.assert_array_equal(got, x.T)
+    assert not np.shares_memory(got, x) and got.flags.writeable
+    strided = x[:, ::2]
+    row = {"input": 0, "src_offset": 3, "src_strides": [1], "dst_offset": 0, "dst_strides": [1], "size": [3]}
+    got = raster.raster([strided], {"shape": [3], "regions": [row]})[0]
+    np.testing.assert_array_equal(got, strided[1])
+    assert not np.shares_memory(got, x)
+
+
+# -- the converter's attention view folding, end to end against onnxruntime ------------------
+
+
+def _packed_qkv_attention(batch: int, seq: int, heads: int, dim: int, masked: bool) -> onnx.ModelProto:
+    """x @ Wqkv + b -> Reshape [B,S,3,H,D] -> Transpose -> Gather 0/1/2 -> attention -> Transpose
+    -> Reshape [B,S,H*D], the way torch exports a packed qkv projection."""
+    width = heads * dim
+    rng = np.random.default_rng(batch * 1000 + seq * 10 + heads)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["qkv"]),
+        helper.make_node("Reshape", ["qkv", "split_shape"], ["split"]),
+        helper.make_node("Transpose", ["split"], ["heads"], perm=[2, 0, 3, 1, 4]),
+        *(helper.make_node("Gather", ["heads", f"i{n}"], [name], axis=0) for n, name in enumerate("qkv")),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "mask"], ["masked"]) if masked else None,
+        helper.make_node("Softmax", ["masked" if masked else "scaled"], ["probs"], axis=-1),
+        helper.make_node("MatMul", ["probs", "v"], ["attended"]),
+        helper.make_node("Transpose", ["attended"], ["merged"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["merged", "merge_shape"], ["y"]),
+    ]
+    mask = np.where(rng.random((batch, 1, 1, seq)) < 0.3, -1e4, 0.0)
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal((width, 3 * width)).astype(np.float32) * 0.2, "w"),
+        numpy_helper.from_array(rng.standard_normal(3 * width).astype(np.float32), "b"),
+        numpy_helper.from_array(np.array([batch, seq, 3, heads, dim], np.int64), "split_shape"),
+        numpy_helper.from_array(np.array([batch, seq, width], np.int64), "merge_shape"),
+        numpy_helper.from_array(np.array(1 / math.sqrt(dim), np.float32), "scale"),
+        numpy_helper.from_array(mask.astype(np.float32), "mask"),
+        *(numpy_helper.from_array(np.array(n, np.int64), f"i{n}") for n in range(3)),
+    ]
+    return model(
+        [n for n in nodes if n is not None],
+        [fvalue("x", [batch, seq, width])],
+        [fvalue("y", [batch, seq, width])],
+        initializers=initializers,
+    )
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(1, 2), st.integers(1, 12), st.integers(1, 4), st.integers(1, 8), st.booleans())
+def test_attention_views_fold_head_split_and_merge(tmp_path_factory, batch, seq, heads, dim, masked):
+    source = _packed_qkv_attention(batch, seq, heads, dim, masked)
+    path = tmp_path_factory.mktemp("fold") / "attention.ferry"
+    convert(source, path)
+    nodes = read_package(path).graph["nodes"]
+    attention = next(node for node in nodes if node["op"] == "FusedAttention")
+    assert [node["op"] for node in nodes].count("Raster") == 0
+    if heads > 1 and seq > 1:  # else the head split and merge are plain reshapes, already free
+        assert attention["outputs"] == ["y"]
+        assert attention["attrs"]["out_view"]["shape"] == [batch, seq, heads * dim]
+        assert [view is not None for view in attention["attrs"]["views"]] == [True, True, True]
+    feeds = {"x": np.random.default_rng(seq).standard_normal((batch, seq, heads * dim)).astype(np.float32)}
+    onnxruntime = ort.InferenceSession(source.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = onnxruntime.run(None, feeds)
+    session = Session(path, threads=1)
+    for _ in range(2):  # the recorded run and the planned run
+        np.testing.assert_allclose(session.run(feeds)["y"], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_attention_views_are_checked_against_the_buffer():
+    qkv = _array(0, (2, 12))
+    views = [{"shape": [1, 2, 2], "offset": off, "strides": [0, 12, 1]} for off in (0, 4, 8)]
+    got = fused.fused_attention([qkv, qkv, qkv], {"views": views})[0]
+    q, k, v = (qkv[:, off : off + 2][None] for off in (0, 4, 8))
+    np.testing.assert_allclose(got, fused.fused_attention([q, k, v], {})[0], rtol=1e-6, atol=1e-6)
+    too_far = [{**views[0], "offset": 11}, views[1], views[2]]
+    with pytest.raises(ValueError, match="does not fit"):
+        fused.fused_attention([qkv, qkv, qkv], {"views": too_far})
