@@ -28,12 +28,12 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from engine.ops import inplace
+from engine.ops import inplace, raster
 from engine.ops.registry import REGISTRY, Kernel, kernel_name
 from engine.program import Program, Step
 
@@ -158,10 +158,11 @@ def build(
             after_node()
         steps.append(PlannedStep(step.name, step.op, kernel, step.attrs, inputs, step.outputs, note=note))
     steps = _fuse_gelu(steps, static, outputs)
+    steps, shared = _write_parts_in_place(steps, record, outputs)
     used = {name for s in steps for name in s.inputs if name} | outputs
     constants = {name: _frozen(value) for name, value in {**static, **packed}.items() if name in used}
     _assign_releases(steps, outputs)
-    _assign_inplace(steps, record, constants, outputs, set(program.inputs))
+    _assign_inplace(steps, record, constants, outputs, set(program.inputs), shared)
     return Built(steps, constants)
 
 
@@ -228,8 +229,12 @@ def _assign_inplace(
     constants: dict[str, np.ndarray],
     outputs: set[str],
     feeds: set[str],
+    shared: set[int],
 ) -> None:
-    """Swap in an in-place kernel where an input can safely become the output buffer."""
+    """Swap in an in-place kernel where an input can safely become the output buffer.
+
+    ``shared``: owner tokens of values that now live inside another value's buffer (see
+    ``_write_parts_in_place``); never overwritten."""
     info = record.info
     # The last step reading any value of each owner group: a buffer may be overwritten only
     # after every alias of it is dead.  Constants, feeds and graph outputs never die.
@@ -243,6 +248,8 @@ def _assign_inplace(
     for name, value in info.items():
         if name in constants or name in outputs or name in record.static or name in feeds:
             group_end[value.owner] = forever
+    for owner in shared:
+        group_end[owner] = forever
     for index, step in enumerate(steps):
         if not _plain(step) or len(step.outputs) != 1 or not step.outputs[0]:
             continue
@@ -291,6 +298,111 @@ def _inplace_kernel(step: PlannedStep, position: int) -> Kernel | None:
     if step.op in inplace.UNARY_INPLACE:
         return inplace.UNARY_INPLACE[step.op]
     return inplace.BINARY_INPLACE.get((step.op, position))
+
+
+# -- concatenations written in place -------------------------------------------------------------
+
+
+def _write_parts_in_place(
+    steps: list[PlannedStep], record: Record, keep: set[str]
+) -> tuple[list[PlannedStep], set[int]]:
+    """A Raster copying whole values that other Rasters made (a concatenation of concatenations:
+    a KV cache's per-layer concats stacked into the present state) gets its buffer made before
+    the first of them; they write straight into their slices (``raster_into``) and it copies
+    only the rest, saving one copy of every such part.
+
+    Returns the new steps and the owner tokens of the values now living inside such a buffer.
+    """
+    producer = {o: i for i, s in enumerate(steps) for o in s.outputs if o}
+    info, shared = record.info, set()
+    allocations: dict[int, list[PlannedStep]] = {}
+    for index, step in enumerate(steps):
+        parts = _whole_parts(step, steps, producer, info, keep)
+        if not parts:
+            continue
+        target, buffer = step.outputs[0], f"{step.outputs[0]}@buffer"
+        for region, part_index in parts:
+            part = steps[part_index]
+            offset = int(step.attrs["regions"][region]["dst_offset"])
+            steps[part_index] = replace(
+                part,
+                kernel=raster.raster_into,
+                attrs={**part.attrs, "into_offset": offset},
+                inputs=[*part.inputs, buffer],
+                note=_noted(part.note, f"written into {target}"),
+            )
+            shared.add(info[part.outputs[0]].owner)
+        done = {region for region, _ in parts}
+        regions = [r for i, r in enumerate(step.attrs["regions"]) if i not in done]
+        steps[index] = replace(
+            step,
+            kernel=raster.raster_into,
+            attrs={**step.attrs, "regions": regions, "into_offset": 0},
+            inputs=[*step.inputs, buffer],
+            note=_noted(step.note, f"{len(done)} of its parts written in place"),
+        )
+        out = info[target]
+        allocate = PlannedStep(
+            f"{step.name}/buffer",
+            "Allocate",
+            raster.allocate,
+            {"shape": list(out.shape), "dtype": out.dtype.str},
+            [],
+            [buffer],
+            note=f"buffer of {target}",
+        )
+        allocations.setdefault(min(p for _, p in parts), []).append(allocate)
+    ordered = []
+    for index, step in enumerate(steps):
+        ordered += [*allocations.get(index, []), step]
+    return ordered, shared
+
+
+def _whole_parts(
+    step: PlannedStep,
+    steps: list[PlannedStep],
+    producer: dict[str, int],
+    info: dict[str, ValueInfo],
+    keep: set[str],
+) -> list[tuple[int, int]]:
+    """(region index, producing step index) of each region of a plain Raster that copies the
+    whole of a value another plain Raster made, read by this region alone, into one
+    contiguous block of the same dtype."""
+    plain = REGISTRY["Raster"]
+    if step.op != "Raster" or step.kernel is not plain or "fill" in step.attrs or step.outputs[0] not in info:
+        return []
+    regions = step.attrs["regions"]
+    readers = [int(r["input"]) for r in regions]
+    parts = []
+    for position, region in enumerate(regions):
+        name = step.inputs[int(region["input"])]
+        index = producer.get(name, -1)
+        value = info.get(name)
+        if (
+            not name
+            or name in keep
+            or value is None
+            or not 0 <= index < len(steps)
+            or steps[index].op != "Raster"
+            or steps[index].kernel is not plain
+            or step.inputs.count(name) != 1
+            or readers.count(int(region["input"])) != 1
+            or value.dtype != info[step.outputs[0]].dtype
+        ):
+            continue
+        size = [int(n) for n in region["size"]]
+        if (
+            math.prod(size) == math.prod(value.shape)
+            and int(region["src_offset"]) == 0
+            and raster.c_order(region["src_strides"], size)
+            and raster.c_order(region["dst_strides"], size)
+        ):
+            parts.append((position, index))
+    return parts
+
+
+def _noted(note: str, more: str) -> str:
+    return f"{note}, {more}" if note else more
 
 
 # -- pattern fusion -------------------------------------------------------------------------------

@@ -85,12 +85,49 @@ def raster(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.nd
     if view is not None:
         return [view]
     sources = [_read_only_flat(x) if x is not None else None for x in inputs]
-    first = next((x for x in sources if x is not None), None)
-    dtype = np.dtype(attrs["dtype"]) if attrs.get("dtype") else first.dtype
+    dtype = _dtype(sources, attrs)
     total = math.prod(shape)
     out = np.full(total, _fill(attrs, dtype), dtype=dtype) if "fill" in attrs else np.empty(total, dtype)
-    itemsize = dtype.itemsize
-    for region in attrs["regions"]:
+    _copy_regions(sources, attrs["regions"], out)
+    return [out.reshape(shape)]
+
+
+def raster_into(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Raster writing into a slice of a buffer made earlier (its last input) from element
+    ``into_offset`` on, and returning that slice: the planner's way to let each part of a
+    concatenation be written straight into the concatenation (a KV cache's per-layer concats
+    into the stacked present state), and the concatenation itself then copy only the rest."""
+    *rest, buffer = inputs
+    shape = [int(d) for d in attrs["shape"]]
+    total, offset = math.prod(shape), int(attrs["into_offset"])
+    flat = buffer.reshape(-1)
+    if not buffer.flags.c_contiguous or not flat.flags.writeable or offset < 0 or offset + total > flat.size:
+        raise ValueError(f"Raster cannot write {total} elements at {offset} into a buffer of {flat.size}")
+    sources = [_read_only_flat(x) if x is not None else None for x in rest]
+    out = flat[offset : offset + total]
+    if out.dtype != _dtype(sources, attrs):
+        raise ValueError(f"Raster output is {_dtype(sources, attrs)}, its buffer {out.dtype}")
+    if "fill" in attrs:
+        out.fill(_fill(attrs, out.dtype))
+    _copy_regions(sources, attrs["regions"], out)
+    return [out.reshape(shape)]
+
+
+def allocate(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """An uninitialised buffer of ``shape`` and ``dtype`` (that ``raster_into`` nodes fill)."""
+    return [np.empty([int(d) for d in attrs["shape"]], dtype=np.dtype(attrs["dtype"]))]
+
+
+def _dtype(sources: list[np.ndarray | None], attrs: dict[str, Any]) -> np.dtype:
+    if attrs.get("dtype"):
+        return np.dtype(attrs["dtype"])
+    return next(x for x in sources if x is not None).dtype
+
+
+def _copy_regions(sources: list[np.ndarray | None], regions: list[dict[str, Any]], out: np.ndarray) -> None:
+    """Copy every region from the flat sources into the flat output, bounds checked first."""
+    dtype, total, itemsize = out.dtype, out.size, out.dtype.itemsize
+    for region in regions:
         size = tuple(int(n) for n in region["size"])
         if 0 in size:
             continue
@@ -110,7 +147,6 @@ def raster(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.nd
         read = np.ndarray(size, dtype, src, src_offset * itemsize, tuple(s * itemsize for s in src_strides))
         write = np.ndarray(size, dtype, out, dst_offset * itemsize, tuple(s * itemsize for s in dst_strides))
         np.copyto(write, read, casting="no")
-    return [out.reshape(shape)]
 
 
 def _read_only_flat(x: np.ndarray) -> np.ndarray:
@@ -136,7 +172,7 @@ def _as_view(inputs: list[np.ndarray | None], shape: list[int], attrs: dict[str,
         return None
     if attrs.get("dtype") and np.dtype(attrs["dtype"]) != x.dtype:
         return None
-    if not _c_order(region["dst_strides"], size):
+    if not c_order(region["dst_strides"], size):
         return None
     offset, strides = int(region["src_offset"]), [int(s) for s in region["src_strides"]]
     low, high = extent(offset, strides, size)
@@ -150,7 +186,7 @@ def _as_view(inputs: list[np.ndarray | None], shape: list[int], attrs: dict[str,
     return _reshaped_view(read, shape)
 
 
-def _c_order(strides: list[int], size: list[int]) -> bool:
+def c_order(strides: list[int], size: list[int]) -> bool:
     """Whether ``strides`` walk a C-ordered block of ``size`` (dims of size 1 are free)."""
     expected = 1
     for stride, count in zip(reversed(strides), reversed(size), strict=True):

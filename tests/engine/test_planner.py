@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -248,3 +249,62 @@ def test_an_unreadable_kernel_cache_is_measured_again(tmp_path, monkeypatch):
     timings = Session(path).profile({"x": x})
     assert timings[0].note.startswith("searched: ")  # measured again, not an error
     np.testing.assert_allclose(Session(path).run({"x": x})["y"], run_reference(model, {"x": x})[0], rtol=1e-5)
+
+
+def _stacked_cache_model() -> onnx.ModelProto:
+    """A KV-cache-like graph: per-layer Concat(past[i], new) stacked into ``present``; the
+    layer-0 concat is read once more after the stack, by a Relu it dies at."""
+    n = helper.make_node
+    nodes = [
+        n("Gather", ["past", "zero"], ["p0"], axis=0, name="past0"),
+        n("Gather", ["past", "one"], ["p1"], axis=0, name="past1"),
+        n("Concat", ["p0", "x"], ["k0"], axis=1, name="cat0"),
+        n("Mul", ["x", "two"], ["x2"], name="double"),
+        n("Concat", ["p1", "x2"], ["k1"], axis=1, name="cat1"),
+        n("Unsqueeze", ["k0", "zero1"], ["u0"], name="u0"),
+        n("Unsqueeze", ["k1", "zero1"], ["u1"], name="u1"),
+        n("Concat", ["u0", "u1"], ["present"], axis=0, name="stack"),
+        n("Relu", ["k0"], ["r"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cache",
+        [
+            helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, 2, 3, 4]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1, 4]),
+        ],
+        [
+            helper.make_tensor_value_info("present", TensorProto.FLOAT, [2, 2, 4, 4]),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, [2, 4, 4]),
+        ],
+        initializer=[
+            numpy_helper.from_array(np.array(0, np.int64), "zero"),
+            numpy_helper.from_array(np.array(1, np.int64), "one"),
+            numpy_helper.from_array(np.array([0], np.int64), "zero1"),
+            numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_concatenated_parts_are_written_into_the_stack_and_never_overwritten(tmp_path):
+    """The converter lowers the concats to Rasters; the plan makes ``present`` first, the
+    per-layer concats write straight into it, and the Relu that ends k0 must not run in place
+    on what is now part of a graph output."""
+    from converter import convert
+
+    convert(_stacked_cache_model(), tmp_path / "cache.ferry")
+    session = Session(tmp_path / "cache.ferry", threads=1)
+    rng = np.random.default_rng(0)
+    for _ in range(4):  # recorded, planned, then planned runs reusing nothing stale
+        past = rng.standard_normal((2, 2, 3, 4)).astype(np.float32)
+        x = rng.standard_normal((2, 1, 4)).astype(np.float32)
+        got = session.run({"past": past, "x": x})
+        k0, k1 = np.concatenate([past[0], x], axis=1), np.concatenate([past[1], 2 * x], axis=1)
+        np.testing.assert_array_equal(got["present"], np.stack([k0, k1]))
+        np.testing.assert_array_equal(got["r"], np.maximum(k0, 0))
+    timings = session.profile({"past": past, "x": x})
+    notes = {t.node: t.note for t in timings}
+    assert any(t.op == "Allocate" for t in timings)
+    assert sum("written into present" in note for note in notes.values()) == 2
+    assert not any("in place on" in note for note in notes.values())
