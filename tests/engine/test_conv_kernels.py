@@ -288,3 +288,33 @@ def test_fused_depthwise_candidates_apply_the_activation_exactly_once(
         got = candidate(with_packed(candidate, inputs, attrs), attrs)[0]
         assert got.shape == want.shape, candidate.__name__
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=candidate.__name__)
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 2),
+    c=st.integers(1, 4),
+    m=st.integers(1, 6),
+    kernel=st.tuples(st.integers(1, 5), st.integers(1, 5)),
+    extra=st.tuples(st.integers(0, 4), st.integers(0, 4)),
+    tiles=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    bias=st.booleans(),
+    pad=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_patch_conv_matches_the_reference(n, c, m, kernel, extra, tiles, bias, pad, seed):
+    """kernel == stride (a patch embedding), with image sizes that leave a remainder the windows
+    never reach; padded convs must fall back (still correct)."""
+    rng = np.random.default_rng(seed)
+    spatial = [t * k + min(e, k - 1) for t, k, e in zip(tiles, kernel, extra, strict=True)]
+    x = rng.standard_normal((n, c, *spatial)).astype(np.float32)
+    w = rng.standard_normal((m, c, *kernel)).astype(np.float32)
+    inputs = [x, w, rng.standard_normal(m).astype(np.float32)] if bias else [x, w]
+    attrs = {"strides": list(kernel), **({"pads": [1, 0, 1, 0]} if pad else {})}
+    model, feeds = single_node_model("Conv", inputs, attrs)
+    want = run_reference(model, feeds)[0]
+    got = conv.conv_patches(inputs, attrs)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
+    offered = conv.conv_patches in conv.conv_candidates(attrs, [a.shape for a in inputs])
+    assert offered == (conv.select_conv(attrs, [a.shape for a in inputs]) is conv.conv_im2col)
