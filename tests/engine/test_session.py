@@ -314,7 +314,7 @@ def test_conv_kernel_variant_is_chosen_from_shapes(tmp_path):
     timings = Session(path).profile({"x": np.ones((1, 2, 5, 5), np.float32)})
     assert timings[0].kernel == "conv.conv_1x1"  # the only candidate: nothing to measure
     assert timings[0].note == ""
-    # depthwise has three kernels: each was measured on this device and the fastest kept
+    # depthwise has two kernels (flat, channels-last): both measured here, the fastest kept
     assert timings[1].kernel in {
         "conv.conv_depthwise",
         "conv.conv_depthwise_flat",
