@@ -318,3 +318,117 @@ def test_patch_conv_matches_the_reference(n, c, m, kernel, extra, tiles, bias, p
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
     offered = conv.conv_patches in conv.conv_candidates(attrs, [a.shape for a in inputs])
     assert offered == (conv.select_conv(attrs, [a.shape for a in inputs]) is conv.conv_im2col)
+
+
+@st.composite
+def stride2_3x3_cases(draw):
+    n = draw(st.integers(1, 2))
+    c, m = draw(st.integers(1, 8)), draw(st.integers(1, 8))
+    height, width = draw(st.integers(1, 19)), draw(st.integers(1, 19))
+    pads = draw(st.lists(st.integers(0, 2), min_size=4, max_size=4))
+    if height + pads[0] + pads[2] < 3 or width + pads[1] + pads[3] < 3:
+        pads = [1, 1, 1, 1]  # the 3x3 window must fit
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.standard_normal((n, c, height, width)).astype(np.float32)
+    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if draw(st.booleans()) else None
+    return [x, w] + ([b] if b is not None else []), {"pads": pads, "strides": [2, 2]}
+
+
+@SETTINGS
+@given(stride2_3x3_cases(), st.booleans())
+def test_polyphase_winograd_for_stride_2_matches_the_reference(case, prepacked):
+    inputs, attrs = case
+    model, feeds = single_node_model("Conv", inputs, attrs)
+    want = run_reference(model, feeds)[0]
+    args = list(inputs)
+    if prepacked:
+        args = with_packed(conv.conv_winograd_s2, inputs, attrs)
+        assert args[1].shape == (25 * inputs[1].shape[1], inputs[1].shape[0])
+    got = conv.conv_winograd_s2(args, attrs)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
+
+
+@SETTINGS
+@given(
+    st.sampled_from([([1, 1], [1, 1]), ([2, 1], [1, 1]), ([3, 3], [1, 1]), ([2, 2], [2, 2])]),
+    st.integers(0, 2**16),
+)
+def test_polyphase_winograd_falls_back_unless_stride_2(geometry, seed):
+    strides, dilations = geometry
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, 3, 12, 11)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    attrs = {"pads": [1, 1, 1, 1], "strides": strides, "dilations": dilations}
+    assert not conv.winograd_s2_ok(x.shape, w.shape, attrs)
+    assert conv.conv_winograd_s2.pack([x, w], attrs) == {}
+    assert conv.conv_winograd_s2 not in conv.conv_candidates(attrs, [x.shape, w.shape])
+    model, feeds = single_node_model("Conv", [x, w], attrs)
+    want = run_reference(model, feeds)[0]
+    np.testing.assert_allclose(conv.conv_winograd_s2([x, w], attrs)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_polyphase_winograd_is_a_candidate_for_3x3_stride_2_only():
+    attrs = {"pads": [1, 1, 1, 1], "strides": [2, 2]}
+    assert conv.conv_winograd_s2 in conv.conv_candidates(attrs, [(1, 8, 28, 28), (16, 8, 3, 3)])
+    assert conv.conv_winograd_s2 not in conv.conv_candidates(attrs, [(1, 8, 28, 28), (16, 8, 5, 5)])
+    grouped = {**attrs, "group": 2}
+    assert conv.conv_winograd_s2 not in conv.conv_candidates(grouped, [(1, 8, 28, 28), (16, 4, 3, 3)])
+
+
+@SETTINGS
+@given(strided_conv_cases(), st.sampled_from([None, "Relu", "Clip"]))
+def test_im2col_over_exact_phase_windows_matches_the_reference(case, activation):
+    inputs, attrs = case
+    model, feeds = single_node_model("Conv", inputs, attrs)
+    want = run_reference(model, feeds)[0]
+    if activation == "Relu":
+        attrs = {**attrs, "activation": "Relu"}
+    elif activation == "Clip":
+        attrs = {**attrs, "activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}}
+    if attrs.get("group", 1) == 1:  # grouped convs fall back to plain im2col, which does not clip
+        want = _activation(want, attrs)
+    got = conv.conv_im2col_phased(inputs, attrs)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert not any(np.shares_memory(got, a) for a in inputs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
+    shapes = [a.shape for a in inputs]
+    strided = any(s > 1 for s in attrs["strides"])
+    general = conv.select_conv(attrs, shapes) is conv.conv_im2col  # not 1x1 nor depthwise
+    in_candidates = conv.conv_im2col_phased in conv.conv_candidates(attrs, shapes)
+    assert in_candidates == (strided and general and attrs.get("group", 1) == 1)
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 2),
+    c=st.integers(1, 3),
+    half_h=st.integers(1, 10),
+    half_w=st.integers(1, 10),
+    pads_end=st.sampled_from([(1, 1), (0, 0), (1, 0), (0, 1)]),
+    seed=st.integers(0, 2**16),
+)
+def test_flat_3x3_stride_2_max_pool_matches_onnxruntime(n, c, half_h, half_w, pads_end, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, 2 * half_h, 2 * half_w)).astype(np.float32)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, *pads_end]}
+    assert pool._is_3x3_stride_2(x, pool._geometry(x, attrs))
+    model, feeds = single_node_model("MaxPool", [x], attrs, opset=19)
+    want = run_onnxruntime(model, feeds)
+    got = pool.max_pool([x], attrs)[0]
+    assert_same([got], want, rtol=0, atol=0)
+    assert got.flags.c_contiguous and not np.shares_memory(got, x)
+    # a transposed (non-contiguous) input of the same values pools the same
+    strided = np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    np.testing.assert_array_equal(pool.max_pool([strided], attrs)[0], got)
+
+
+def test_flat_3x3_stride_2_max_pool_is_not_used_for_odd_sizes_or_ceil_mode():
+    x = np.zeros((1, 1, 8, 7), dtype=np.float32)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    assert not pool._is_3x3_stride_2(x, pool._geometry(x, attrs))
+    even = np.zeros((1, 1, 8, 8), dtype=np.float32)
+    assert not pool._is_3x3_stride_2(even, pool._geometry(even, {**attrs, "ceil_mode": 1}))
+    assert pool._is_3x3_stride_2(even, pool._geometry(even, attrs))
