@@ -1,12 +1,12 @@
 """Semi-automatic kernel search (MNN's idea): measure a heavy node's candidate kernels once on
 this device, keep the fastest, and remember the choice.
 
-For ops with several correct kernels (Conv: im2col + GEMM, direct GEMM for 1x1, Winograd
-F(2x2, 3x3) and F(4x4, 3x3) for 3x3 stride 1, depthwise as shifted multiply-adds in two
-layouts; see ``conv.conv_candidates``), the
-planner asks ``KernelSearch.choose`` which one a node runs.  The first time, each candidate
-runs on the node's real weights and an input of the recorded shape (best of a few runs;
-a candidate whose result differs from the selector's choice is dropped).  The choice is
+For ops with several correct kernels (Conv: im2col variants, GEMMs for 1x1 and patch convs,
+Winograd for 3x3 stride 1 and 2, depthwise in two layouts, see ``conv.conv_candidates``;
+FusedAttention: batched or per head), the planner asks ``KernelSearch.choose`` which one a
+node runs.  The first time, each candidate runs on the node's real weights and an input of
+the recorded shape (best of a few rounds over all candidates; a candidate whose result
+differs from the selector's choice is dropped).  The choice is
 cached in a JSON file per (model digest, device fingerprint) under ``FERRY_KERNEL_CACHE``
 (default ``~/.cache/ferry/kernels``), so later loads of the same model on the same device
 skip the measuring.  ``FERRY_KERNEL_SEARCH=0`` turns measuring off (the selector decides).
@@ -30,8 +30,10 @@ from engine.ops import conv, inplace
 from engine.ops.registry import Kernel, kernel_name
 
 Candidates = Callable[[dict[str, Any], Sequence[tuple[int, ...] | None]], list[Kernel]]
-RUNS = 3  # timed runs per candidate (after one warm-up); the minimum counts
-PACKED_MARGIN = 0.85  # a kernel with pre-packed weights must take <= 85% of the default's time
+RUNS = 5  # timed rounds over the candidates (after one checked run each); each one's minimum counts
+PACKED_MARGIN = 0.85  # a kernel with pre-packed weights must take <= 85% of the default's time...
+SMALL_PACK_BYTES = 4 << 20  # ...or <= 95% when its packed copy adds at most this much memory
+SMALL_PACK_MARGIN = 0.95
 
 
 def _fused_conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
@@ -165,35 +167,22 @@ class KernelSearch:
     def _measure(
         self, candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None]
     ) -> tuple[Kernel, str]:
-        reference, timings = None, []
-        for kernel in candidates:
-            args = with_packed(kernel, inputs, attrs)
-            try:
-                result = kernel(args, attrs)[0]
-            except Exception:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
-                continue
-            if reference is None:
-                reference = result
-            elif result.shape != reference.shape or not np.allclose(
-                result,
-                reference,
-                rtol=1e-3,
-                atol=1e-4 * max(1.0, float(np.max(np.abs(reference), initial=0))),
-            ):
-                continue
-            best = float("inf")
-            for _ in range(RUNS):
+        runnable = _agreeing(candidates, attrs, inputs)
+        best = {kernel: float("inf") for kernel, _ in runnable}
+        for _ in range(RUNS):  # in rounds, so a burst of machine noise hits every candidate alike
+            for kernel, args in runnable:
                 start = time.perf_counter()
                 kernel(args, attrs)
-                best = min(best, time.perf_counter() - start)
-            timings.append((best, kernel))
-        default = timings[0][0] if timings and timings[0][1] is candidates[0] else float("inf")
-        timings.sort(key=lambda item: item[0])
-        summary = ", ".join(f"{kernel_name(k).rsplit('.', 1)[-1]} {t * 1e3:.2f} ms" for t, k in timings)
-        # A kernel holding a pre-packed copy of the weights (Winograd's is 16/9 their size)
-        # must beat the default clearly to be worth that memory (and the timing noise).
-        for seconds, kernel in timings:
-            if not hasattr(kernel, "pack") or seconds <= PACKED_MARGIN * default:
+                best[kernel] = min(best[kernel], time.perf_counter() - start)
+        timings = sorted(((best[k], k, _extra_bytes(args, inputs)) for k, args in runnable), key=_first)
+        default = best.get(candidates[0], float("inf"))
+        summary = ", ".join(f"{kernel_name(k).rsplit('.', 1)[-1]} {t * 1e3:.2f} ms" for t, k, _ in timings)
+        # A kernel holding a pre-packed copy of the weights (Winograd's is 16/9 to 4x their size)
+        # must beat the default clearly to be worth that memory (and the timing noise); a small
+        # pack needs a smaller margin.
+        for seconds, kernel, extra in timings:
+            margin = PACKED_MARGIN if extra > SMALL_PACK_BYTES else SMALL_PACK_MARGIN
+            if extra <= 0 or seconds <= margin * default:
                 return kernel, f"searched: {summary}"
         return candidates[0], f"searched: {summary}"
 
@@ -210,6 +199,40 @@ class KernelSearch:
             self._dirty = False
         except OSError:
             pass
+
+
+def _agreeing(
+    candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None]
+) -> list[tuple[Kernel, list[np.ndarray | None]]]:
+    """The candidates that run and agree with the first that does, each with its (packed) inputs."""
+    reference, runnable = None, []
+    for kernel in candidates:
+        args = with_packed(kernel, inputs, attrs)
+        try:
+            result = kernel(args, attrs)[0]
+        except Exception:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
+            continue
+        if reference is None:
+            reference = result
+        elif result.shape != reference.shape or not np.allclose(
+            result, reference, rtol=1e-3, atol=1e-4 * max(1.0, float(np.max(np.abs(reference), initial=0)))
+        ):
+            continue
+        runnable.append((kernel, args))
+    return runnable
+
+
+def _extra_bytes(args: list[np.ndarray | None], inputs: list[np.ndarray | None]) -> int:
+    """How much more memory the kernel's packed inputs take than the originals (0: nothing packed)."""
+    return sum(
+        packed.nbytes - original.nbytes
+        for packed, original in zip(args, inputs, strict=True)
+        if packed is not original and packed is not None and original is not None
+    )
+
+
+def _first(item: tuple[float, Kernel, int]) -> float:
+    return item[0]
 
 
 def _packable(kernel: Kernel, static: list[bool]) -> bool:
