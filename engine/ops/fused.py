@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.ops.inplace import gelu_into
+from engine.ops.normalization import ones_vector
 from engine.ops.registry import CHECKS, REGISTRY, SELECTORS, Kernel, check, register, selector
 
 INTERNAL_OPS = frozenset({"FusedConv", "FusedGemm", "FusedMatMul", "FusedAttention"})
@@ -36,6 +38,8 @@ def apply_activation(y: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
         if high is not None:
             np.minimum(y, y.dtype.type(high), out=y)
         return y
+    if name == "Gelu" and extra.get("approximate", "none") == "none" and y.dtype == np.float32:
+        return gelu_into(y, y)
     return REGISTRY[name]([y], extra)[0]
 
 
@@ -89,10 +93,30 @@ TILED_BIAS_MIN_ELEMENTS = 1 << 16
 def fused_matmul(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """A @ B, plus a bias (input 2, broadcast over the last axis; or, packed, tiled BIAS_ROWS
     times) when given, then the activation."""
-    y = np.matmul(inputs[0], inputs[1])
-    if len(inputs) > 2 and inputs[2] is not None:
-        _add_bias(y, inputs[2])
+    a, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    if a.size == a.shape[-1] > 0 and w.ndim == 2 and _row_bias(bias, w.shape[1]):
+        return [_one_row_matmul(a, w, bias, attrs)]
+    y = np.matmul(a, w)
+    if bias is not None:
+        _add_bias(y, bias)
     return [apply_activation(y, attrs)]
+
+
+def _row_bias(bias: np.ndarray | None, n: int) -> bool:
+    """Whether the bias is a vector the one-row path can add: [n] or its tiled [BIAS_ROWS * n]."""
+    return bias is None or (bias.ndim == 1 and bias.shape[0] in (n, BIAS_ROWS * n))
+
+
+def _one_row_matmul(
+    a: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]
+) -> np.ndarray:
+    """One input row (a decode step): a 1-D dot (BLAS gemv, ~1 us less than matmul) with the bias
+    and activation on the 1-D result (broadcasting over size-1 leading dims costs twice as much)."""
+    y = np.dot(a.reshape(-1), w)
+    if bias is not None:
+        y += bias[: y.shape[0]]
+    return apply_activation(y, attrs).reshape((*a.shape[:-1], w.shape[1]))
 
 
 def _add_bias(y: np.ndarray, bias: np.ndarray) -> None:
@@ -179,13 +203,16 @@ def _attention_one_query(
     q: np.ndarray, keys: np.ndarray, v: np.ndarray, mask: np.ndarray | None, exp: Any, attrs: dict[str, Any]
 ) -> np.ndarray:
     """A decode step (S = 1): the row layout, in the fewest numpy calls (their overhead is the
-    cost at this size, not the passes)."""
+    cost at this size, not the passes).  The softmax runs on the scores as one 2-D [rows, T]
+    view (numpy broadcasts over 4-D operands at twice the cost) with the row sums as a
+    matrix-vector product (half the time of ``sum``)."""
     scores = np.matmul(q, np.swapaxes(keys, -1, -2))
     if mask is not None:
         scores = scores + mask
-    scores -= scores.max(axis=-1, keepdims=True)
-    exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
+    rows = scores.reshape(-1, scores.shape[-1])  # a view: scores is a fresh C-ordered array
+    rows -= rows.max(axis=1, keepdims=True)
+    exp(rows, out=rows)
+    rows /= np.dot(rows, ones_vector(rows.shape[1], rows.dtype))[:, None]
     result, out = _attention_output(attrs, (*scores.shape[:-2], 1, v.shape[-1]), v.dtype)
     np.matmul(scores, v, out=out)
     return result
@@ -195,7 +222,7 @@ def _column_sums(x: np.ndarray) -> np.ndarray:
     """x.sum(axis=-2) as a vector-matrix product: 3x faster than numpy's reduction here."""
     if x.dtype.kind != "f":
         return x.sum(axis=-2)
-    return np.matmul(np.ones(x.shape[-2], dtype=x.dtype), x)
+    return np.matmul(ones_vector(x.shape[-2], x.dtype), x)
 
 
 def attention_per_head(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -272,15 +299,39 @@ def _attention_output(
 def _strided(x: np.ndarray, spec: dict[str, Any], writeable: bool = False) -> np.ndarray:
     """The view ``spec`` ({"shape", "offset", "strides"}, in elements, over x's C-order flat
     index) of ``x``, checked to stay inside it."""
+    _, shape, strides, offset, high = _view_layout(spec, x.dtype.itemsize)
+    if writeable and not x.flags.c_contiguous:
+        raise ValueError("FusedAttention can only write a view into a contiguous result")
+    flat = x.reshape(-1)  # a copy exactly when x is not contiguous (then never written to)
+    if high >= flat.size:
+        raise ValueError(f"FusedAttention view {spec} does not fit an input of {flat.size} elements")
+    return np.ndarray(shape, x.dtype, flat, offset, strides)
+
+
+# Parsed view specs by (id(spec), itemsize), holding the spec itself so its id stays unique
+# (attrs are never modified after load): checking and converting a spec costs ~3 us, a tenth
+# of a decode step's attention.
+_LAYOUTS: dict[tuple[int, int], tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], int, int]] = {}
+_LAYOUTS_MAX = 1024
+
+
+def _view_layout(
+    spec: dict[str, Any], itemsize: int
+) -> tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], int, int]:
+    """(spec, shape, strides in bytes, offset in bytes, highest element index) of a view spec."""
+    key = (id(spec), itemsize)
+    known = _LAYOUTS.get(key)
+    if known is not None and known[0] is spec:
+        return known
     shape, strides = [int(d) for d in spec["shape"]], [int(s) for s in spec["strides"]]
     offset = int(spec["offset"])
-    flat = x.reshape(-1) if writeable else np.ascontiguousarray(x).reshape(-1)
-    if writeable and not np.shares_memory(flat, x):
-        raise ValueError("FusedAttention can only write a view into a contiguous result")
     if min(strides, default=0) < 0 or len(strides) != len(shape):
         raise ValueError(f"FusedAttention view strides {strides} must be non-negative, one per dim")
+    if 0 in shape or offset < 0:
+        raise ValueError(f"FusedAttention view {spec} is empty or starts before its input")
     high = offset + sum(s * (n - 1) for s, n in zip(strides, shape, strict=True))
-    if 0 in shape or offset < 0 or high >= flat.size:
-        raise ValueError(f"FusedAttention view {spec} does not fit an input of {flat.size} elements")
-    size = x.dtype.itemsize
-    return np.ndarray(shape, x.dtype, flat, offset * size, tuple(s * size for s in strides))
+    if len(_LAYOUTS) >= _LAYOUTS_MAX:
+        _LAYOUTS.clear()
+    layout = (spec, tuple(shape), tuple(s * itemsize for s in strides), offset * itemsize, high)
+    _LAYOUTS[key] = layout
+    return layout

@@ -20,7 +20,6 @@ import numpy as np
 
 from engine.ops.common import normalize_axis
 from engine.ops.fused import ACTIVATIONS, apply_activation
-from engine.ops.inplace import gelu_into
 from engine.ops.registry import check, register
 
 # Ops only the converter writes (not ONNX operators a user model may contain).
@@ -159,6 +158,8 @@ def qgather(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.n
     row (axis 0) or block-wise along axis 1, so each row's parameters are its own row.
     """
     x, scale, zero, indices = inputs[0], inputs[1], inputs[2], inputs[3]
+    if indices.size == 1 and zero is None and _row_scaled(x, scale, attrs):
+        return [_one_qrow(x, scale, indices)]
     height, width = attrs["shape"] if attrs.get("packed") else x.shape
     if indices.size and (indices.min() < -height or indices.max() >= height):
         raise IndexError(f"QGather indices out of range [-{height}, {height - 1}]")
@@ -171,6 +172,27 @@ def qgather(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.n
         _rows(x, flat, attrs), picked_scale, picked_zero, row_attrs, _float_type(scale)
     )
     return [values.reshape((*indices.shape, width))]
+
+
+def _row_scaled(x: np.ndarray, scale: np.ndarray, attrs: dict[str, Any]) -> bool:
+    """A plain 2-D table with one float scale per row (the converter's int8 embedding)."""
+    return (
+        "packed" not in attrs
+        and not attrs.get("block_size")
+        and x.ndim == 2
+        and scale.shape == x.shape[:1]
+        and scale.dtype.kind == "f"
+    )
+
+
+def _one_qrow(x: np.ndarray, scale: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """One row of the table (a decode step's token): a view, cast, times its scale."""
+    i = int(index.reshape(-1)[0])
+    if not -x.shape[0] <= i < x.shape[0]:
+        raise IndexError(f"QGather indices out of range [-{x.shape[0]}, {x.shape[0] - 1}]")
+    values = x[i].astype(scale.dtype)
+    values *= scale[i]
+    return values.reshape((*index.shape, x.shape[1]))
 
 
 @register("QMatMul")
@@ -186,6 +208,8 @@ def qmatmul(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.n
     bias = inputs[4] if len(inputs) > 4 else None
     if _plain_int8(a, scale, zero, attrs):
         # the converter's int8 form (and a decode step's hot path): as little Python as possible
+        if x.size * 4 <= SCRATCH_BYTES and a.size == a.shape[-1] == x.shape[0] > 0:
+            return [_one_row_int8(a, x, scale, bias, attrs)]
         if x.size * 4 <= SCRATCH_BYTES:  # the whole weight in one cast
             part = _scratch(x.shape[0], x.shape[1], _FLOAT32)
             np.copyto(part, x, casting="unsafe")
@@ -199,7 +223,22 @@ def qmatmul(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.n
         y = _general_qmatmul(a, x, scale, zero, attrs)
     if bias is not None:
         y += bias
-    return [_activate(y, attrs)]
+    return [apply_activation(y, attrs)]
+
+
+def _one_row_int8(
+    a: np.ndarray, x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]
+) -> np.ndarray:
+    """One input row (a decode step): a 1-D dot (BLAS gemv, ~1 us less than matmul's [1, K]
+    product) and the scale and bias on 1-D arrays (half the cost of broadcasting them over
+    the leading dims of a size-1 batch)."""
+    part = _scratch(x.shape[0], x.shape[1], _FLOAT32)
+    np.copyto(part, x, casting="unsafe")
+    y = np.dot(a.reshape(-1), part)
+    y *= scale
+    if bias is not None:
+        y += bias
+    return apply_activation(y, attrs).reshape((*a.shape[:-1], x.shape[1]))
 
 
 def _plain_int8(a: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, attrs: dict[str, Any]) -> bool:
@@ -298,18 +337,6 @@ def _scaled_block_products(
         sums = np.add.reduceat(a2, np.arange(0, k, block), axis=1)
         y -= sums @ (zero.astype(out_type) * scale)
     return y.reshape((*a.shape[:-1], n))
-
-
-def _activate(y: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
-    """The fused activation, exact GELU in place (y is this node's own fresh array)."""
-    extra = attrs.get("activation_attrs") or {}
-    if (
-        attrs.get("activation") == "Gelu"
-        and extra.get("approximate", "none") == "none"
-        and y.dtype == np.float32
-    ):
-        return gelu_into(y, y)
-    return apply_activation(y, attrs)
 
 
 def block_rows(k: int, n: int, itemsize: int, multiple: int = 1) -> int:

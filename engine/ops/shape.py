@@ -30,8 +30,10 @@ def dropout(inputs: Inputs, attrs: dict[str, Any]) -> list[np.ndarray]:
 
 @register("Reshape")
 def reshape(inputs: Inputs, attrs: dict[str, Any]) -> list[np.ndarray]:
-    x, shape = inputs[0], int_list(inputs[1])
-    if not attrs.get("allowzero", 0):
+    x, dims = inputs[0], np.asarray(inputs[1])
+    # tolist() is a quarter of int_list's cost, and a decode step runs a dozen Reshapes
+    shape = dims.reshape(-1).tolist() if dims.dtype.kind in "iu" else int_list(dims)
+    if 0 in shape and not attrs.get("allowzero", 0):
         shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
     return [x.reshape(shape)]
 
