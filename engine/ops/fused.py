@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from engine.ops.inplace import gelu_into
 from engine.ops.normalization import ones_vector
-from engine.ops.registry import CHECKS, REGISTRY, SELECTORS, Kernel, check, register, selector
+from engine.ops.registry import CHECKS, REGISTRY, SELECTORS, Kernel, check, prepare, register, selector
 
 INTERNAL_OPS = frozenset({"FusedConv", "FusedGemm", "FusedMatMul", "FusedAttention"})
 ACTIVATIONS = ("Relu", "Clip", "Sigmoid", "HardSwish", "Gelu", "LeakyRelu", "Tanh", "HardSigmoid")
@@ -296,42 +297,54 @@ def _attention_output(
     return result, out
 
 
-def _strided(x: np.ndarray, spec: dict[str, Any], writeable: bool = False) -> np.ndarray:
-    """The view ``spec`` ({"shape", "offset", "strides"}, in elements, over x's C-order flat
-    index) of ``x``, checked to stay inside it."""
-    _, shape, strides, offset, high = _view_layout(spec, x.dtype.itemsize)
-    if writeable and not x.flags.c_contiguous:
-        raise ValueError("FusedAttention can only write a view into a contiguous result")
-    flat = x.reshape(-1)  # a copy exactly when x is not contiguous (then never written to)
-    if high >= flat.size:
-        raise ValueError(f"FusedAttention view {spec} does not fit an input of {flat.size} elements")
-    return np.ndarray(shape, x.dtype, flat, offset, strides)
+@dataclass(frozen=True)
+class ViewLayout:
+    """A checked view spec, in elements: made once per node at load (``prepare_attention``),
+    since checking and converting the JSON spec costs ~3 us, a tenth of a decode step's attention."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    high: int  # the highest flat index the view touches
 
 
-# Parsed view specs by (id(spec), itemsize), holding the spec itself so its id stays unique
-# (attrs are never modified after load): checking and converting a spec costs ~3 us, a tenth
-# of a decode step's attention.
-_LAYOUTS: dict[tuple[int, int], tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], int, int]] = {}
-_LAYOUTS_MAX = 1024
-
-
-def _view_layout(
-    spec: dict[str, Any], itemsize: int
-) -> tuple[dict[str, Any], tuple[int, ...], tuple[int, ...], int, int]:
-    """(spec, shape, strides in bytes, offset in bytes, highest element index) of a view spec."""
-    key = (id(spec), itemsize)
-    known = _LAYOUTS.get(key)
-    if known is not None and known[0] is spec:
-        return known
-    shape, strides = [int(d) for d in spec["shape"]], [int(s) for s in spec["strides"]]
+def view_layout(spec: dict[str, Any] | ViewLayout) -> ViewLayout:
+    """The checked layout of a view spec ({"shape", "offset", "strides"} in elements)."""
+    if isinstance(spec, ViewLayout):
+        return spec
+    shape, strides = tuple(int(d) for d in spec["shape"]), tuple(int(s) for s in spec["strides"])
     offset = int(spec["offset"])
     if min(strides, default=0) < 0 or len(strides) != len(shape):
-        raise ValueError(f"FusedAttention view strides {strides} must be non-negative, one per dim")
+        raise ValueError(f"FusedAttention view strides {list(strides)} must be non-negative, one per dim")
     if 0 in shape or offset < 0:
         raise ValueError(f"FusedAttention view {spec} is empty or starts before its input")
     high = offset + sum(s * (n - 1) for s, n in zip(strides, shape, strict=True))
-    if len(_LAYOUTS) >= _LAYOUTS_MAX:
-        _LAYOUTS.clear()
-    layout = (spec, tuple(shape), tuple(s * itemsize for s in strides), offset * itemsize, high)
-    _LAYOUTS[key] = layout
-    return layout
+    return ViewLayout(shape, strides, offset, high)
+
+
+@prepare("FusedAttention")
+def prepare_attention(attrs: dict[str, Any], n_inputs: int, n_outputs: int) -> dict[str, Any]:
+    """View specs checked and converted once at load; a bad one is left for the run to report
+    (naming the node) rather than failing the whole load."""
+    try:
+        prepared = dict(attrs)
+        if attrs.get("views"):
+            prepared["views"] = [view_layout(spec) if spec else None for spec in attrs["views"]]
+        if attrs.get("out_view"):
+            prepared["out_view"] = {**attrs["out_view"], "view": view_layout(attrs["out_view"]["view"])}
+        return prepared
+    except (KeyError, TypeError, ValueError):
+        return attrs
+
+
+def _strided(x: np.ndarray, spec: dict[str, Any] | ViewLayout, writeable: bool = False) -> np.ndarray:
+    """The view ``spec`` (elements over x's C-order flat index) of ``x``, checked to stay inside it."""
+    layout = view_layout(spec)
+    if writeable and not x.flags.c_contiguous:
+        raise ValueError("FusedAttention can only write a view into a contiguous result")
+    flat = x.reshape(-1)  # a copy exactly when x is not contiguous (then never written to)
+    if layout.high >= flat.size:
+        raise ValueError(f"FusedAttention view {spec} does not fit an input of {flat.size} elements")
+    size = x.dtype.itemsize
+    strides = tuple(s * size for s in layout.strides)
+    return np.ndarray(layout.shape, x.dtype, flat, layout.offset * size, strides)

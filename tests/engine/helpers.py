@@ -68,7 +68,14 @@ def run_engine(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.
         first = session.run(feeds)  # node by node, recording the plan
         results = session.run(feeds)  # the planned run: folded, fused, in place
     for name, value in first.items():
-        np.testing.assert_array_equal(results[name], value, err_msg=f"planned run differs on {name}")
+        message = f"planned run differs on {name}"
+        if value.dtype.kind != "f":
+            np.testing.assert_array_equal(results[name], value, err_msg=message)
+            continue
+        # the plan may run a kernel the search measured faster (Winograd, a GEMM with the bias
+        # folded in): the same result up to float rounding, not bit for bit
+        atol = 1e-5 * max(1.0, float(np.max(np.abs(value), initial=0.0)))
+        np.testing.assert_allclose(results[name], value, rtol=1e-5, atol=atol, err_msg=message)
     return [results[o.name] for o in model.graph.output]
 
 
