@@ -333,11 +333,10 @@ def _write_parts_in_place(
             )
             shared.add(info[part.outputs[0]].owner)
         done = {region for region, _ in parts}
-        regions = [r for i, r in enumerate(step.attrs["regions"]) if i not in done]
         steps[index] = replace(
             step,
             kernel=raster.raster_into,
-            attrs={**step.attrs, "regions": regions, "into_offset": 0},
+            attrs={**raster.without_regions(step.attrs, done), "into_offset": 0},
             inputs=[*step.inputs, buffer],
             note=_noted(step.note, f"{len(done)} of its parts written in place"),
         )

@@ -21,12 +21,13 @@ or writing outside a buffer.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from engine.ops.common import tensor_attr
-from engine.ops.registry import check, register
+from engine.ops.registry import check, prepare, register
 
 # Ops only the converter writes (not ONNX operators a user model may contain).
 INTERNAL_OPS = frozenset({"Raster"})
@@ -78,17 +79,76 @@ def _fill(attrs: dict[str, Any], dtype: np.dtype) -> Any:
     return fill
 
 
+@dataclass(frozen=True)
+class Region:
+    """One region with its numbers parsed and its extents worked out (once, at load)."""
+
+    input: int
+    size: tuple[int, ...]
+    src_offset: int
+    src_strides: tuple[int, ...]
+    src_extent: tuple[int, int]
+    dst_offset: int
+    dst_strides: tuple[int, ...]
+    dst_extent: tuple[int, int]
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Region:
+        size = tuple(int(n) for n in raw["size"])
+        src_offset, dst_offset = int(raw["src_offset"]), int(raw["dst_offset"])
+        src_strides = tuple(int(s) for s in raw["src_strides"])
+        dst_strides = tuple(int(s) for s in raw["dst_strides"])
+        if not len(size) == len(src_strides) == len(dst_strides):
+            raise ValueError("Raster region: size, src_strides and dst_strides must have the same length")
+        empty = (0, -1)  # touches nothing: every bounds check passes
+        return cls(
+            int(raw["input"]),
+            size,
+            src_offset,
+            src_strides,
+            empty if 0 in size else extent(src_offset, list(src_strides), list(size)),
+            dst_offset,
+            dst_strides,
+            empty if 0 in size else extent(dst_offset, list(dst_strides), list(size)),
+        )
+
+
+@prepare("Raster")
+def prepare_raster(attrs: dict[str, Any], n_inputs: int, n_outputs: int) -> dict[str, Any]:
+    """``compiled``: the regions parsed once, since parsing them per call was most of a small
+    Raster's cost (a decode step's KV-cache concats); a malformed region is left for the
+    node's check to report."""
+    try:
+        return {**attrs, "compiled": [Region.parse(raw) for raw in attrs["regions"]]}
+    except (KeyError, TypeError, ValueError):
+        return attrs
+
+
+def compiled_regions(attrs: dict[str, Any]) -> list[Region]:
+    compiled = attrs.get("compiled")
+    return compiled if compiled is not None else [Region.parse(raw) for raw in attrs["regions"]]
+
+
+def without_regions(attrs: dict[str, Any], drop: set[int]) -> dict[str, Any]:
+    """The attrs with the regions at the positions in ``drop`` removed (raw and compiled alike)."""
+    kept = {"regions": [r for i, r in enumerate(attrs["regions"]) if i not in drop]}
+    if "compiled" in attrs:
+        kept["compiled"] = [r for i, r in enumerate(attrs["compiled"]) if i not in drop]
+    return {**attrs, **kept}
+
+
 @register("Raster")
 def raster(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     shape = [int(d) for d in attrs["shape"]]
     view = _as_view(inputs, shape, attrs)
     if view is not None:
         return [view]
-    sources = [_read_only_flat(x) if x is not None else None for x in inputs]
+    regions = compiled_regions(attrs)
+    sources = _flat_sources(inputs, regions)
     dtype = _dtype(sources, attrs)
     total = math.prod(shape)
     out = np.full(total, _fill(attrs, dtype), dtype=dtype) if "fill" in attrs else np.empty(total, dtype)
-    _copy_regions(sources, attrs["regions"], out)
+    _copy_regions(sources, regions, out)
     return [out.reshape(shape)]
 
 
@@ -98,18 +158,19 @@ def raster_into(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     concatenation be written straight into the concatenation (a KV cache's per-layer concats
     into the stacked present state), and the concatenation itself then copy only the rest."""
     *rest, buffer = inputs
-    shape = [int(d) for d in attrs["shape"]]
+    shape = attrs["shape"]
     total, offset = math.prod(shape), int(attrs["into_offset"])
     flat = buffer.reshape(-1)
     if not buffer.flags.c_contiguous or not flat.flags.writeable or offset < 0 or offset + total > flat.size:
         raise ValueError(f"Raster cannot write {total} elements at {offset} into a buffer of {flat.size}")
-    sources = [_read_only_flat(x) if x is not None else None for x in rest]
+    regions = compiled_regions(attrs)
+    sources = _flat_sources(rest, regions)
     out = flat[offset : offset + total]
-    if out.dtype != _dtype(sources, attrs):
+    if regions and out.dtype != _dtype(sources, attrs):
         raise ValueError(f"Raster output is {_dtype(sources, attrs)}, its buffer {out.dtype}")
     if "fill" in attrs:
         out.fill(_fill(attrs, out.dtype))
-    _copy_regions(sources, attrs["regions"], out)
+    _copy_regions(sources, regions, out)
     return [out.reshape(shape)]
 
 
@@ -124,36 +185,38 @@ def _dtype(sources: list[np.ndarray | None], attrs: dict[str, Any]) -> np.dtype:
     return next(x for x in sources if x is not None).dtype
 
 
-def _copy_regions(sources: list[np.ndarray | None], regions: list[dict[str, Any]], out: np.ndarray) -> None:
+def _flat_sources(inputs: list[np.ndarray | None], regions: list[Region]) -> list[np.ndarray | None]:
+    """C-contiguous 1-D views of the inputs some region reads (a copy only when one is not
+    contiguous); the copy path only ever reads them."""
+    read = {region.input for region in regions}
+    return [
+        np.ascontiguousarray(x).reshape(-1) if x is not None and index in read else None
+        for index, x in enumerate(inputs)
+    ]
+
+
+def _copy_regions(sources: list[np.ndarray | None], regions: list[Region], out: np.ndarray) -> None:
     """Copy every region from the flat sources into the flat output, bounds checked first."""
     dtype, total, itemsize = out.dtype, out.size, out.dtype.itemsize
     for region in regions:
-        size = tuple(int(n) for n in region["size"])
-        if 0 in size:
+        if 0 in region.size:
             continue
-        src = sources[int(region["input"])]
+        src = sources[region.input]
         if src.dtype != dtype:
-            raise ValueError(f"Raster input {region['input']} is {src.dtype}, the output {dtype}")
-        src_offset, dst_offset = int(region["src_offset"]), int(region["dst_offset"])
-        src_strides, dst_strides = region["src_strides"], region["dst_strides"]
-        low, high = extent(src_offset, src_strides, size)
+            raise ValueError(f"Raster input {region.input} is {src.dtype}, the output {dtype}")
+        low, high = region.src_extent
         if low < 0 or high >= src.size:
             raise IndexError(f"Raster region reads indices {low}..{high} of an input of {src.size}")
-        low, high = extent(dst_offset, dst_strides, size)
+        low, high = region.dst_extent
         if low < 0 or high >= total:
             raise IndexError(f"Raster region writes indices {low}..{high} of an output of {total}")
         # strided views straight over the flat buffers (what as_strided builds, without its
-        # overhead, and numpy checks the extent once more); the source view is read-only
-        read = np.ndarray(size, dtype, src, src_offset * itemsize, tuple(s * itemsize for s in src_strides))
-        write = np.ndarray(size, dtype, out, dst_offset * itemsize, tuple(s * itemsize for s in dst_strides))
+        # overhead, and numpy checks the extent once more)
+        src_strides = tuple(s * itemsize for s in region.src_strides)
+        dst_strides = tuple(s * itemsize for s in region.dst_strides)
+        read = np.ndarray(region.size, dtype, src, region.src_offset * itemsize, src_strides)
+        write = np.ndarray(region.size, dtype, out, region.dst_offset * itemsize, dst_strides)
         np.copyto(write, read, casting="no")
-
-
-def _read_only_flat(x: np.ndarray) -> np.ndarray:
-    """A read-only, C-contiguous 1-D view of ``x`` (a copy only when ``x`` is not contiguous)."""
-    flat = np.ascontiguousarray(x).reshape(-1).view()
-    flat.flags.writeable = False
-    return flat
 
 
 def _as_view(inputs: list[np.ndarray | None], shape: list[int], attrs: dict[str, Any]) -> np.ndarray | None:
