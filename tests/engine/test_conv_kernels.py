@@ -28,7 +28,8 @@ def _scaled_atol(want: np.ndarray) -> float:
 
 
 @st.composite
-def winograd_cases(draw):
+def winograd_cases(draw, stride: int = 1):
+    """A 3x3 conv (random channels, sizes, pads, optional bias) at the given stride."""
     n = draw(st.integers(1, 2))
     c, m = draw(st.integers(1, 8)), draw(st.integers(1, 8))
     height, width = draw(st.integers(1, 19)), draw(st.integers(1, 19))
@@ -39,7 +40,8 @@ def winograd_cases(draw):
     x = rng.standard_normal((n, c, height, width)).astype(np.float32)
     w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
     b = rng.standard_normal(m).astype(np.float32) if draw(st.booleans()) else None
-    return [x, w] + ([b] if b is not None else []), {"pads": pads}
+    attrs = {"pads": pads} if stride == 1 else {"pads": pads, "strides": [stride, stride]}
+    return [x, w] + ([b] if b is not None else []), attrs
 
 
 @SETTINGS
@@ -320,23 +322,10 @@ def test_patch_conv_matches_the_reference(n, c, m, kernel, extra, tiles, bias, p
     assert offered == (conv.select_conv(attrs, [a.shape for a in inputs]) is conv.conv_im2col)
 
 
-@st.composite
-def stride2_3x3_cases(draw):
-    n = draw(st.integers(1, 2))
-    c, m = draw(st.integers(1, 8)), draw(st.integers(1, 8))
-    height, width = draw(st.integers(1, 19)), draw(st.integers(1, 19))
-    pads = draw(st.lists(st.integers(0, 2), min_size=4, max_size=4))
-    if height + pads[0] + pads[2] < 3 or width + pads[1] + pads[3] < 3:
-        pads = [1, 1, 1, 1]  # the 3x3 window must fit
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    x = rng.standard_normal((n, c, height, width)).astype(np.float32)
-    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
-    b = rng.standard_normal(m).astype(np.float32) if draw(st.booleans()) else None
-    return [x, w] + ([b] if b is not None else []), {"pads": pads, "strides": [2, 2]}
 
 
 @SETTINGS
-@given(stride2_3x3_cases(), st.booleans())
+@given(winograd_cases(stride=2), st.booleans())
 def test_polyphase_winograd_for_stride_2_matches_the_reference(case, prepacked):
     inputs, attrs = case
     model, feeds = single_node_model("Conv", inputs, attrs)
