@@ -193,9 +193,7 @@ def _packed_inputs(step: Step, kernel: Kernel, record: Record, packed: dict[str,
     inputs = list(step.inputs)
     for position, array in pack(values, step.attrs).items():
         if inputs[position] not in record.static:
-            raise ValueError(
-                f"node {step.name!r}: {kernel_name(kernel)} packs input {position}, which is not fixed"
-            )
+            continue  # not fixed for this plan: the kernel takes the input as it comes
         name = f"{inputs[position]}@{kernel_name(kernel)}"
         packed.setdefault(name, array)
         inputs[position] = name
@@ -332,6 +330,8 @@ def _write_parts_in_place(
                 note=_noted(part.note, f"written into {target}"),
             )
             shared.add(info[part.outputs[0]].owner)
+        # the target holds the parts: overwriting it in place would overwrite a part still read later
+        shared.add(info[target].owner)
         done = {region for region, _ in parts}
         steps[index] = replace(
             step,

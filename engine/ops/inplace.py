@@ -42,8 +42,12 @@ def gelu_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     The top coefficient is positive, so beyond the fitted range u keeps the right sign and
     grows: exp overflows to inf for very negative x (x / inf = -0, the right limit) and
     tends to 0 for large positive x (gelu = x).  Infinities and NaN give what
-    0.5 * x * (1 + erf(x / sqrt2)) gives.
+    0.5 * x * (1 + erf(x / sqrt2)) gives.  Narrower floats are computed in float32: in float16
+    the top coefficients underflow and the polynomial changes sign (gelu(6) would be 0).
     """
+    if x.dtype.itemsize < 4:
+        np.copyto(out, gelu_into(x.astype(np.float32), np.empty(x.shape, np.float32)), casting="unsafe")
+        return out
     t = x.dtype.type
     with np.errstate(over="ignore", invalid="ignore"):  # the limits above; -inf / inf is NaN
         s = np.square(x)

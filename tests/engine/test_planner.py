@@ -308,3 +308,37 @@ def test_concatenated_parts_are_written_into_the_stack_and_never_overwritten(tmp
     assert any(t.op == "Allocate" for t in timings)
     assert sum("written into present" in note for note in notes.values()) == 2
     assert not any("in place on" in note for note in notes.values())
+
+
+def test_a_concatenation_holding_live_parts_is_never_overwritten_in_place(tmp_path):
+    """t = Concat(p, q) made in place from its parts dies at a Relu, but p is read after it:
+    the Relu must not run in place on t (it would overwrite p)."""
+    n = helper.make_node
+    nodes = [
+        n("Concat", ["a", "x"], ["p"], axis=0, name="cat_p"),
+        n("Concat", ["b", "x"], ["q"], axis=0, name="cat_q"),
+        n("Concat", ["p", "q"], ["t"], axis=0, name="cat_t"),
+        n("Relu", ["t"], ["u"], name="relu"),
+        n("Add", ["p", "one"], ["v"], name="after"),
+    ]
+    values = [("a", [2, 3]), ("b", [2, 3]), ("x", [1, 3]), ("u", [6, 3]), ("v", [3, 3])]
+    info = {name: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in values}
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [info["a"], info["b"], info["x"]],
+        [info["u"], info["v"]],
+        initializer=[numpy_helper.from_array(np.ones(3, np.float32), "one")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    from converter import convert
+
+    convert(model, tmp_path / "m.ferry")
+    session = Session(tmp_path / "m.ferry", threads=1)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        a, b, x = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3), (2, 3), (1, 3)))
+        got = session.run({"a": a, "b": b, "x": x})
+        p = np.concatenate([a, x])
+        np.testing.assert_array_equal(got["v"], p + 1)
+        np.testing.assert_array_equal(got["u"], np.maximum(np.concatenate([p, b, x]), 0))

@@ -293,3 +293,14 @@ def test_attention_views_are_checked_against_the_buffer():
     too_far = [{**views[0], "offset": 11}, views[1], views[2]]
     with pytest.raises(ValueError, match="does not fit"):
         fused.fused_attention([qkv, qkv, qkv], {"views": too_far})
+
+
+def test_gelu_in_half_precision_is_computed_wide_enough():
+    """float16 cannot hold the polynomial's top coefficients: without widening, gelu(6) was 0."""
+    x = np.linspace(-10, 10, 401).astype(np.float16)
+    wide = x.astype(np.float64)
+    want = 0.5 * wide * (1 + np.array([math.erf(v / math.sqrt(2)) for v in wide]))
+    for kernel in (inplace.gelu, inplace.gelu_inplace):
+        got = kernel([x.copy()], {})[0]
+        assert got.dtype == np.float16
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
