@@ -377,8 +377,7 @@ def test_im2col_over_exact_phase_windows_matches_the_reference(case, activation)
         attrs = {**attrs, "activation": "Relu"}
     elif activation == "Clip":
         attrs = {**attrs, "activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}}
-    if attrs.get("group", 1) == 1:  # grouped convs fall back to plain im2col, which does not clip
-        want = _activation(want, attrs)
+    want = _activation(want, attrs)  # grouped convs fall back to im2col, and clip there
     got = conv.conv_im2col_phased(inputs, attrs)[0]
     assert got.shape == want.shape and got.dtype == want.dtype
     assert not any(np.shares_memory(got, a) for a in inputs)
@@ -421,3 +420,19 @@ def test_flat_3x3_stride_2_max_pool_is_not_used_for_odd_sizes_or_ceil_mode():
     even = np.zeros((1, 1, 8, 8), dtype=np.float32)
     assert not pool._is_3x3_stride_2(even, pool._geometry(even, {**attrs, "ceil_mode": 1}))
     assert pool._is_3x3_stride_2(even, pool._geometry(even, attrs))
+
+
+def test_kernels_that_fuse_the_clip_still_clip_when_they_fall_back():
+    """The search's FusedConv wrapper skips the activation for ``fuses_clip`` kernels, so one
+    handed shapes it cannot run (a stale choice) must clip in its fallback too."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)  # group 2: none of them runs it
+    clip = {"activation": "Clip", "activation_attrs": {"min": 0.0, "max": 0.5}}
+    attrs = {"group": 2, "strides": [2, 2], **clip}
+    want = np.clip(conv.conv_im2col([x, w], attrs)[0], 0.0, 0.5)
+    kernels = (conv.conv_im2col_flat, conv.conv_im2col_phased, conv.conv_winograd4, conv.conv_winograd_s2)
+    for kernel in kernels:
+        assert kernel.fuses_clip
+        got = kernel([x, w], attrs)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=kernel.__name__)
