@@ -77,6 +77,17 @@ def _clipped_fallback(
     return [y]
 
 
+def _in_batches(
+    kernel: Kernel, inputs: list[np.ndarray | None], attrs: dict[str, Any], per_image: int
+) -> list[np.ndarray]:
+    """``kernel`` over slices of the batch whose work buffers stay within COLUMN_BUDGET_BYTES:
+    scratch buffers live as long as the thread, so one sized for a whole large batch would
+    keep hundreds of MB."""
+    x, chunk = inputs[0], max(1, COLUMN_BUDGET_BYTES // max(per_image, 1))
+    parts = [kernel([x[start : start + chunk], *inputs[1:]], attrs)[0] for start in range(0, len(x), chunk)]
+    return [np.concatenate(parts)]
+
+
 @register("Conv")
 def conv(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     shapes = [None if v is None else v.shape for v in inputs]
@@ -205,6 +216,9 @@ def conv_im2col_flat(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
     n, c = x.shape[:2]
     (kh, kw), (ho, wo), m = win.kernel, win.out, w.shape[0]
     dtype = np.result_type(x, w)
+    per_image = (c * kh * kw + 1 + m) * ho * (wo + kw) * dtype.itemsize  # columns + GEMM output
+    if n > 1 and n * per_image > COLUMN_BUDGET_BYTES:
+        return _in_batches(conv_im2col_flat, inputs, attrs, per_image)
     flat, _, wph = _flat_phases(x.astype(dtype, copy=False), win)
     bias_row = b is not None and group == 1
     depth = c * kh * kw
@@ -247,6 +261,8 @@ def conv_im2col_phased(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -
     (kh, kw), (sh, sw), (dh, dw), (ho, wo) = win.kernel, win.strides, win.dilations, win.out
     m, depth = w.shape[0], c * kh * kw
     dtype = np.result_type(x, w)
+    if n > 1 and n * (depth + 1) * ho * wo * dtype.itemsize > COLUMN_BUDGET_BYTES:
+        return _in_batches(conv_im2col_phased, inputs, attrs, (depth + 1) * ho * wo * dtype.itemsize)
     flat, hph, wph = _flat_phases(x.astype(dtype, copy=False), win)
     phases = flat.reshape(sh * sw, n, c, hph, wph)
     # conv_im2col_flat's buffer: one of the two runs on a layer, a buffer each would add to the peak

@@ -436,3 +436,26 @@ def test_kernels_that_fuse_the_clip_still_clip_when_they_fall_back():
         assert kernel.fuses_clip
         got = kernel([x, w], attrs)[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=kernel.__name__)
+
+
+def test_strided_im2col_kernels_split_a_large_batch(monkeypatch):
+    """Above the column budget the batch runs in slices (scratch buffers outlive the call);
+    the result is the same."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, 3, 11, 11)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1]}
+    want = conv.conv_im2col([x, w, b], attrs)[0]
+    monkeypatch.setattr(conv, "COLUMN_BUDGET_BYTES", 4096)  # two images per slice at most
+    sliced = []
+    original = conv._in_batches
+
+    def counting(kernel, inputs, attrs, per_image):
+        sliced.append(kernel)
+        return original(kernel, inputs, attrs, per_image)
+
+    monkeypatch.setattr(conv, "_in_batches", counting)
+    for kernel in (conv.conv_im2col_flat, conv.conv_im2col_phased):
+        np.testing.assert_allclose(kernel([x, w, b], attrs)[0], want, rtol=1e-5, atol=1e-5)
+        assert kernel in sliced
