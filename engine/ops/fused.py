@@ -169,7 +169,8 @@ def fused_attention(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     if q.shape[-2] == 1:
         return [_attention_one_query(q, keys, v, mask, exp, attrs)]
     scores, total = _probabilities_transposed(q, keys, mask, exp)
-    result, out = _attention_output(attrs, (*scores.shape[:-2], scores.shape[-1], v.shape[-1]), v.dtype)
+    lead = np.broadcast_shapes(scores.shape[:-2], v.shape[:-2])  # v may add batch dims too
+    result, out = _attention_output(attrs, (*lead, scores.shape[-1], v.shape[-1]), v.dtype)
     np.matmul(np.swapaxes(scores, -1, -2), v, out=out)
     out /= total[..., None]
     return [result]
@@ -292,9 +293,21 @@ def _attention_output(
         return out, out
     result = np.empty([int(d) for d in spec["shape"]], dtype)
     out = _strided(result, spec["view"], writeable=True)
-    if out.shape != shape or out.size != result.size:  # (the converter checked it is a permutation)
-        raise ValueError(f"FusedAttention out_view is {out.shape}, the attention gives {shape}")
+    if out.shape != shape or out.size != result.size or not _one_to_one(view_layout(spec["view"])):
+        # every element of the (uninitialised) result must be written exactly once
+        raise ValueError(f"FusedAttention out_view {out.shape} does not cover its result {shape} once")
     return result, out
+
+
+def _one_to_one(layout: ViewLayout) -> bool:
+    """Whether no two indices of the view reach the same element (strides nest, largest first)."""
+    dims = sorted((s, n) for s, n in zip(layout.strides, layout.shape, strict=True) if n > 1)
+    reach = 1
+    for stride, count in dims:
+        if stride < reach:
+            return False
+        reach = stride * count
+    return True
 
 
 @dataclass(frozen=True)

@@ -304,3 +304,30 @@ def test_gelu_in_half_precision_is_computed_wide_enough():
         got = kernel([x.copy()], {})[0]
         assert got.dtype == np.float16
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+
+
+def _attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    scores = np.matmul(q.astype(np.float64), np.swapaxes(k, -1, -2)) * scale
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return np.matmul(scores / scores.sum(axis=-1, keepdims=True), v)
+
+
+def test_fused_attention_broadcasts_batch_dims_of_v():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((1, 5, 4), (1, 6, 4), (3, 6, 2)))
+    got = fused.fused_attention([q, k, v], {"scale": 0.5})[0]
+    assert got.shape == (3, 5, 2)
+    np.testing.assert_allclose(got, _attention_reference(q, k, v, 0.5), rtol=1e-5, atol=1e-6)
+
+
+def test_fused_attention_refuses_an_out_view_that_writes_an_element_twice():
+    """A view over the result whose strides overlap would leave other elements uninitialised."""
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(3))
+    good = {"shape": [3, 8], "view": {"shape": [2, 3, 4], "offset": 0, "strides": [4, 8, 1]}}
+    got = fused.fused_attention([q, k, v], {"out_view": good})[0]
+    heads_first = got.reshape(3, 2, 4).transpose(1, 0, 2)
+    np.testing.assert_allclose(heads_first, _attention_reference(q, k, v, 1.0), rtol=1e-5, atol=1e-6)
+    overlapping = {"shape": [3, 8], "view": {"shape": [2, 3, 4], "offset": 0, "strides": [4, 4, 1]}}
+    with pytest.raises(ValueError, match="does not cover its result"):
+        fused.fused_attention([q, k, v], {"out_view": overlapping})
