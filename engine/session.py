@@ -86,7 +86,6 @@ class Session:
         self.metadata: dict[str, Any] = package.manifest.get("metadata", {})
         self._tensors = package.tensors
         self._weights = package.weights
-        release_pages(self._weights)  # hashing touched every page; runs fault in what they read
         self._check_specs_match_graph()
         self._plans = PlanCache()
         self._records: dict[Signature, Record] = {}  # first runs awaiting their plan

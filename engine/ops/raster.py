@@ -220,33 +220,27 @@ def _copy_regions(sources: list[np.ndarray | None], regions: list[Region], out: 
 
 
 def _as_view(inputs: list[np.ndarray | None], shape: list[int], attrs: dict[str, Any]) -> np.ndarray | None:
-    """The output as a read-only view of the input when one region copies a whole strided
-    block of it in C order (transpose, slice, split, gather of a constant index): the head
-    split of attention is then free, and GEMMs read the strided views directly.  None when
-    a copy is needed."""
-    regions = attrs["regions"]
+    """The output as a read-only view of the input when the one region copies a contiguous
+    block of a contiguous input (a slice or split along leading axes, a reshape): free.  A
+    strided block (a transpose) is copied: measured, the kernels reading a strided view lose
+    more than the copy costs.  None when a copy is needed."""
+    regions = compiled_regions(attrs)
     if "fill" in attrs or len(regions) != 1:
         return None
     region = regions[0]
-    size = [int(n) for n in region["size"]]
-    x = inputs[int(region["input"])]
+    x = inputs[region.input]
     total = math.prod(shape)
-    if x is None or 0 in size or math.prod(size) != total or int(region["dst_offset"]) != 0:
+    if x is None or total == 0 or region.size != (total,) or region.src_strides != (1,):
+        return None
+    if region.dst_offset != 0 or not c_order(list(region.dst_strides), [total]):
         return None
     if attrs.get("dtype") and np.dtype(attrs["dtype"]) != x.dtype:
         return None
-    if not c_order(region["dst_strides"], size):
-        return None
-    offset, strides = int(region["src_offset"]), [int(s) for s in region["src_strides"]]
-    low, high = extent(offset, strides, size)
-    if low < 0 or high >= x.size:
-        return None  # the copy path reports the bad region
-    if strides != [1] or not x.flags.c_contiguous:
-        return None  # measured: strided views make later kernels slower than the copy costs
-    flat = x.reshape(-1)
-    itemsize = x.dtype.itemsize
-    read = np.ndarray(size, x.dtype, flat, offset * itemsize, tuple(s * itemsize for s in strides))
-    return _reshaped_view(read, shape)
+    low, high = region.src_extent
+    if low < 0 or high >= x.size or not x.flags.c_contiguous:
+        return None  # the copy path reports a bad region
+    block = x.reshape(-1)[region.src_offset : region.src_offset + total]
+    return _reshaped_view(block, shape)
 
 
 def c_order(strides: list[int], size: list[int]) -> bool:
