@@ -162,9 +162,7 @@ def conv_depthwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
 # -- variants the planner measures per node (engine/search.py) -----------------------------------
 
 
-def _flat_phases(
-    x: np.ndarray, win: window.Window, purpose: str = "flat.phases"
-) -> tuple[np.ndarray, int, int]:
+def _flat_phases(x: np.ndarray, win: window.Window) -> tuple[np.ndarray, int, int]:
     """The zero-padded 2-D input split into stride x stride phases, each row-flattened.
 
     Returns (phases (sh*sw, N, C, hph*wph), hph, wph): output (r, q) of tap (i, j) reads
@@ -176,7 +174,7 @@ def _flat_phases(
     (kh, kw), (sh, sw), (dh, dw), (ho, wo) = win.kernel, win.strides, win.dilations, win.out
     pt, pl = win.pads_begin
     hph, wph = ho + (kh - 1) * dh // sh + 1, wo + (kw - 1) * dw // sw
-    phases = scratch(purpose, (sh * sw, n, c, hph, wph), np.result_type(x))
+    phases = scratch("flat.phases", (sh * sw, n, c, hph, wph), np.result_type(x))
     for a in range(sh):
         r0, r1 = max(0, -(-(pt - a) // sh)), min(hph, (height - 1 + pt - a) // sh + 1)
         for bb in range(sw):
@@ -331,16 +329,15 @@ def conv_depthwise_flat(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     if not _depthwise_ok(x, w, group, win):
         return conv_depthwise(inputs, attrs)
     n, c = x.shape[:2]
-    (kh, kw), (sh, sw), (ho, wo) = win.kernel, win.strides, win.out
+    (kh, kw), (ho, wo) = win.kernel, win.out
     dtype = np.result_type(x, w)
-    flat, _, wph = _flat_phases(x.astype(dtype, copy=False), win, "dw_flat.phases")
+    flat, _, wph = _flat_phases(x.astype(dtype, copy=False), win)
     length = ho * wph
     wk = w.reshape(c, kh, kw).astype(dtype, copy=False)
     acc = scratch("dw_flat.acc", (n, c, length), dtype)
     tmp = scratch("dw_flat.tmp", (n, c, length), dtype)
     for tap, (i, j) in enumerate(itertools.product(range(kh), range(kw))):
-        offset = (i // sh) * wph + j // sw
-        src = flat[(i % sh) * sw + j % sw, :, :, offset : offset + length]
+        src = _flat_tap(flat, win, wph, i, j)
         weight = wk[:, i, j].reshape(1, c, 1)
         if tap == 0:
             np.multiply(src, weight, out=acc)
