@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -423,14 +423,26 @@ def pack_winograd(w: np.ndarray) -> np.ndarray:
     return _pack_transformed(w, _WINO_G)
 
 
+def _winograd_weights(
+    inputs: list[np.ndarray | None],
+    attrs: dict[str, Any],
+    ok: Callable[[tuple[int, ...], tuple[int, ...], dict[str, Any]], bool],
+    pack: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray | None:
+    """Input 1 in ``pack``'s layout: as given when the plan pre-packed it, packed now in a run
+    outside a plan, or None when ``ok`` says these shapes are not the kernel's (fall back)."""
+    x, w = inputs[0], inputs[1]
+    if w.ndim != 4:
+        return w
+    return pack(w) if ok(x.shape, w.shape, attrs) else None
+
+
 def conv_winograd(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """3x3 stride-1 conv by Winograd F(2x2, 3x3); input 1 may be pre-packed by ``pack_winograd``."""
-    x, packed = inputs[0], inputs[1]
-    b = inputs[2] if len(inputs) > 2 else None
-    if packed.ndim == 4:  # not pre-packed (a run outside a plan)
-        if not winograd_ok(x.shape, packed.shape, attrs):
-            return conv_im2col(inputs, attrs)
-        packed = pack_winograd(packed)
+    packed = _winograd_weights(inputs, attrs, winograd_ok, pack_winograd)
+    if packed is None:
+        return conv_im2col(inputs, attrs)
+    x, b = inputs[0], inputs[2] if len(inputs) > 2 else None
     m, c = packed.shape[1:]
     n, _, height, width = x.shape
     win = window.geometry(attrs, (height, width), (3, 3))
@@ -565,12 +577,10 @@ def conv_winograd4(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     (large, cold) filters as the right-hand operand OpenBLAS runs them 10-25% faster here
     than (M, C) @ (C, tiles), and gathering tiles copies whole channel vectors.
     """
-    x, packed = inputs[0], inputs[1]
-    b = inputs[2] if len(inputs) > 2 else None
-    if packed.ndim == 4:  # not pre-packed (a run outside a plan)
-        if not winograd_ok(x.shape, packed.shape, attrs):
-            return _clipped_fallback(conv_im2col, inputs, attrs)
-        packed = pack_winograd4(packed)
+    packed = _winograd_weights(inputs, attrs, winograd_ok, pack_winograd4)
+    if packed is None:
+        return _clipped_fallback(conv_im2col, inputs, attrs)
+    x, b = inputs[0], inputs[2] if len(inputs) > 2 else None
     n, c, height, width = x.shape
     win = window.geometry(attrs, (height, width), (3, 3))
     th, tw = -(-win.out[0] // 4), -(-win.out[1] // 4)
@@ -584,18 +594,30 @@ def conv_winograd4(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     return [y.astype(x.dtype, copy=False)]
 
 
-def _wino4_input(x: np.ndarray, win: window.Window, th: int, tw: int, dtype: np.dtype) -> np.ndarray:
-    """(C, H, W) image -> V = B^T d B over all tiles, as (36, th*tw, C)."""
+def _tiles_channels_last(
+    x: np.ndarray, win: window.Window, th: int, tw: int, size: int, dtype: np.dtype
+) -> np.ndarray:
+    """(C, H, W) image -> its size x size input tiles, one every 4 pixels, channels last, as
+    (size, size, th, tw, C): [a, b, ti, tj] = padded image[4ti + a, 4tj + b], one gathering copy.
+    Both Winograd forms that read tiles share these scratch buffers (never in flight together)."""
     c, height, width = x.shape
-    xp = zeroed("wino4.x", (4 * th + 2, 4 * tw + 2, c), dtype)  # padded, channels last
+    padded_h, padded_w = 4 * th + size - 4, 4 * tw + size - 4
+    xp = zeroed("wino4.x", (padded_h, padded_w, c), dtype)
     pt, pl = win.pads_begin
-    rows = slice(max(0, -pt), min(height, 4 * th + 2 - pt))
-    cols = slice(max(0, -pl), min(width, 4 * tw + 2 - pl))
+    rows = slice(max(0, -pt), min(height, padded_h - pt))
+    cols = slice(max(0, -pl), min(width, padded_w - pl))
     target = xp[rows.start + pt : rows.stop + pt, cols.start + pl : cols.stop + pl]
     np.copyto(target, x[:, rows, cols].transpose(1, 2, 0))
     sh, sw, sc = xp.strides
-    tiles = scratch("wino4.d", (6, 6, th, tw, c), dtype)  # [a, b, ti, tj, c] = xp[4ti+a, 4tj+b, c]
-    np.copyto(tiles, np.lib.stride_tricks.as_strided(xp, (6, 6, th, tw, c), (sh, sw, 4 * sh, 4 * sw, sc)))
+    tiles = scratch("wino4.d", (size, size, th, tw, c), dtype)
+    np.copyto(tiles, np.lib.stride_tricks.as_strided(xp, tiles.shape, (sh, sw, 4 * sh, 4 * sw, sc)))
+    return tiles
+
+
+def _wino4_input(x: np.ndarray, win: window.Window, th: int, tw: int, dtype: np.dtype) -> np.ndarray:
+    """(C, H, W) image -> V = B^T d B over all tiles, as (36, th*tw, C)."""
+    c = x.shape[0]
+    tiles = _tiles_channels_last(x, win, th, tw, 6, dtype)
     bt = _WINO4_BT.astype(dtype)
     rows_t = scratch("wino4.t", (6, 6, th * tw * c), dtype)
     np.matmul(bt, tiles.reshape(6, -1), out=rows_t.reshape(6, -1))
@@ -678,12 +700,10 @@ def pack_winograd_s2(w: np.ndarray) -> np.ndarray:
 def conv_winograd_s2(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """3x3 stride-2 conv by polyphase Winograd (above); input 1 may be pre-packed by
     ``pack_winograd_s2``.  Channels last, so the slot GEMMs are (tiles, K) @ (K, M)."""
-    x, packed = inputs[0], inputs[1]
-    b = inputs[2] if len(inputs) > 2 else None
-    if packed.ndim == 4:  # not pre-packed (a run outside a plan)
-        if not winograd_s2_ok(x.shape, packed.shape, attrs):
-            return _clipped_fallback(conv_im2col, inputs, attrs)
-        packed = pack_winograd_s2(packed)
+    packed = _winograd_weights(inputs, attrs, winograd_s2_ok, pack_winograd_s2)
+    if packed is None:
+        return _clipped_fallback(conv_im2col, inputs, attrs)
+    x, b = inputs[0], inputs[2] if len(inputs) > 2 else None
     n, c, height, width = x.shape
     win = window.geometry(attrs, (height, width), (3, 3))
     th, tw = -(-win.out[0] // 2), -(-win.out[1] // 2)
@@ -701,22 +721,12 @@ def _wino_s2_input(
     x: np.ndarray, win: window.Window, th: int, tw: int, dtype: np.dtype
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(C, H, W) image -> the slot operands: corners (4, T, 4C), edges (4, T, 2C), centre (T, C)."""
-    c, height, width = x.shape
-    # F(4x4)'s scratch purposes: the two never run at once, and the search runs both on the
-    # same layers, so buffers of their own would only add to the peak RSS
-    xp = zeroed("wino4.x", (4 * th + 1, 4 * tw + 1, c), dtype)  # padded, channels last
-    pt, pl = win.pads_begin
-    rows = slice(max(0, -pt), min(height, 4 * th + 1 - pt))
-    cols = slice(max(0, -pl), min(width, 4 * tw + 1 - pl))
-    np.copyto(
-        xp[rows.start + pt : rows.stop + pt, cols.start + pl : cols.stop + pl],
-        x[:, rows, cols].transpose(1, 2, 0),
-    )
-    sh, sw, sc = xp.strides
+    c = x.shape[0]
     # d[r, s] = the 5x5 input tile element (r, s) of every tile, (th, tw, C) each; one gathering
-    # copy makes every operand below a contiguous slab
-    d = scratch("wino4.d", (5, 5, th, tw, c), dtype)
-    np.copyto(d, np.lib.stride_tricks.as_strided(xp, (5, 5, th, tw, c), (sh, sw, 4 * sh, 4 * sw, sc)))
+    # copy makes every operand below a contiguous slab.  F(4x4)'s scratch purposes from here on:
+    # the two never run at once, and the search runs both on the same layers, so buffers of
+    # their own would only add to the peak RSS
+    d = _tiles_channels_last(x, win, th, tw, 5, dtype)
     corners = scratch("wino4.t", (2, 2, th, tw, 4, c), dtype)  # [a/2, b/2, ..., part]
     edges = scratch("wino4.v", (4, th, tw, 2, c), dtype)  # (0,1), (2,1), (1,0), (1,2)
     rows_t = scratch("wino4.o1", (2, 3, th, tw, c), dtype)  # B^T rows 0 and 2 of the even taps
