@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.ops import conv, inplace
+from engine.ops import conv
 from engine.ops.registry import Kernel, kernel_name
 
 Candidates = Callable[[dict[str, Any], Sequence[tuple[int, ...] | None]], list[Kernel]]
@@ -40,16 +40,7 @@ def _fused_conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ..
     """The converter's FusedConv (Conv + activation): the Conv candidates, activation after."""
     from engine.ops import fused  # noqa: PLC0415 - the converter's module; optional here
 
-    def apply(y: np.ndarray, node_attrs: dict[str, Any]) -> np.ndarray:
-        """Relu and Clip on the fast single-pass path (inplace.clip_into); others as fused does."""
-        name, extra = node_attrs.get("activation"), node_attrs.get("activation_attrs") or {}
-        if name == "Relu" and y.dtype.kind == "f":
-            return inplace.clip_into(y, 0, None, y)
-        if name == "Clip" and y.dtype.kind == "f":
-            return inplace.clip_into(y, extra.get("min"), extra.get("max"), y)
-        return fused.apply_activation(y, node_attrs)
-
-    return [_with_activation(inner, apply) for inner in conv.conv_candidates(attrs, shapes)]
+    return [_with_activation(inner, fused.apply_activation) for inner in conv.conv_candidates(attrs, shapes)]
 
 
 _WRAPPED: dict[Kernel, Kernel] = {}

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.ops.inplace import gelu_into
+from engine.ops.conv import fused_bounds
+from engine.ops.inplace import clip_into, gelu_into
 from engine.ops.normalization import ones_vector
 from engine.ops.registry import CHECKS, REGISTRY, SELECTORS, Kernel, check, prepare, register, selector
 
@@ -29,16 +30,10 @@ def apply_activation(y: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
     name = attrs.get("activation")
     if name is None:
         return y
+    bounds = fused_bounds(attrs)
+    if bounds is not None:  # Relu, Clip: one np.clip pass
+        return clip_into(y, *bounds, y)
     extra = attrs.get("activation_attrs") or {}
-    if name == "Relu":
-        return np.maximum(y, y.dtype.type(0), out=y)
-    if name == "Clip":
-        low, high = extra.get("min"), extra.get("max")
-        if low is not None:
-            np.maximum(y, y.dtype.type(low), out=y)
-        if high is not None:
-            np.minimum(y, y.dtype.type(high), out=y)
-        return y
     if name == "Gelu" and extra.get("approximate", "none") == "none" and y.dtype == np.float32:
         return gelu_into(y, y)
     return REGISTRY[name]([y], extra)[0]
