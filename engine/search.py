@@ -165,7 +165,8 @@ class KernelSearch:
                 start = time.perf_counter()
                 kernel(args, attrs)
                 best[kernel] = min(best[kernel], time.perf_counter() - start)
-        timings = sorted(((best[k], k, _extra_bytes(args, inputs)) for k, args in runnable), key=_first)
+        timings = [(best[k], k, _extra_bytes(args, inputs)) for k, args in runnable]
+        timings.sort(key=lambda item: item[0])
         default = best.get(candidates[0], float("inf"))
         summary = ", ".join(f"{kernel_name(k).rsplit('.', 1)[-1]} {t * 1e3:.2f} ms" for t, k, _ in timings)
         # A kernel holding a pre-packed copy of the weights (Winograd's is 16/9 to 4x their size)
@@ -220,10 +221,6 @@ def _extra_bytes(args: list[np.ndarray | None], inputs: list[np.ndarray | None])
         for packed, original in zip(args, inputs, strict=True)
         if packed is not original and packed is not None and original is not None
     )
-
-
-def _first(item: tuple[float, Kernel, int]) -> float:
-    return item[0]
 
 
 def _packable(kernel: Kernel, static: list[bool]) -> bool:
