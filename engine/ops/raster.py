@@ -143,12 +143,8 @@ def raster(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.nd
     view = _as_view(inputs, shape, attrs)
     if view is not None:
         return [view]
-    regions = compiled_regions(attrs)
-    sources = _flat_sources(inputs, regions)
-    dtype = _dtype(sources, attrs)
-    total = math.prod(shape)
-    out = np.full(total, _fill(attrs, dtype), dtype=dtype) if "fill" in attrs else np.empty(total, dtype)
-    _copy_regions(sources, regions, out)
+    out = np.empty(math.prod(shape), _dtype(inputs, attrs))
+    _write(inputs, attrs, out)
     return [out.reshape(shape)]
 
 
@@ -163,14 +159,10 @@ def raster_into(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     flat = buffer.reshape(-1)
     if not buffer.flags.c_contiguous or not flat.flags.writeable or offset < 0 or offset + total > flat.size:
         raise ValueError(f"Raster cannot write {total} elements at {offset} into a buffer of {flat.size}")
-    regions = compiled_regions(attrs)
-    sources = _flat_sources(rest, regions)
     out = flat[offset : offset + total]
-    if regions and out.dtype != _dtype(sources, attrs):
-        raise ValueError(f"Raster output is {_dtype(sources, attrs)}, its buffer {out.dtype}")
-    if "fill" in attrs:
-        out.fill(_fill(attrs, out.dtype))
-    _copy_regions(sources, regions, out)
+    if out.dtype != _dtype(rest, attrs):
+        raise ValueError(f"Raster output is {_dtype(rest, attrs)}, its buffer {out.dtype}")
+    _write(rest, attrs, out)
     return [out.reshape(shape)]
 
 
@@ -179,10 +171,19 @@ def allocate(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     return [np.empty([int(d) for d in attrs["shape"]], dtype=np.dtype(attrs["dtype"]))]
 
 
-def _dtype(sources: list[np.ndarray | None], attrs: dict[str, Any]) -> np.dtype:
+def _dtype(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> np.dtype:
+    """The output's dtype: the attribute, else the first input's."""
     if attrs.get("dtype"):
         return np.dtype(attrs["dtype"])
-    return next(x for x in sources if x is not None).dtype
+    return next(x for x in inputs if x is not None).dtype
+
+
+def _write(inputs: list[np.ndarray | None], attrs: dict[str, Any], out: np.ndarray) -> None:
+    """The fill (if any), then every region of ``inputs``, into the flat ``out``."""
+    regions = compiled_regions(attrs)
+    if "fill" in attrs:
+        out.fill(_fill(attrs, out.dtype))
+    _copy_regions(_flat_sources(inputs, regions), regions, out)
 
 
 def _flat_sources(inputs: list[np.ndarray | None], regions: list[Region]) -> list[np.ndarray | None]:
