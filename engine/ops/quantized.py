@@ -13,7 +13,6 @@ blocks of ``block_size`` (the last block may be shorter).
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 from engine.ops.common import normalize_axis
 from engine.ops.fused import ACTIVATIONS, apply_activation
 from engine.ops.registry import check, register
+from engine.ops.scratch import scratch
 
 # Ops only the converter writes (not ONNX operators a user model may contain).
 INTERNAL_OPS = frozenset({"QGather", "QMatMul"})
@@ -211,7 +211,7 @@ def qmatmul(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.n
         if x.size * 4 <= SCRATCH_BYTES and a.size == a.shape[-1] == x.shape[0] > 0:
             return [_one_row_int8(a, x, scale, bias, attrs)]
         if x.size * 4 <= SCRATCH_BYTES:  # the whole weight in one cast
-            part = _scratch(x.shape[0], x.shape[1], _FLOAT32)
+            part = _rows_scratch(x.shape[0], x.shape[1], _FLOAT32)
             np.copyto(part, x, casting="unsafe")
             # one 2-D product: numpy runs a stacked [B, M, K] @ [K, N] as B separate ones
             y = np.matmul(a.reshape(math.prod(a.shape[:-1]), x.shape[0]), part)
@@ -232,7 +232,7 @@ def _one_row_int8(
     """One input row (a decode step): a 1-D dot (BLAS gemv, ~1 us less than matmul's [1, K]
     product) and the scale and bias on 1-D arrays (half the cost of broadcasting them over
     the leading dims of a size-1 batch)."""
-    part = _scratch(x.shape[0], x.shape[1], _FLOAT32)
+    part = _rows_scratch(x.shape[0], x.shape[1], _FLOAT32)
     np.copyto(part, x, casting="unsafe")
     y = np.dot(a.reshape(-1), part)
     y *= scale
@@ -288,7 +288,7 @@ def _cast_matmul(
     spare = None  # a second [M, N] buffer, for the partial products after the first
     for start in range(0, k, step):
         stop = min(start + step, k)
-        part = _scratch(stop - start, n, out_type)
+        part = _rows_scratch(stop - start, n, out_type)
         np.copyto(part, _rows(x, slice(start, stop), attrs), casting="unsafe")
         if blocks:
             _scale_blocks(part, start, *blocks)
@@ -322,7 +322,7 @@ def _scaled_block_products(
     step = block_rows(k, n, out_type.itemsize, block)
     for start in range(0, k, step):
         stop = min(start + step, k)
-        part = _scratch(stop - start, n, out_type)
+        part = _rows_scratch(stop - start, n, out_type)
         np.copyto(part, _rows(x, slice(start, stop), attrs), casting="unsafe")
         whole = start + (stop - start) // block * block
         for lo, hi in ((start, whole), (whole, stop)):  # whole blocks, then a shorter last one
@@ -346,18 +346,10 @@ def block_rows(k: int, n: int, itemsize: int, multiple: int = 1) -> int:
     return min(max(k, 1), max(multiple, rows // multiple * multiple))
 
 
-_local = threading.local()  # one scratch buffer per thread: sessions may run in parallel threads
-
-
-def _scratch(rows: int, cols: int, dtype: np.dtype) -> np.ndarray:
-    """A [rows, cols] view of this thread's reusable buffer (grown when too small): casting into
-    it needs no fresh allocation, whose page faults would cost as much as the cast."""
-    size = rows * cols
-    buffers: dict[np.dtype, np.ndarray] = _local.__dict__.setdefault("buffers", {})
-    buffer = buffers.get(dtype)
-    if buffer is None or buffer.size < size:
-        buffer = buffers[dtype] = np.empty(max(size, SCRATCH_BYTES // dtype.itemsize), dtype)
-    return buffer[:size].reshape(rows, cols)
+def _rows_scratch(rows: int, cols: int, dtype: np.dtype) -> np.ndarray:
+    """A [rows, cols] view of this thread's reusable cast buffer (engine.ops.scratch): casting
+    into it needs no fresh allocation, whose page faults would cost as much as the cast."""
+    return scratch("qmatmul.rows", (rows, cols), dtype)
 
 
 def _scale_blocks(
