@@ -321,7 +321,7 @@ def _write_parts_in_place(
         target, buffer = step.outputs[0], f"{step.outputs[0]}@buffer"
         for region, part_index in parts:
             part = steps[part_index]
-            offset = int(step.attrs["regions"][region]["dst_offset"])
+            offset = raster.compiled_regions(step.attrs)[region].dst_offset
             steps[part_index] = replace(
                 part,
                 kernel=raster.raster_into,
@@ -370,11 +370,11 @@ def _whole_parts(
     plain = REGISTRY["Raster"]
     if step.op != "Raster" or step.kernel is not plain or "fill" in step.attrs or step.outputs[0] not in info:
         return []
-    regions = step.attrs["regions"]
-    readers = [int(r["input"]) for r in regions]
+    regions = raster.compiled_regions(step.attrs)
+    readers = [region.input for region in regions]
     parts = []
     for position, region in enumerate(regions):
-        name = step.inputs[int(region["input"])]
+        name = step.inputs[region.input]
         index = producer.get(name, -1)
         value = info.get(name)
         if (
@@ -385,16 +385,16 @@ def _whole_parts(
             or steps[index].op != "Raster"
             or steps[index].kernel is not plain
             or step.inputs.count(name) != 1
-            or readers.count(int(region["input"])) != 1
+            or readers.count(region.input) != 1
             or value.dtype != info[step.outputs[0]].dtype
         ):
             continue
-        size = [int(n) for n in region["size"]]
+        size = list(region.size)
         if (
             math.prod(size) == math.prod(value.shape)
-            and int(region["src_offset"]) == 0
-            and raster.c_order(region["src_strides"], size)
-            and raster.c_order(region["dst_strides"], size)
+            and region.src_offset == 0
+            and raster.c_order(list(region.src_strides), size)
+            and raster.c_order(list(region.dst_strides), size)
         ):
             parts.append((position, index))
     return parts
