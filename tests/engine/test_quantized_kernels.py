@@ -145,6 +145,50 @@ def test_int8_qmatmul_equals_onnx_reference_dequantize_matmul_add(activation):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def _onnx_qmatmul(q: np.ndarray, scale: np.ndarray, a: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """DequantizeLinear -> MatMul (-> Add), run by onnx's ReferenceEvaluator."""
+    nodes = [
+        helper.make_node("DequantizeLinear", ["q", "scale"], ["w"], axis=1),
+        helper.make_node("MatMul", ["a", "w"], ["h" if bias is not None else "y"]),
+    ]
+    initializers = [numpy_helper.from_array(q, "q"), numpy_helper.from_array(scale, "scale")]
+    if bias is not None:
+        nodes.append(helper.make_node("Add", ["h", "bias"], ["y"]))
+        initializers.append(numpy_helper.from_array(bias, "bias"))
+    graph = helper.make_graph(
+        nodes,
+        "qmatmul_row",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    return ReferenceEvaluator(model).run(None, {"a": a})[0]
+
+
+@SETTINGS
+@given(
+    st.integers(1, 70),
+    st.integers(1, 40),
+    st.sampled_from([(), (1,), (1, 1)]),
+    st.integers(1, 9),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_int8_one_row_qmatmul_in_row_chunks_matches_onnx_reference(k, n, lead, chunk, with_bias, seed):
+    """A decode step's single input row, the weight cast ``chunk`` rows at a time (the last
+    chunk shorter, or one row at a time, or all of it at once)."""
+    q, scale = quant.quantize_int8(_array(seed, (k, n)), 1)
+    a = _array(seed + 1, (*lead, k))
+    bias = _array(seed + 2, (n,)) if with_bias else None
+    want = _onnx_qmatmul(q, scale, a, bias)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quantized, "SCRATCH_BYTES", 4 * n * chunk)
+        (got,) = qmatmul([a, q, scale, None, bias] if with_bias else [a, q, scale], {"axis": 1})
+    assert got.shape == want.shape
+    _close(got, want.astype(np.float64), k)
+
+
 def test_scratch_is_reused_not_reallocated():
     weight, a = _array(4, (64, 32)), _array(5, (1, 64))
     q, scale = quant.quantize_int8(weight, 1)
