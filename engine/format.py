@@ -10,6 +10,12 @@ A package is an uncompressed tar archive (so weights can be memory-mapped in pla
   tensors (initializers) giving each one's dtype, shape and byte offset in the weights file.
 - ``weights.bin`` — the raw little-endian tensors, each starting on a 64-byte boundary.
 
+Format versions: v1, the first; v2 (2026-11) lets graph.json carry attributes a v1 engine
+would silently ignore and so compute wrong results with (FusedAttention's ``views`` and
+``out_view``).  The converter writes the newest version; the engine reads every version up
+to its own, so packages already on devices keep loading after an engine update, and refuses
+newer ones with a message saying to update.
+
 An unpacked package is a directory holding the same files.  Archives are written
 byte-for-byte deterministically (sorted keys, fixed mtime/owner/mode), so converting the
 same model twice gives the same bytes.
@@ -33,7 +39,8 @@ import numpy as np
 from engine.errors import PackageError, PackageIntegrityError
 
 FORMAT = "ferry-package"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
 GRAPH = "graph.json"
@@ -196,6 +203,19 @@ def _sha256(location: tuple[Path, int, int]) -> str:
     return digest.hexdigest()
 
 
+def _check_version(path: Path, manifest: dict[str, Any]) -> None:
+    kind, version = manifest.get("format"), manifest.get("format_version")
+    if kind != FORMAT:
+        raise PackageError(f"{path}: format {kind!r} is not a {FORMAT!r}")
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise PackageError(
+            f"{path}: package format v{version} is newer than this engine reads "
+            f"(v{READABLE_VERSIONS[0]}-v{FORMAT_VERSION}); update the engine (the agent) to run it"
+        )
+    if version not in READABLE_VERSIONS:
+        raise PackageError(f"{path}: unknown {FORMAT!r} version {version!r}")
+
+
 def read_package(path: str | os.PathLike[str], *, verify: bool = True) -> Package:
     """Load a package file or directory; raise PackageError / PackageIntegrityError if it is bad."""
     path = Path(path)
@@ -208,11 +228,7 @@ def read_package(path: str | os.PathLike[str], *, verify: bool = True) -> Packag
         manifest = json.loads(bytes(_map(files[MANIFEST])))
     except ValueError as exc:
         raise PackageError(f"{path}: {MANIFEST} is not valid JSON ({exc})") from exc
-    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
-        raise PackageError(
-            f"{path}: format {manifest.get('format')!r} v{manifest.get('format_version')!r} is not "
-            f"{FORMAT!r} v{FORMAT_VERSION}"
-        )
+    _check_version(path, manifest)
     blobs: dict[str, np.ndarray] = {}
     for entry in manifest.get("files", []):
         name = entry["path"]

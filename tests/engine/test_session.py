@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from engine import (
     TensorSpec,
     UnsupportedOperatorError,
 )
-from engine.format import read_package, write_package
+from engine.format import FORMAT_VERSION, read_package, write_package
 from engine.ops import REGISTRY
 from engine.program import compile_program
 from tests.engine.helpers import write_model_package
@@ -252,6 +253,38 @@ def test_truncated_archive_is_a_package_error(classifier, tmp_path, keep):
     truncated.write_bytes(data[: int(len(data) * keep)])
     with pytest.raises(PackageError, match="truncated.ferry"):
         Session(truncated)
+
+
+def _unpacked_with_manifest(package: Path, where: Path, **changes) -> Path:
+    where.mkdir()
+    with tarfile.open(package) as tar:
+        tar.extractall(where, filter="data")
+    manifest = json.loads((where / "manifest.json").read_text())
+    (where / "manifest.json").write_text(json.dumps({**manifest, **changes}))
+    return where
+
+
+def test_packages_of_older_format_versions_still_run(classifier, tmp_path):
+    """Packages already on devices keep loading after an engine update."""
+    older = _unpacked_with_manifest(classifier[0], tmp_path / "v1", format_version=1)
+    x = images(2)
+    got, want = Session(older).run({"image": x}), Session(classifier[0]).run({"image": x})
+    np.testing.assert_array_equal(got["probabilities"], want["probabilities"])
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"format_version": FORMAT_VERSION + 1}, "newer than this engine reads .*update the engine"),
+        ({"format_version": 0}, "unknown 'ferry-package' version 0"),
+        ({"format_version": "2"}, "unknown 'ferry-package' version '2'"),
+        ({"format": "tflite"}, "format 'tflite' is not a 'ferry-package'"),
+    ],
+)
+def test_unreadable_format_versions_are_refused_with_a_reason(classifier, tmp_path, changes, message):
+    package = _unpacked_with_manifest(classifier[0], tmp_path / "pkg", **changes)
+    with pytest.raises(PackageError, match=message):
+        Session(package)
 
 
 def test_missing_package(tmp_path):
