@@ -145,7 +145,7 @@ class KernelSearch:
         candidates = [k for k in CANDIDATES[op](attrs, shapes) if _packable(k, static)]
         if len(candidates) == 1:
             return candidates[0], ""
-        key = f"{node}|{shapes}"
+        key = _key(node, shapes)
         cached = self.choices.get(key)
         for kernel in candidates:
             if kernel_name(kernel) == cached:
@@ -154,6 +154,20 @@ class KernelSearch:
         self.choices[key] = kernel_name(best)
         self._dirty = True
         return best, note
+
+    def cached(
+        self, op: str, node: str, attrs: dict[str, Any], shapes: list[tuple[int, ...] | None]
+    ) -> Kernel | None:
+        """The kernel an earlier load chose for this node and shapes, if it reads no pre-packed
+        weights: the first run of a signature comes before any packing, and running the
+        device's measured choice there gives a loaded model its first result sooner."""
+        name = self.choices.get(_key(node, shapes))
+        if name is None or not self.handles(op):
+            return None
+        for kernel in CANDIDATES[op](attrs, shapes):
+            if kernel_name(kernel) == name:
+                return None if hasattr(kernel, "pack") else kernel
+        return None
 
     def _measure(
         self, candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None]
@@ -191,6 +205,10 @@ class KernelSearch:
             self._dirty = False
         except OSError:
             pass
+
+
+def _key(node: str, shapes: Sequence[tuple[int, ...] | None]) -> str:
+    return f"{node}|{[None if shape is None else tuple(shape) for shape in shapes]}"
 
 
 def _agreeing(

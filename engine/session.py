@@ -182,7 +182,7 @@ class Session:
         show = debug.enabled()
         for step in program.steps:
             args = [env[name] if name else None for name in step.inputs]
-            kernel = _choose(step, args)
+            kernel = self._unplanned_kernel(step, args)
             if show:
                 for name, value in zip(step.inputs, args, strict=True):
                     if value is not None:
@@ -201,6 +201,16 @@ class Session:
             for name in step.release:
                 env.pop(name, None)
         return env
+
+    def _unplanned_kernel(self, step: Step, args: list[np.ndarray | None]) -> Callable:
+        """A first run's kernel: this device's cached search choice where it needs no packing,
+        else the selector's pick from the input shapes."""
+        if self._search.handles(step.op):
+            shapes = [None if a is None else a.shape for a in args]
+            cached = self._search.cached(step.op, step.name, step.attrs, shapes)
+            if cached is not None:
+                return cached
+        return _choose(step, args)
 
     def _choose_kernel(self, step: Step, index: int, record: Record) -> tuple[Callable, str]:
         """The kernel a planned node runs: the measured fastest for heavy ops (engine.search),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from engine import Session
+from engine import Session, search
+from engine.ops import conv
+from engine.ops.registry import kernel_name
 from tests.engine.helpers import run_reference, write_model_package
 
 
@@ -249,6 +252,35 @@ def test_an_unreadable_kernel_cache_is_measured_again(tmp_path, monkeypatch):
     timings = Session(path).profile({"x": x})
     assert timings[0].note.startswith("searched: ")  # measured again, not an error
     np.testing.assert_allclose(Session(path).run({"x": x})["y"], run_reference(model, {"x": x})[0], rtol=1e-5)
+
+
+def test_a_first_run_uses_the_kernel_this_device_chose_before(tmp_path, monkeypatch):
+    """A later load's first (unplanned) run runs the cached search choice, not the selector's."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FERRY_KERNEL_CACHE", str(cache))
+    rng = np.random.default_rng(10)
+    model = _model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], group=4, pads=[1, 1, 1, 1], name="dw")],
+        [("x", [1, 4, 9, 9])],
+        ["y"],
+        [("w", rng.standard_normal((4, 1, 3, 3)).astype(np.float32))],
+    )
+    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    path = write_model_package(model, tmp_path / "m.ferry", {"x": x})
+    Session(path).profile({"x": x})  # searches and caches a choice
+    [written] = list(cache.iterdir())
+    [key] = json.loads(written.read_text())
+    attrs = {"group": 4, "pads": [1, 1, 1, 1]}
+    candidates = search.CANDIDATES["Conv"](attrs, [(1, 4, 9, 9), (4, 1, 3, 3)])
+    selector = conv.select_conv(attrs, [(1, 4, 9, 9), (4, 1, 3, 3)])
+    other = next(k for k in candidates if k is not selector and not hasattr(k, "pack"))
+    written.write_text(json.dumps({key: kernel_name(other)}))
+
+    monkeypatch.setenv("FERRY_DEBUG", "1")  # every run goes node by node, as a first run does
+    session = Session(path)
+    [timing] = session.profile({"x": x})
+    assert timing.kernel == kernel_name(other) != kernel_name(selector)
+    np.testing.assert_allclose(session.run({"x": x})["y"], run_reference(model, {"x": x})[0], rtol=1e-5)
 
 
 def _stacked_cache_model() -> onnx.ModelProto:
