@@ -15,6 +15,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from engine import debug, planner
+from engine.allocator import tune_malloc
 from engine.errors import EngineError, InputError, NodeExecutionError, PackageError
 from engine.format import read_package, release_pages
 from engine.ops.registry import kernel_name
@@ -72,6 +73,7 @@ class Session:
             threads = os.cpu_count() or 1
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"threads must be a positive int, got {threads!r}")
+        tune_malloc()  # once per process: keep run-sized blocks in the heap between runs
         self.path = Path(path)
         self.threads = threads
         try:
