@@ -167,14 +167,28 @@ def fused_attention(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     lead = np.broadcast_shapes(scores.shape[:-2], v.shape[:-2])  # v may add batch dims too
     result, out = _attention_output(attrs, (*lead, scores.shape[-1], v.shape[-1]), v.dtype)
     np.matmul(np.swapaxes(scores, -1, -2), v, out=out)
-    out /= total[..., None]
+    _normalise(out, total)
     return [result]
 
 
+def _normalise(out: np.ndarray, total: np.ndarray) -> None:
+    """out /= total[..., None] as one dense divide by the sums repeated Dv times: a broadcast
+    divide runs numpy's inner loop once per Dv-long row (e.g. 591 rows of 64), twice the time.
+    The repeat must follow out's memory order: [..., H, S, Dv], or [..., S, H, Dv] (out_view)."""
+    if total.shape == out.shape[:-1] and out.ndim >= 3:
+        for view, sums in ((out, total), (np.swapaxes(out, -3, -2), np.swapaxes(total, -2, -1))):
+            if view.flags.c_contiguous:
+                flat = view.reshape(-1)  # a view, since contiguous
+                flat /= np.repeat(sums, out.shape[-1])
+                return
+    out /= total[..., None]
+
+
 def _probabilities_transposed(
-    q: np.ndarray, keys: np.ndarray, mask: np.ndarray | None, exp: Any
+    q: np.ndarray, keys: np.ndarray, mask: np.ndarray | None, exp: Any, shift: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """exp(scores - column max) as [..., T, S], and its column sums [..., S]."""
+    """exp(scores - column max, or unshifted when that is safe) as [..., T, S], and its column
+    sums [..., S]; ``shift`` forces the max shift."""
     mask_t = None if mask is None else np.swapaxes(mask.reshape((1,) * (2 - mask.ndim) + mask.shape), -1, -2)
     lead = np.broadcast_shapes(keys.shape[:-2], q.shape[:-2])
     t, s = keys.shape[-2], q.shape[-2]
@@ -191,9 +205,30 @@ def _probabilities_transposed(
     if mask_t is not None:
         scores += mask_t
     flat = rows.reshape(t, -1)
-    flat -= flat.max(axis=0)
+    shifted = shift or not _exp_safe_unshifted(flat, exp)
+    if shifted:
+        flat -= flat.max(axis=0)
     exp(flat, out=flat)
-    return scores, _column_sums(flat).reshape(*lead, s)
+    total = _column_sums(flat)
+    if not shifted and not total.min() >= UNSHIFTED_MIN_SUM:  # a column far below zero: redo it shifted
+        return _probabilities_transposed(q, keys, mask, exp, shift=True)
+    return scores, total.reshape(*lead, s)
+
+
+# Softmax is shift-invariant: the column max is subtracted only to keep exp finite.  When every
+# score is at most 64 (in the exp's own base) exp cannot overflow and the column sums stay far
+# from float32's limits, so the max (a column reduction) and the subtraction (a broadcast pass)
+# are skipped.  A column whose sum comes out below 2^-64 (all its scores very negative) would
+# lose digits to underflow: then the scores are recomputed and shifted as usual.
+UNSHIFTED_MAX_EXPONENT = 64.0
+UNSHIFTED_MIN_SUM = 2.0**-64
+
+
+def _exp_safe_unshifted(flat: np.ndarray, exp: Any) -> bool:
+    if flat.dtype.kind != "f" or flat.size == 0:
+        return False
+    limit = UNSHIFTED_MAX_EXPONENT if exp is np.exp2 else UNSHIFTED_MAX_EXPONENT * math.log(2)
+    return bool(flat.max() <= limit)  # False for NaN: the shifted path handles it as before
 
 
 def _attention_one_query(
@@ -259,13 +294,17 @@ def _attention_inputs(
     mask = inputs[3] if len(inputs) > 3 else None
     keys = np.swapaxes(k, -1, -2) if attrs.get("k_transposed", 0) else k
     scale = attrs.get("scale", 1.0) * (LOG2_E if _base2(q, mask) else 1.0)
+    if attrs.get("q_log2e"):  # the converter folded log2(e) into q's projection already
+        scale /= LOG2_E
     if scale != 1.0:
         q = q * q.dtype.type(scale)
     return q, keys, v, mask
 
 
 # softmax(z) = 2^(z log2(e) - max) / sum: np.exp2 takes half the time of np.exp, and the log2(e)
-# factor rides on the scale of q.  Not with a mask, which would need scaling too.
+# factor rides on the scale of q.  Not with a mask, which would need scaling too.  With the attr
+# ``q_log2e`` q arrives multiplied by log2(e) and by ``scale`` (the converter folds both into the
+# q projection's weights), so the base-2 path needs no scaled copy of q at all.
 LOG2_E = math.log2(math.e)
 
 

@@ -123,7 +123,9 @@ def _layer_norm_rows(
 ) -> list[np.ndarray]:
     """LayerNorm over the last axis in fewer, cheaper passes: row means as a matrix-vector
     product and row sums of squares as an einsum (both ~4x faster than ``mean``), and one
-    row-times-column factor (inv_std outer scale) instead of two broadcast multiplies."""
+    row-times-column factor (inv_std outer scale) instead of two broadcast multiplies.  A
+    uniform scale or bias (packed as a stride-0 vector, see ``pack_layer_norm``) is one
+    scalar: an identity one costs no pass at all (a third of the time at ViT-Tiny's sizes)."""
     n = x.shape[-1]
     rows = x.reshape(-1, n)
     mean = np.dot(rows, ones_vector(n, x.dtype))
@@ -133,8 +135,40 @@ def _layer_norm_rows(
     var /= x.dtype.type(n)
     var += epsilon
     inv_std = np.reciprocal(np.sqrt(var, out=var), out=var)
-    y *= np.multiply.outer(inv_std, scale)
-    if bias is not None:
+    if not _uniform(scale):
+        y *= np.multiply.outer(inv_std, scale)
+    elif scale[0] == 1:
+        y *= inv_std[:, None]
+    else:
+        y *= (inv_std * scale[0])[:, None]
+    if bias is not None and not (_uniform(bias) and bias[0] == 0):
         y += bias
     stats = (*x.shape[:-1], 1)
     return [y.reshape(x.shape), mean.reshape(stats), inv_std.reshape(stats)]
+
+
+def _uniform(vector: np.ndarray) -> bool:
+    """A stride-0 vector: one value repeated (how ``pack_layer_norm`` marks one)."""
+    return vector.ndim == 1 and vector.shape[0] > 0 and vector.strides[0] == 0
+
+
+def pack_layer_norm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> dict[int, np.ndarray]:
+    """Scale and bias that hold one value throughout (identity ones are common: LayerNorm's
+    initial weights, and what the converter leaves after folding them into the MatMuls that
+    read the LayerNorm, converter.optimize.fold_layer_norm_affine) as stride-0 views of that
+    value, so the kernel applies them as a scalar or not at all."""
+    packed = {}
+    for position in (1, 2):
+        vector = inputs[position] if position < len(inputs) else None
+        if _repeats_one_value(vector):
+            packed[position] = np.broadcast_to(vector[:1], vector.shape)
+    return packed
+
+
+def _repeats_one_value(vector: np.ndarray | None) -> bool:
+    if vector is None or vector.ndim != 1 or vector.size == 0 or vector.dtype.kind != "f":
+        return False
+    return not _uniform(vector) and bool(np.all(vector == vector[0]))
+
+
+layer_normalization.pack = pack_layer_norm  # type: ignore[attr-defined]

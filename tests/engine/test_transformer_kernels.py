@@ -117,6 +117,36 @@ def test_layer_norm_matches_reference(seed, shape, with_bias, axis, dtype, offse
     assert_same(layer_normalization(inputs, {"axis": axis}), want, rtol=rtol, atol=atol)
 
 
+@SETTINGS
+@given(
+    st.integers(0, 2**32 - 1),
+    shapes,
+    st.sampled_from([1.0, -0.5, 3.0]),
+    st.sampled_from([None, 0.0, 2.0]),
+    st.sampled_from([np.float32, np.float64]),
+)
+def test_layer_norm_with_uniform_scale_and_bias_packed(seed, shape, scale_value, bias_value, dtype):
+    """A scale or bias holding one value is packed as a stride-0 vector and applied as a scalar."""
+    x = _array(seed, shape, 3.0, dtype) + dtype(0.5)
+    n = shape[-1]
+    scale = np.full(n, scale_value, dtype)
+    inputs = [x, scale] + ([] if bias_value is None else [np.full(n, bias_value, dtype)])
+    packed = layer_normalization.pack(inputs, {})
+    assert sorted(packed) == [1, *([2] if bias_value is not None else [])]
+    assert all(v.strides == (0,) and np.array_equal(v, inputs[i]) for i, v in packed.items())
+    args = [packed.get(i, value) for i, value in enumerate(inputs)]
+    model, feeds = single_node_model("LayerNormalization", inputs, {"axis": -1}, n_outputs=3)
+    want = run_reference(model, feeds)
+    rtol, atol = (1e-5, 1e-5) if dtype == np.float32 else (1e-7, 1e-9)
+    assert_same(layer_normalization(args, {"axis": -1}), want, rtol=rtol, atol=atol)
+
+
+def test_layer_norm_packs_only_vectors_of_one_value():
+    x, varied = _array(0, (3, 4)), np.array([1.0, 1.0, 2.0, 1.0], np.float32)
+    assert layer_normalization.pack([x, varied, varied + 1], {}) == {}
+    assert layer_normalization.pack([x, np.full(4, np.nan, np.float32)], {}) == {}
+
+
 # -- FusedAttention ----------------------------------------------------------------------------
 
 
@@ -176,6 +206,20 @@ def test_fused_attention_kernels_match_reference(case, k_transposed):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=kernel.__name__)
 
 
+@SETTINGS
+@given(attention_cases())
+def test_fused_attention_with_q_prescaled_by_log2e(case):
+    """q_log2e: q arrives multiplied by the scale and log2(e) (folded into its projection)."""
+    q, k, v, mask, scale = case
+    model, feeds = _attention_model(q, k, v, mask, scale)
+    want = run_reference(model, feeds)[0]
+    prescaled = (q.astype(np.float64) * scale * math.log2(math.e)).astype(np.float32)
+    inputs = [prescaled, k, v] + ([mask] if mask is not None else [])
+    for kernel in (fused.fused_attention, fused.attention_per_head):
+        got = kernel(inputs, {"scale": 1.0, "q_log2e": 1})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=kernel.__name__)
+
+
 def test_fused_attention_large_scores_stay_finite():
     q = np.full((1, 2, 3, 4), 30.0, np.float32)
     k = np.full((1, 2, 5, 4), 30.0, np.float32)
@@ -185,6 +229,37 @@ def test_fused_attention_large_scores_stay_finite():
     for kernel in (fused.fused_attention, fused.attention_per_head):
         np.testing.assert_allclose(kernel([q, k, v], {"scale": 1.0})[0], want, rtol=1e-5, atol=1e-5)
 
+
+SHIFTS = st.lists(st.sampled_from([0.0, -40.0, -300.0, 45.0, 300.0]), min_size=1, max_size=24)
+
+
+@settings(max_examples=20, deadline=None)
+@given(attention_cases(), SHIFTS)
+def test_fused_attention_is_shift_invariant_per_query(case, shifts):
+    """Adding a constant to one query's scores changes nothing: scores far above or below zero
+    take the max-shifted path (or are redone with it) instead of overflowing or underflowing."""
+    q, k, v, _, scale = case
+    model, feeds = _attention_model(q, k, v, None, scale)
+    want = run_reference(model, feeds)[0]
+    offsets = np.resize(np.array(shifts, np.float32), q.shape[-2]) / scale  # one per query
+    shifted_q = np.concatenate([q, np.broadcast_to(offsets[:, None], (*q.shape[:-1], 1))], axis=-1)
+    shifted_k = np.concatenate([k, np.ones((*k.shape[:-1], 1), np.float32)], axis=-1)
+    for kernel in (fused.fused_attention, fused.attention_per_head):
+        got = kernel([shifted_q, shifted_k, v], {"scale": scale})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kernel.__name__)
+
+
+def test_fused_attention_query_with_every_key_masked():
+    """All of one query's scores at -1e4: their exps underflow to 0 unshifted, so that query is
+    redone with the max shift and gets the reference's softmax (masking every key is a shift)."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, n, 4)).astype(np.float32) for n in (3, 5, 5))
+    mask = np.zeros((3, 5), np.float32)
+    mask[1] = -1e4
+    model, feeds = _attention_model(q, k, v, mask, 0.5)
+    want = run_reference(model, feeds)[0]
+    got = fused.fused_attention([q, k, v, mask], {"scale": 0.5})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 # -- Raster views ------------------------------------------------------------------------------
 
@@ -276,6 +351,7 @@ def test_attention_views_fold_head_split_and_merge(tmp_path_factory, batch, seq,
         assert attention["outputs"] == ["y"]
         assert attention["attrs"]["out_view"]["shape"] == [batch, seq, heads * dim]
         assert [view is not None for view in attention["attrs"]["views"]] == [True, True, True]
+        assert attention["attrs"].get("q_log2e", 0) == int(not masked)  # the scale is in the weights
     feeds = {"x": np.random.default_rng(seq).standard_normal((batch, seq, heads * dim)).astype(np.float32)}
     onnxruntime = ort.InferenceSession(source.SerializeToString(), providers=["CPUExecutionProvider"])
     want = onnxruntime.run(None, feeds)
