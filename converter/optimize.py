@@ -3,9 +3,11 @@
 Every pass keeps the graph's inputs and outputs (names, meaning) exactly; tests run the
 graph after each pass against onnxruntime on the original model.  Order matters only as
 written in PASSES: folding first (it exposes constant weights), then pattern fusions (GELU,
-LayerNorm, attention) before BatchNorm folding and bias/activation fusion, then static-shape data
-movement lowered to Raster nodes (converter/lower.py), the head split and merge Rasters around
-attention folded into it as strided views, and dead-node removal last.
+LayerNorm, attention) before BatchNorm folding and bias/activation fusion (with a LayerNorm's
+scale and bias folded into the MatMuls reading it), then static-shape data movement lowered to
+Raster nodes (converter/lower.py), the head split and merge Rasters around attention folded
+into it as strided views (and its scale into the q projection), rows nobody reads dropped from
+the last block of a classifier (``narrow_rows``), and dead-node removal last.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from converter.lower import lower_data_movement
+from converter.lower import lower_data_movement, raster, region
 from converter.translate import FerryGraph
 from engine.ops import PREPARES, REGISTRY, kernel_for
 
@@ -465,6 +467,83 @@ def fuse_matmul_add(graph: FerryGraph) -> FerryGraph:
     return _without(graph, drop, changed)
 
 
+def fold_layer_norm_affine(graph: FerryGraph) -> FerryGraph:
+    """LayerNorm(x) * scale + bias read only by MatMuls with constant weights (a pre-LN
+    transformer's qkv and MLP inputs) -> LayerNorm with a unit scale and no bias, and each
+    MatMul's weights W -> diag(scale) W and bias c -> bias @ W + c: the kernel then skips its
+    two affine passes (see engine.ops.normalization.pack_layer_norm)."""
+    readers = _readers(graph)
+    tensors = dict(graph.tensors)
+    changed: dict[int, dict[str, Any]] = {}
+    for index, node in enumerate(graph.nodes):
+        users = _affine_fold_users(graph, readers, index) if node["op"] == "LayerNormalization" else None
+        if not users or any(user in changed for user in users):
+            continue
+        scale = graph.tensors[node["inputs"][1]].astype(np.float64)
+        has_bias = len(node["inputs"]) > 2 and node["inputs"][2]
+        shift = graph.tensors[node["inputs"][2]].astype(np.float64) if has_bias else np.zeros_like(scale)
+        for user in users:
+            changed[user] = _with_affine_folded(graph.nodes[user], tensors, scale, shift)
+        unit = f"{node['inputs'][1]}@unit"
+        tensors[unit] = np.ones_like(graph.tensors[node["inputs"][1]])
+        changed[index] = {**node, "inputs": [node["inputs"][0], unit]}
+    return _replace(_without(graph, set(), changed), tensors=tensors)
+
+
+def _affine_fold_users(graph: FerryGraph, readers: dict[str, list[int]], index: int) -> list[int] | None:
+    """The MatMul / FusedMatMul nodes reading this LayerNorm's only output, when they are all
+    its readers, read it as A with their own constant 2-D weight (and constant bias), and the
+    LayerNorm's scale and bias are constants that are not an identity already."""
+    node = graph.nodes[index]
+    inputs, outputs = node["inputs"], [name for name in node["outputs"] if name]
+    rank = len(graph.shapes.get(inputs[0]) or [])
+    if len(outputs) != 1 or len(node["outputs"]) != 1 or outputs[0] in _graph_outputs(graph):
+        return None
+    if int(node["attrs"].get("axis", -1)) not in (-1, rank - 1) or rank == 0:
+        return None
+    params = [graph.tensors.get(name) for name in inputs[1:] if name]
+    if any(p is None or p.ndim != 1 or p.dtype.kind != "f" for p in params) or len(params) != len(inputs) - 1:
+        return None
+    if np.all(params[0] == 1) and all(np.all(p == 0) for p in params[1:]):
+        return None
+    users = readers.get(outputs[0], [])
+    if not users or len(set(users)) != len(users):
+        return None
+    width = params[0].shape[0]
+    foldable = all(_foldable_reader(graph, readers, graph.nodes[user], outputs[0], width) for user in users)
+    return users if foldable else None
+
+
+def _foldable_reader(
+    graph: FerryGraph, readers: dict[str, list[int]], reader: dict[str, Any], value: str, width: int
+) -> bool:
+    """A MatMul of ``value`` (as A) by its own constant [width, N] weight and constant bias.
+    A weight shared with another node (tied embeddings) would be duplicated: not folded."""
+    inputs = reader["inputs"]
+    if reader["op"] not in ("MatMul", "FusedMatMul") or inputs[0] != value or len(inputs) < 2:
+        return False
+    weight = graph.tensors.get(inputs[1])
+    if weight is None or weight.ndim != 2 or weight.shape[0] != width or weight.dtype.kind != "f":
+        return False
+    own = [name for name in inputs[1:] if name]
+    return all(name in graph.tensors and len(readers.get(name, [])) == 1 for name in own)
+
+
+def _with_affine_folded(
+    node: dict[str, Any], tensors: dict[str, np.ndarray], scale: np.ndarray, shift: np.ndarray
+) -> dict[str, Any]:
+    """A MatMul reading LayerNorm(x) * scale + shift rewritten to read LayerNorm(x) itself."""
+    weight_name = node["inputs"][1]
+    weight = tensors[weight_name]
+    bias_name = node["inputs"][2] if len(node["inputs"]) > 2 and node["inputs"][2] else None
+    bias = tensors[bias_name].astype(np.float64) if bias_name else np.zeros(weight.shape[1])
+    wide = weight.astype(np.float64)
+    names = [f"{weight_name}@ln_folded", f"{bias_name or weight_name + '/bias'}@ln_folded"]
+    tensors[names[0]] = (scale[:, None] * wide).astype(weight.dtype)
+    tensors[names[1]] = (shift @ wide + bias).astype(weight.dtype)
+    return {**node, "op": "FusedMatMul", "inputs": [node["inputs"][0], *names]}
+
+
 FUSE_INTO = {"Conv": "FusedConv", "Gemm": "FusedGemm", "MatMul": "FusedMatMul", "FusedMatMul": "FusedMatMul"}
 
 
@@ -687,6 +766,290 @@ def _affine(index_map: np.ndarray) -> dict[str, Any] | None:
     return {"shape": list(index_map.shape), "offset": offset, "strides": strides}
 
 
+def fold_attention_scale(graph: FerryGraph) -> FerryGraph:
+    """Fold an unmasked FusedAttention's scale (times log2(e), for the kernel's base-2 softmax)
+    into the columns of the q projection's weights and bias, when q, k and v are views of one
+    FusedMatMul's output and q's columns are read by nothing else: the kernel then uses q as it
+    comes instead of making a scaled copy of it (attr ``q_log2e``)."""
+    readers, producers = _readers(graph), _producers(graph)
+    tensors = dict(graph.tensors)
+    changed: dict[int, dict[str, Any]] = {}
+    for index, node in enumerate(graph.nodes):
+        views = node["attrs"].get("views") if node["op"] == "FusedAttention" else None
+        if not views or len(node["inputs"]) != 3 or node["attrs"].get("q_log2e") or None in views:
+            continue
+        source = node["inputs"][0]
+        projection_index = producers.get(source)
+        columns = _q_columns(graph, node, readers, projection_index)
+        if columns is None or projection_index in changed:
+            continue
+        projection = graph.nodes[projection_index]
+        factor = float(node["attrs"].get("scale", 1.0)) * math.log2(math.e)
+        weight_name, bias_name = projection["inputs"][1], projection["inputs"][2]
+        weight, bias = tensors[weight_name].astype(np.float64), tensors[bias_name].astype(np.float64)
+        weight[:, columns] *= factor
+        bias[columns] *= factor
+        names = [f"{weight_name}@q_scaled", f"{bias_name}@q_scaled"]
+        tensors[names[0]] = weight.astype(tensors[weight_name].dtype)
+        tensors[names[1]] = bias.astype(tensors[bias_name].dtype)
+        changed[projection_index] = {**projection, "inputs": [projection["inputs"][0], *names]}
+        changed[index] = {**node, "attrs": {**node["attrs"], "scale": 1.0, "q_log2e": 1}}
+    return _replace(_without(graph, set(), changed), tensors=tensors)
+
+
+def _q_columns(
+    graph: FerryGraph, node: dict[str, Any], readers: dict[str, list[int]], projection_index: int | None
+) -> np.ndarray | None:
+    """The output columns of the attention's q projection that q reads, when that projection
+    is a float FusedMatMul with its own constant weights and bias, read by this node alone (as
+    q, k and v), and no column is read both as q and as k or v."""
+    source = node["inputs"][0]
+    alone = set(node["inputs"]) == {source} and len(set(readers[source])) == 1
+    if projection_index is None or not alone or source in _graph_outputs(graph):
+        return None
+    projection = graph.nodes[projection_index]
+    inputs = projection["inputs"]
+    if projection["op"] != "FusedMatMul" or len(inputs) != 3 or projection["attrs"].get("activation"):
+        return None
+    weight, bias = graph.tensors.get(inputs[1]), graph.tensors.get(inputs[2])
+    if weight is None or bias is None or weight.ndim != 2 or bias.shape != (weight.shape[1],):
+        return None
+    if weight.dtype.kind != "f" or any(len(readers.get(name, [])) != 1 for name in inputs[1:]):
+        return None
+    width = weight.shape[1]
+    q, k, v = (set(_view_indices(view).reshape(-1) % width) for view in node["attrs"]["views"])
+    if q & (k | v):
+        return None
+    return np.array(sorted(q), dtype=np.int64)
+
+
+def _view_indices(view: dict[str, Any]) -> np.ndarray:
+    """Every flat index a view {"shape", "offset", "strides"} reads."""
+    index = np.full([int(d) for d in view["shape"]], int(view["offset"]), dtype=np.int64)
+    for axis, (count, stride) in enumerate(zip(view["shape"], view["strides"], strict=True)):
+        along = [-1 if other == axis else 1 for other in range(index.ndim)]
+        index += np.arange(int(count), dtype=np.int64).reshape(along) * int(stride)
+    return index
+
+
+# Ops that compute each row (last axis) of their output from the same row of their inputs.
+ROW_WISE_UNARY = frozenset({"Gelu", "Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Sqrt", "Neg", "Abs"})
+ROW_WISE_BINARY = frozenset({"Add", "Sub", "Mul", "Div"})
+ROW_WISE_OTHER = frozenset({"LayerNormalization", "FusedMatMul", "MatMul", "FusedAttention"})
+ROW_WISE_OPS = ROW_WISE_UNARY | ROW_WISE_BINARY | ROW_WISE_OTHER
+
+
+def narrow_rows(graph: FerryGraph) -> FerryGraph:
+    """Compute only the rows a row selection reads: a ViT classifier reads the class token
+    (row 0) of its last block, so that block's projection, MLP, residuals and LayerNorms run
+    on one row, and its attention on one query, instead of all 197.  A Raster reading rows
+    [r0, r1) of a [1.., S, E] value is followed up through producers that work row by row
+    (LayerNorm over the last axis, MatMul by a constant, elementwise ops, FusedAttention's
+    queries) as long as nothing else reads their results; what they read from outside that
+    set is sliced to the same rows (a copy of n rows, by a new Raster)."""
+    for index, node in enumerate(graph.nodes):
+        if node["op"] == "Raster" and _movement(graph, node) and len(node["inputs"]) == 1:
+            narrowed = _narrow_rows_before(graph, index)
+            if narrowed is not None:
+                return narrow_rows(narrowed)  # the graph changed: look again from the start
+    return graph
+
+
+def _narrow_rows_before(graph: FerryGraph, raster_index: int) -> FerryGraph | None:
+    selector = graph.nodes[raster_index]
+    source = selector["inputs"][0]
+    producer = _producers(graph).get(source)
+    layout = _row_layout(graph, source) if producer is not None else None
+    if layout is None or graph.nodes[producer]["op"] not in ROW_WISE_OPS:
+        return None  # checked first: the index map below costs time on large values
+    rows = _rows_read(graph, selector, layout)
+    if rows is None or rows[1] - rows[0] >= layout[0]:
+        return None
+    narrowed, sliced = _row_wise_region(graph, raster_index, source, layout[0])
+    if not narrowed:
+        return None
+    return _apply_narrowing(graph, raster_index, narrowed, sliced, rows)
+
+
+def _row_layout(graph: FerryGraph, name: str) -> tuple[int, int] | None:
+    """(rows, row width) of a value of static shape [1.., S, E] (rows contiguous, of E elements)."""
+    shape = graph.shapes.get(name)
+    if shape is None or len(shape) < 2 or not all(isinstance(d, int) and d > 0 for d in shape):
+        return None
+    return (int(shape[-2]), int(shape[-1])) if math.prod(shape[:-2]) == 1 else None
+
+
+def _rows_read(
+    graph: FerryGraph, selector: dict[str, Any], layout: tuple[int, int]
+) -> tuple[int, int] | None:
+    """The range [r0, r1) of the input rows a one-input Raster reads."""
+    total = layout[0] * layout[1]
+    if total > MAX_VIEW_ELEMENTS or math.prod(selector["attrs"]["shape"]) == 0:
+        return None
+    attrs = {key: value for key, value in selector["attrs"].items() if key != "dtype"}
+    read = REGISTRY["Raster"]([np.arange(total, dtype=np.int64).reshape(layout)], attrs)[0]
+    return int(read.min()) // layout[1], int(read.max()) // layout[1] + 1
+
+
+def _row_wise_region(
+    graph: FerryGraph, raster_index: int, source: str, rows: int
+) -> tuple[set[int], set[str]]:
+    """The nodes to narrow (each one's result read only by narrowed nodes or the selector) and
+    the values they read from outside that must be sliced.  Walking backwards in topological
+    order sees every reader of a value before its producer."""
+    readers, producers, outputs = _readers(graph), _producers(graph), _graph_outputs(graph)
+    narrowed: set[int] = set()
+    wanted, sliced = {source}, set()
+    for index in range(raster_index - 1, -1, -1):
+        node = graph.nodes[index]
+        out = [name for name in node["outputs"] if name]
+        if len(out) != 1 or out[0] not in wanted:
+            continue
+        inside = all(r in narrowed or r == raster_index for r in readers.get(out[0], []))
+        row_inputs = _row_inputs(graph, node, rows) if inside and out[0] not in outputs else None
+        if row_inputs is None:
+            wanted.discard(out[0])
+            sliced.add(out[0])
+            continue
+        narrowed.add(index)
+        wanted.update(row_inputs)
+    sliced |= {name for name in wanted if producers.get(name) not in narrowed}
+    return narrowed, sliced - {source}
+
+
+def _row_inputs(graph: FerryGraph, node: dict[str, Any], rows: int) -> list[str] | None:
+    """The non-constant inputs whose rows the node's output rows come from, or None when the
+    node does not work row by row (on [1.., rows, E] values)."""
+    op, inputs = node["op"], node["inputs"]
+    if _row_layout(graph, node["outputs"][0]) is None or graph.shapes[node["outputs"][0]][-2] != rows:
+        return None
+    if op == "FusedAttention":
+        return _attention_row_inputs(graph, node, rows)
+    if op in ("FusedMatMul", "MatMul"):
+        constant = all(name in graph.tensors for name in inputs[1:] if name)
+        ok = constant and graph.tensors[inputs[1]].ndim == 2
+    elif op == "LayerNormalization":
+        rank = len(graph.shapes[inputs[0]] or [])
+        ok = int(node["attrs"].get("axis", -1)) in (-1, rank - 1)
+        ok = ok and all(name in graph.tensors for name in inputs[1:] if name)
+    elif op in ROW_WISE_UNARY:
+        ok = len(inputs) == 1
+    elif op in ROW_WISE_BINARY:
+        shape = graph.shapes[node["outputs"][0]]
+        ok = all(name in graph.tensors or graph.shapes.get(name) == shape for name in inputs)
+        return [name for name in inputs if name not in graph.tensors] if ok else None
+    else:
+        return None
+    return [inputs[0]] if ok and inputs[0] not in graph.tensors else None
+
+
+def _attention_row_inputs(graph: FerryGraph, node: dict[str, Any], rows: int) -> list[str] | None:
+    """Only the queries of a FusedAttention follow its output rows: [] when q is read through
+    a view (whose rows, axis -2, get narrowed), [q] when q is a value of its own, None when
+    it cannot be narrowed (a mask, q also read as k or v, or an out_view that does not write
+    the queries' rows as the rows of a [1.., S, E] result)."""
+    attrs, (q, k, v) = node["attrs"], node["inputs"][:3]
+    views, out_view = attrs.get("views") or [None], attrs.get("out_view")
+    if len(node["inputs"]) != 3:
+        return None
+    if out_view:
+        shape, view = out_view["shape"], out_view["view"]
+        if view["shape"][-2] != rows or view["strides"][-2] != shape[-1]:
+            return None
+    if views[0]:
+        return [] if views[0]["shape"][-2] == rows else None
+    if q in (k, v) or _row_layout(graph, q) is None or graph.shapes[q][-2] != rows:
+        return None
+    return [q]
+
+
+def _apply_narrowing(
+    graph: FerryGraph, raster_index: int, narrowed: set[int], sliced: set[str], rows: tuple[int, int]
+) -> FerryGraph:
+    first, last = rows
+    count = last - first
+    tensors, shapes = dict(graph.tensors), dict(graph.shapes)
+    renamed = {name: f"{name}@rows{first}:{last}" for name in sliced}
+    slicers: dict[int, list[dict[str, Any]]] = {}
+    for name, new in renamed.items():
+        before = min(i for i in narrowed if name in graph.nodes[i]["inputs"])
+        shape, width = list(shapes[name]), shapes[name][-1]
+        shape[-2] = count
+        shapes[new] = shape
+        rows_copy = region(0, first * width, [1], 0, [1], [count * width])
+        slicers.setdefault(before, []).append(raster(f"{name}/rows", [name], new, shape, [rows_copy], None))
+    nodes = []
+    for index, node in enumerate(graph.nodes):
+        nodes.extend(slicers.get(index, []))
+        if index in narrowed:
+            node = _narrowed_node(node, renamed, tensors, shapes, first, count)
+        elif index == raster_index:
+            node = _shifted_selector(node, first * shapes[node["inputs"][0]][-1])
+        nodes.append(node)
+    return _replace(graph, nodes=nodes, tensors=tensors, shapes=shapes)
+
+
+def _narrowed_node(
+    node: dict[str, Any],
+    renamed: dict[str, str],
+    tensors: dict[str, np.ndarray],
+    shapes: dict[str, Any],
+    first: int,
+    count: int,
+) -> dict[str, Any]:
+    """The node computing rows [first, first + count) of what it computed (its output's shape
+    changed in ``shapes``; constants with a row axis sliced into new tensors)."""
+    out = node["outputs"][0]
+    shape = list(shapes[out])
+    shape[-2] = count
+    shapes[out] = shape
+    if node["op"] == "FusedAttention":
+        return _narrowed_attention(node, renamed, shape, first, count)
+    inputs = [renamed.get(name, name) for name in node["inputs"]]
+    if node["op"] in ROW_WISE_BINARY:
+        inputs = [_row_slice_constant(name, tensors, first, count) for name in inputs]
+    return {**node, "inputs": inputs}
+
+
+def _narrowed_attention(
+    node: dict[str, Any], renamed: dict[str, str], shape: list[int], first: int, count: int
+) -> dict[str, Any]:
+    """Attention for queries [first, first + count) only: q's view (or q itself) narrowed, the
+    keys and values as they were."""
+    attrs, inputs = dict(node["attrs"]), list(node["inputs"])
+    if attrs.get("views") and attrs["views"][0]:
+        q = _fewer_rows(attrs["views"][0], count)
+        q["offset"] += first * q["strides"][-2]
+        attrs["views"] = [q, *attrs["views"][1:]]
+    else:
+        inputs[0] = renamed.get(inputs[0], inputs[0])
+    if attrs.get("out_view"):
+        view = _fewer_rows(attrs["out_view"]["view"], count)  # its offset is within a row: unchanged
+        attrs["out_view"] = {"shape": shape, "view": view}
+    return {**node, "inputs": inputs, "attrs": attrs}
+
+
+def _fewer_rows(view: dict[str, Any], count: int) -> dict[str, Any]:
+    return {**view, "shape": [*view["shape"][:-2], count, view["shape"][-1]]}
+
+
+def _row_slice_constant(name: str, tensors: dict[str, np.ndarray], first: int, count: int) -> str:
+    """A constant operand of a narrowed elementwise node: as is when it has no row axis of its
+    own (broadcast over rows), else its rows [first, first + count) as a new tensor."""
+    array = tensors.get(name)
+    if array is None or array.ndim < 2 or array.shape[-2] == 1:
+        return name
+    new = f"{name}@rows{first}:{first + count}"
+    tensors[new] = np.ascontiguousarray(array[..., first : first + count, :])
+    return new
+
+
+def _shifted_selector(node: dict[str, Any], offset: int) -> dict[str, Any]:
+    """The selecting Raster reading the narrowed value (which starts ``offset`` elements later)."""
+    regions = [{**r, "src_offset": int(r["src_offset"]) - offset} for r in node["attrs"]["regions"]]
+    return {**node, "attrs": {**node["attrs"], "regions": regions}}
+
+
 def drop_dead(graph: FerryGraph) -> FerryGraph:
     """Remove nodes nothing downstream of the outputs needs, and tensors no node reads."""
     needed = _graph_outputs(graph)
@@ -710,8 +1073,12 @@ PASSES: list[Pass] = [
     fuse_attention,
     fold_batch_norm,
     fuse_matmul_add,
+    fold_layer_norm_affine,
     fuse_activation,
     lower_data_movement,
     fold_attention_views,
+    drop_dead,  # the readers the two passes below look at must be live ones
+    fold_attention_scale,
+    narrow_rows,
     drop_dead,
 ]
