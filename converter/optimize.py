@@ -689,9 +689,7 @@ def _movement(graph: FerryGraph, node: dict[str, Any]) -> bool:
     return node["op"] in MOVEMENT_VIEWS
 
 
-def _input_view(
-    graph: FerryGraph, producers: dict[str, int], name: str
-) -> tuple[str, dict[str, Any]] | None:
+def _input_view(graph: FerryGraph, producers: dict[str, int], name: str) -> tuple[str, dict[str, Any]] | None:
     """(source, view) when ``name`` is a strided view of ``source`` made by a chain of data
     movement with at least one copying Raster in it."""
     chain: list[dict[str, Any]] = []

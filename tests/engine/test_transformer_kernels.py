@@ -261,6 +261,7 @@ def test_fused_attention_query_with_every_key_masked():
     got = fused.fused_attention([q, k, v, mask], {"scale": 0.5})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
+
 # -- Raster views ------------------------------------------------------------------------------
 
 
