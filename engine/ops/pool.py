@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from engine.ops import window
+from engine.ops.conv import PING, PONG
 from engine.ops.registry import check, register
 from engine.ops.scratch import scratch
 
@@ -77,10 +78,11 @@ def _max_pool_3x3_stride_2(x: np.ndarray) -> np.ndarray:
     n, c, height, width = x.shape
     ho, wo = height // 2, width // 2
     planes = x.reshape(n * c, height, width)
-    rows = scratch("max_pool.rows", (n * c, ho, width), x.dtype)
+    # the convs' work buffers: the stem conv before this pool has just used them
+    rows = scratch(PING, (n * c, ho, width), x.dtype)
     np.maximum(planes[:, 0::2], planes[:, 1::2], out=rows)
     np.maximum(rows[:, 1:], planes[:, 1:-1:2], out=rows[:, 1:])  # row 0 has no row above
-    halves = scratch("max_pool.halves", (2, n * c * ho * wo), x.dtype)
+    halves = scratch(PONG, (2, n * c * ho * wo), x.dtype)
     np.copyto(halves, rows.reshape(-1, 2).T)
     even, odd = halves
     y = np.empty((n, c, ho, wo), dtype=x.dtype)

@@ -1,6 +1,7 @@
-"""Hypothesis: the Conv kernels the search may pick (Winograd F(4x4, 3x3), im2col over flat
-phases, the 1x1 with its bias as a GEMM column, depthwise channels-last with a fused clip)
-and the separable MaxPool, on random shapes and attributes, against the ONNX reference."""
+"""Hypothesis: the Conv kernels the search may pick (Winograd F(2x2, 3x3), F(4x4, 3x3) and
+F(2, 3) along the rows, im2col over exact phase windows and over a channels-last copy, the
+1x1 with its bias as a GEMM column, depthwise in both layouts with a fused clip) and the
+separable MaxPool, on random shapes and attributes, against the ONNX reference."""
 
 from __future__ import annotations
 
@@ -75,11 +76,12 @@ def test_winograd4_falls_back_to_im2col_for_strided_convs(stride, seed):
 
 
 def test_winograd4_is_a_candidate_only_with_enough_tiles():
+    """Fewer tiles: F(2, 3) along the rows instead of both 2-D forms."""
     attrs = {"pads": [1, 1, 1, 1]}
     big, small = (1, 8, 16, 16), (1, 8, 7, 7)  # 16 and 4 tiles of 4x4
-    assert conv.conv_winograd4 in conv.conv_candidates(attrs, [big, (8, 8, 3, 3)])
-    assert conv.conv_winograd4 not in conv.conv_candidates(attrs, [small, (8, 8, 3, 3)])
-    assert conv.conv_winograd in conv.conv_candidates(attrs, [small, (8, 8, 3, 3)])
+    for kernel in (conv.conv_winograd, conv.conv_winograd4):
+        assert kernel in conv.conv_candidates(attrs, [big, (8, 8, 3, 3)])
+        assert kernel not in conv.conv_candidates(attrs, [small, (8, 8, 3, 3)])
 
 
 @st.composite
@@ -106,17 +108,6 @@ def strided_conv_cases(draw):
 
 @SETTINGS
 @given(strided_conv_cases())
-def test_im2col_over_flat_phases_matches_the_reference(case):
-    inputs, attrs = case
-    model, feeds = single_node_model("Conv", inputs, attrs)
-    want = run_reference(model, feeds)[0]
-    got = conv.conv_im2col_flat(inputs, attrs)[0]
-    assert got.shape == want.shape and got.dtype == want.dtype
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-
-
-@SETTINGS
-@given(strided_conv_cases())
 def test_every_candidate_of_a_strided_conv_agrees_with_the_reference(case):
     inputs, attrs = case
     model, feeds = single_node_model("Conv", inputs, attrs)
@@ -124,7 +115,8 @@ def test_every_candidate_of_a_strided_conv_agrees_with_the_reference(case):
     shapes = [a.shape for a in inputs]
     candidates = conv.conv_candidates(attrs, shapes)
     strided = any(s > 1 for s in attrs["strides"])
-    assert (conv.conv_im2col_flat in candidates) == (strided and candidates[0] is conv.conv_im2col)
+    general = candidates[0] is conv.conv_im2col
+    assert (conv.conv_im2col_phased in candidates) == (strided and general and attrs["group"] == 1)
     for kernel in candidates:
         got = kernel(with_packed(kernel, inputs, attrs), attrs)[0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want), err_msg=kernel.__name__)
@@ -224,7 +216,7 @@ def _activation(y: np.ndarray, attrs: dict) -> np.ndarray:
     seed=st.integers(0, 2**16),
 )
 def test_fused_conv_candidates_apply_the_activation_exactly_once(size, activation, stride, bias, seed):
-    """Winograd F(4x4) and im2col over flat phases clip in their last copy (``fuses_clip``):
+    """Winograd and the strided im2col forms clip in their last pass (``fuses_clip``):
     the search's FusedConv wrapper must then skip the activation, and still apply the ones
     the kernel does not fuse."""
     rng = np.random.default_rng(seed)
@@ -244,7 +236,7 @@ def test_fused_conv_candidates_apply_the_activation_exactly_once(size, activatio
     want = _activation(conv.conv_im2col(inputs, attrs)[0], attrs)
     candidates = search.CANDIDATES["FusedConv"](attrs, [a.shape for a in inputs])
     names = [kernel.__name__ for kernel in candidates]
-    assert ("fused_conv_winograd4" if stride == 1 else "fused_conv_im2col_flat") in names
+    assert ("fused_conv_winograd4" if stride == 1 else "fused_conv_im2col_phased") in names
     for kernel in candidates:
         got = kernel(with_packed(kernel, inputs, attrs), attrs)[0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want), err_msg=kernel.__name__)
@@ -269,7 +261,8 @@ def test_fused_conv_candidates_apply_the_activation_exactly_once(size, activatio
 def test_fused_depthwise_candidates_apply_the_activation_exactly_once(
     channels, size, kernel, stride, pads, activation, bias, seed
 ):
-    """Depthwise channels-last clips its accumulator (``fuses_clip``), the flat form does not."""
+    """Both depthwise forms clip their output (``fuses_clip``): the wrapper must not clip again
+    (harmless for Relu / Clip) and must still apply a LeakyRelu."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((2, channels, size, size + 1)).astype(np.float32)
     w = rng.standard_normal((channels, 1, kernel, kernel)).astype(np.float32)
@@ -320,8 +313,6 @@ def test_patch_conv_matches_the_reference(n, c, m, kernel, extra, tiles, bias, p
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
     offered = conv.conv_patches in conv.conv_candidates(attrs, [a.shape for a in inputs])
     assert offered == (conv.select_conv(attrs, [a.shape for a in inputs]) is conv.conv_im2col)
-
-
 
 
 @SETTINGS
@@ -431,7 +422,16 @@ def test_kernels_that_fuse_the_clip_still_clip_when_they_fall_back():
     clip = {"activation": "Clip", "activation_attrs": {"min": 0.0, "max": 0.5}}
     attrs = {"group": 2, "strides": [2, 2], **clip}
     want = np.clip(conv.conv_im2col([x, w], attrs)[0], 0.0, 0.5)
-    kernels = (conv.conv_im2col_flat, conv.conv_im2col_phased, conv.conv_winograd4, conv.conv_winograd_s2)
+    kernels = (
+        conv.conv_im2col_phased,
+        conv.conv_im2col_hwc,
+        conv.conv_winograd,
+        conv.conv_winograd4,
+        conv.conv_winograd_rows,
+        conv.conv_winograd_s2,
+        conv.conv_depthwise_flat,
+        conv.conv_depthwise_nhwc,
+    )
     for kernel in kernels:
         assert kernel.fuses_clip
         got = kernel([x, w], attrs)[0]
@@ -456,6 +456,90 @@ def test_strided_im2col_kernels_split_a_large_batch(monkeypatch):
         return original(kernel, inputs, attrs, per_image)
 
     monkeypatch.setattr(conv, "_in_batches", counting)
-    for kernel in (conv.conv_im2col_flat, conv.conv_im2col_phased):
+    for kernel in (conv.conv_im2col_phased, conv.conv_im2col_hwc):
         np.testing.assert_allclose(kernel([x, w, b], attrs)[0], want, rtol=1e-5, atol=1e-5)
         assert kernel in sliced
+
+
+@SETTINGS
+@given(strided_conv_cases(), st.booleans(), st.sampled_from([None, "Relu", "Clip"]))
+def test_channels_last_im2col_matches_the_reference(case, prepacked, activation):
+    """Any 2-D conv (grouped ones fall back), its weights packed tap-major or not."""
+    inputs, attrs = case
+    model, feeds = single_node_model("Conv", inputs, attrs)
+    want = run_reference(model, feeds)[0]
+    attrs = {**attrs, "kernel_shape": list(inputs[1].shape[2:])}
+    if activation == "Relu":
+        attrs["activation"] = "Relu"
+    elif activation == "Clip":
+        attrs |= {"activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}}
+    want = _activation(want, attrs)
+    args = with_packed(conv.conv_im2col_hwc, inputs, attrs) if prepacked else list(inputs)
+    m, c, kh, kw = inputs[1].shape
+    if prepacked and attrs["group"] == 1:
+        assert args[1].shape == (m, kh * kw * c)
+    got = conv.conv_im2col_hwc(args, attrs)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype and got.flags.c_contiguous
+    assert not any(np.shares_memory(got, a) for a in inputs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
+
+
+def test_channels_last_im2col_is_a_candidate_for_ungrouped_convs_with_enough_channels():
+    attrs = {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
+    wide, narrow = conv.HWC_MIN_CHANNELS, conv.HWC_MIN_CHANNELS - 1
+    assert conv.conv_im2col_hwc in conv.conv_candidates(attrs, [(1, wide, 7, 7), (8, wide, 3, 3)])
+    assert conv.conv_im2col_hwc not in conv.conv_candidates(attrs, [(1, narrow, 7, 7), (8, narrow, 3, 3)])
+    grouped = {**attrs, "group": 2}
+    assert conv.conv_im2col_hwc not in conv.conv_candidates(grouped, [(1, 2 * wide, 7, 7), (8, wide, 3, 3)])
+    assert conv.conv_im2col_hwc.pack([np.zeros((1, 4, 5, 5)), np.zeros((2, 4, 3, 3))], {}) == {}
+
+
+@SETTINGS
+@given(winograd_cases(), st.booleans(), st.sampled_from([None, "Relu", "Clip"]))
+def test_channels_last_winograd2_matches_the_reference(case, prepacked, activation):
+    inputs, attrs = case
+    model, feeds = single_node_model("Conv", inputs, attrs)
+    want = run_reference(model, feeds)[0]
+    if activation == "Relu":
+        attrs = {**attrs, "activation": "Relu"}
+    elif activation == "Clip":
+        attrs = {**attrs, "activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}}
+    want = _activation(want, attrs)
+    args = list(inputs)
+    if prepacked:
+        args[1] = conv.pack_winograd(inputs[1])
+        assert args[1].shape == (16, inputs[1].shape[1], inputs[1].shape[0])
+    got = conv.conv_winograd(args, attrs)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
+
+
+@SETTINGS
+@given(winograd_cases(), st.booleans(), st.sampled_from([None, "Relu", "Clip"]))
+def test_winograd_along_rows_matches_the_reference(case, prepacked, activation):
+    inputs, attrs = case
+    model, feeds = single_node_model("Conv", inputs, attrs)
+    want = run_reference(model, feeds)[0]
+    if activation == "Relu":
+        attrs = {**attrs, "activation": "Relu"}
+    elif activation == "Clip":
+        attrs = {**attrs, "activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}}
+    want = _activation(want, attrs)
+    args = list(inputs)
+    if prepacked:
+        m, c = inputs[1].shape[:2]
+        args[1] = conv.pack_winograd_rows(inputs[1])
+        assert args[1].shape == (4, 3 * c, m)
+    got = conv.conv_winograd_rows(args, attrs)[0]
+    assert got.shape == want.shape and got.dtype == want.dtype and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
+
+
+def test_winograd_along_rows_is_a_candidate_only_where_f4x4_is_not():
+    attrs = {"pads": [1, 1, 1, 1]}
+    small, big = (1, 8, 7, 7), (1, 8, 16, 16)
+    assert conv.conv_winograd_rows in conv.conv_candidates(attrs, [small, (8, 8, 3, 3)])
+    assert conv.conv_winograd_rows not in conv.conv_candidates(attrs, [big, (8, 8, 3, 3)])
+    strided = {**attrs, "strides": [2, 2]}
+    assert conv.conv_winograd_rows not in conv.conv_candidates(strided, [small, (8, 8, 3, 3)])
+    assert conv.conv_winograd_rows.pack([np.zeros(big), np.zeros((8, 8, 3, 3))], attrs) == {}
