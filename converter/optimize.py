@@ -504,6 +504,8 @@ def _affine_fold_users(graph: FerryGraph, readers: dict[str, list[int]], index: 
     params = [graph.tensors.get(name) for name in inputs[1:] if name]
     if any(p is None or p.ndim != 1 or p.dtype.kind != "f" for p in params) or len(params) != len(inputs) - 1:
         return None
+    if any(p.shape != params[0].shape for p in params):  # a broadcast [1] scale or bias: left as is
+        return None
     if np.all(params[0] == 1) and all(np.all(p == 0) for p in params[1:]):
         return None
     users = readers.get(outputs[0], [])
@@ -892,25 +894,29 @@ def _rows_read(
 def _row_wise_region(
     graph: FerryGraph, raster_index: int, source: str, rows: int
 ) -> tuple[set[int], set[str]]:
-    """The nodes to narrow (each one's result read only by narrowed nodes or the selector) and
-    the values they read from outside that must be sliced.  Walking backwards in topological
-    order sees every reader of a value before its producer."""
+    """The nodes to narrow (each one's result read only by narrowed nodes or the selector, and
+    by them only row by row) and the values they read from outside that must be sliced.
+    Walking backwards in topological order sees every reader of a value before its producer."""
     readers, producers, outputs = _readers(graph), _producers(graph), _graph_outputs(graph)
     narrowed: set[int] = set()
     wanted, sliced = {source}, set()
+    whole: set[str] = set()  # read in full by a narrowed node: an attention's keys and values
     for index in range(raster_index - 1, -1, -1):
         node = graph.nodes[index]
         out = [name for name in node["outputs"] if name]
         if len(out) != 1 or out[0] not in wanted:
             continue
         inside = all(r in narrowed or r == raster_index for r in readers.get(out[0], []))
-        row_inputs = _row_inputs(graph, node, rows) if inside and out[0] not in outputs else None
+        inside = inside and out[0] not in whole and out[0] not in outputs
+        row_inputs = _row_inputs(graph, node, rows) if inside else None
         if row_inputs is None:
             wanted.discard(out[0])
             sliced.add(out[0])
             continue
         narrowed.add(index)
         wanted.update(row_inputs)
+        if node["op"] == "FusedAttention":
+            whole.update(name for name in node["inputs"][1:] if name)
     sliced |= {name for name in wanted if producers.get(name) not in narrowed}
     return narrowed, sliced - {source}
 
@@ -967,7 +973,8 @@ def _apply_narrowing(
     first, last = rows
     count = last - first
     tensors, shapes = dict(graph.tensors), dict(graph.shapes)
-    renamed = {name: f"{name}@rows{first}:{last}" for name in sliced}
+    taken = set(shapes) | {name for node in graph.nodes for name in node["outputs"]}
+    renamed = {name: _unused(f"{name}@rows{first}:{last}", taken) for name in sorted(sliced)}
     slicers: dict[int, list[dict[str, Any]]] = {}
     for name, new in renamed.items():
         before = min(i for i in narrowed if name in graph.nodes[i]["inputs"])
@@ -975,7 +982,7 @@ def _apply_narrowing(
         shape[-2] = count
         shapes[new] = shape
         rows_copy = region(0, first * width, [1], 0, [1], [count * width])
-        slicers.setdefault(before, []).append(raster(f"{name}/rows", [name], new, shape, [rows_copy], None))
+        slicers.setdefault(before, []).append(raster(f"{new}/slice", [name], new, shape, [rows_copy], None))
     nodes = []
     for index, node in enumerate(graph.nodes):
         nodes.extend(slicers.get(index, []))
@@ -985,6 +992,16 @@ def _apply_narrowing(
             node = _shifted_selector(node, first * shapes[node["inputs"][0]][-1])
         nodes.append(node)
     return _replace(graph, nodes=nodes, tensors=tensors, shapes=shapes)
+
+
+def _unused(name: str, taken: set[str]) -> str:
+    """``name``, or ``name#2``, ``name#3``... the first no value has yet (and now taken)."""
+    candidate, count = name, 1
+    while candidate in taken:
+        count += 1
+        candidate = f"{name}#{count}"
+    taken.add(candidate)
+    return candidate
 
 
 def _narrowed_node(

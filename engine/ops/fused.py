@@ -225,7 +225,8 @@ UNSHIFTED_MIN_SUM = 2.0**-64
 
 
 def _exp_safe_unshifted(flat: np.ndarray, exp: Any) -> bool:
-    if flat.dtype.kind != "f" or flat.size == 0:
+    # The limits above are float32's: float16 overflows at 2^16 and underflows at 2^-24.
+    if flat.dtype.kind != "f" or flat.dtype.itemsize < 4 or flat.size == 0:
         return False
     limit = UNSHIFTED_MAX_EXPONENT if exp is np.exp2 else UNSHIFTED_MAX_EXPONENT * math.log(2)
     return bool(flat.max() <= limit)  # False for NaN: the shifted path handles it as before

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper, numpy_helper
@@ -75,3 +76,23 @@ def test_layer_norm_affine_folds_into_its_matmuls(tmp_path_factory, seed, rows, 
     assert bool(np.all(package.tensors[norm["inputs"][1]] == 1)) == folded
     assert (len(norm["inputs"]) == 2) == folded
     _compare(source, path, (1, rows, width))
+
+
+@pytest.mark.parametrize("broadcast", ["scale", "shift"])
+def test_a_broadcast_layer_norm_parameter_is_left_unfolded(tmp_path, broadcast):
+    """A [1] scale or bias (broadcast over the row) is valid ONNX: the LayerNorm keeps it."""
+    rng = np.random.default_rng(3)
+    params = {"scale": rng.standard_normal(8), "shift": rng.standard_normal(8)}
+    params[broadcast] = params[broadcast][:1]
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in params.items()]
+    inits.append(numpy_helper.from_array(rng.standard_normal((8, 5)).astype(np.float32), "w"))
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "scale", "shift"], ["n"], axis=-1),
+        helper.make_node("MatMul", ["n", "w"], ["y"]),
+    ]
+    source = model(nodes, [fvalue("x", [1, 4, 8])], [fvalue("y", [1, 4, 5])], initializers=inits)
+    path = tmp_path / "ln.ferry"
+    convert(source, path)
+    norm = next(node for node in read_package(path).graph["nodes"] if node["op"] == "LayerNormalization")
+    assert len(norm["inputs"]) == 3
+    _compare(source, path, (1, 4, 8))

@@ -230,6 +230,20 @@ def test_fused_attention_large_scores_stay_finite():
         np.testing.assert_allclose(kernel([q, k, v], {"scale": 1.0})[0], want, rtol=1e-5, atol=1e-5)
 
 
+def test_float16_attention_with_large_scores_stays_finite():
+    """float16's exp overflows at 2^16: its scores always take the max-shifted softmax."""
+    rng = np.random.default_rng(2)
+    q, k, v = ((rng.standard_normal((1, 2, 6, 8)) * 2.5).astype(np.float16) for _ in range(3))
+    wide = [a.astype(np.float32) for a in (q, k, v)]  # the reference, in float32 on the same values
+    want = run_reference(*_attention_model(*wide, None, 8**-0.5))[0]
+    for kernel in (fused.fused_attention, fused.attention_per_head):
+        got = kernel([q, k, v], {"scale": 8**-0.5})[0]
+        assert got.dtype == np.float16 and np.all(np.isfinite(got))
+        np.testing.assert_allclose(
+            got.astype(np.float32), want.astype(np.float32), atol=2e-2, err_msg=kernel.__name__
+        )
+
+
 SHIFTS = st.lists(st.sampled_from([0.0, -40.0, -300.0, 45.0, 300.0]), min_size=1, max_size=24)
 
 

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper, numpy_helper
@@ -117,7 +118,7 @@ def test_last_block_runs_on_the_row_the_head_reads(tmp_path_factory, seed, seq, 
         assert last_query["shape"][-2] == 1 and last_query["offset"] == row * 3 * heads * dim
     # the last block's residual input and the positional constant, sliced to the one row
     package = read_package(path)
-    assert sum(node["name"].endswith("/rows") for node in nodes) == (1 if heads > 1 else 2)  # and q
+    assert sum(node["name"].endswith("/slice") for node in nodes) == (1 if heads > 1 else 2)  # and q
     assert [name for name in package.tensors if "@rows" in name] != []
     assert all(t.shape[-2] == 1 for name, t in package.tensors.items() if "@rows" in name)
     # each block's LayerNorms feed MatMuls only: their scale and bias went into those weights
@@ -137,3 +138,60 @@ def test_rows_stay_whole_when_another_node_reads_them(tmp_path):
     assert attention["attrs"]["out_view"]["shape"] == [1, 6, 8]
     got, want = _run_both(source, path, 6, 8)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _self_attention_on(seed: int, seq: int, width: int, row: int, residual: bool) -> onnx.ModelProto:
+    """h = x + c; attention with queries h @ Wq and h itself as keys and values (and, with
+    ``residual``, h added to its output); the head reads token ``row``."""
+    b = _Builder(seed, seq, 1, width)
+    h = b.op("Add", ["x", b.weight(1, seq, width)])
+    scores = b.op(
+        "MatMul", [b.op("MatMul", [h, b.weight(width, width)]), b.op("Transpose", [h], perm=[0, 2, 1])]
+    )
+    probs = b.op("Softmax", [b.op("Mul", [scores, b.const(np.float32(width**-0.5))])], axis=-1)
+    out = b.op("MatMul", [probs, h])
+    out = b.op("Add", [out, h]) if residual else out
+    token = b.op("Gather", [out, b.const(np.array(row, np.int64))], axis=1)
+    b.nodes.append(helper.make_node("Gemm", [token, b.weight(3, width), b.weight(3)], ["y"], transB=1))
+    return model(b.nodes, [fvalue("x", [1, seq, width])], [fvalue("y", [1, 3])], initializers=b.inits)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("row", [0, 5])
+def test_keys_and_values_stay_whole_when_the_queries_are_narrowed(tmp_path, row, residual):
+    """Only the queries follow the selected row: a value also read as keys or values keeps
+    every row (its query rows are sliced off it instead)."""
+    source = _self_attention_on(4, 6, 8, row, residual)
+    path = tmp_path / "attn.ferry"
+    convert(source, path)
+    attention = next(n for n in read_package(path).graph["nodes"] if n["op"] == "FusedAttention")
+    assert attention["inputs"][1] == attention["inputs"][2] and "@rows" not in attention["inputs"][1]
+    got, want = _run_both(source, path, 6, 8)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_two_selections_of_one_value_slice_it_under_distinct_names(tmp_path):
+    """Two heads read rows of two branches of x: each narrowing slices x, each slice is its own
+    value made by its own node (the graph stays single-assignment, node names unique)."""
+    b = _Builder(6, 6, 1, 8)
+    outputs = []
+    for index, (op, row) in enumerate((("Tanh", 0), ("Sigmoid", 0))):
+        branch = b.op(op, [b.op("Add", ["x", b.weight(1, 6, 8)])])
+        b.nodes.append(
+            helper.make_node("Gather", [branch, b.const(np.array(row, np.int64))], [f"y{index}"], axis=1)
+        )
+        outputs.append(fvalue(f"y{index}", [1, 8]))
+    source = model(b.nodes, [fvalue("x", [1, 6, 8])], outputs, initializers=b.inits)
+    path = tmp_path / "two.ferry"
+    convert(source, path)
+    nodes = read_package(path).graph["nodes"]
+    produced = [name for node in nodes for name in node["outputs"] if name]
+    assert len(produced) == len(set(produced)) and len({n["name"] for n in nodes}) == len(nodes)
+    assert sum("@rows" in name for name in produced) == 2
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 6, 8)).astype(np.float32)}
+    want = ort.InferenceSession(source.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    got = Session(path, threads=1).run(feeds)
+    for index, expected in enumerate(want):
+        np.testing.assert_allclose(got[f"y{index}"], expected, rtol=1e-5, atol=1e-6)
