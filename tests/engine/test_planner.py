@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -281,6 +282,35 @@ def test_a_first_run_uses_the_kernel_this_device_chose_before(tmp_path, monkeypa
     [timing] = session.profile({"x": x})
     assert timing.kernel == kernel_name(other) != kernel_name(selector)
     np.testing.assert_allclose(session.run({"x": x})["y"], run_reference(model, {"x": x})[0], rtol=1e-5)
+
+
+def _busy_kernel(name: str, seconds: float, calls: list[str]):
+    def kernel(inputs, attrs):
+        calls.append(name)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # busy, not asleep: its minimum time is reliable
+            pass
+        return [np.zeros(3, np.float32)]
+
+    kernel.__name__ = name
+    return kernel
+
+
+def test_a_close_call_between_the_two_fastest_kernels_is_timed_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path))
+    calls: list[str] = []
+    kernels = [
+        _busy_kernel("twin_a", 0.002, calls),
+        _busy_kernel("twin_b", 0.002, calls),
+        _busy_kernel("slow", 0.006, calls),
+    ]
+    monkeypatch.setitem(search.CANDIDATES, "Conv", lambda attrs, shapes: kernels)
+    chooser = search.KernelSearch("digest", threads=1)
+    chosen, note = chooser.choose("Conv", "n", {}, [(3,)], [False], lambda: [np.zeros(3, np.float32)])
+    assert chosen in kernels[:2] and note.startswith("searched: ")
+    # one checked run each, RUNS timed rounds each, and RUNS more for the two close ones
+    assert calls.count("slow") == 1 + search.RUNS
+    assert calls.count("twin_a") == calls.count("twin_b") == 1 + 2 * search.RUNS
 
 
 def _stacked_cache_model() -> onnx.ModelProto:
