@@ -235,10 +235,9 @@ def test_conv_scratch_buffers_never_leak_into_results_or_across_threads(tmp_path
     assert not errors, errors
 
 
-def test_an_unreadable_kernel_cache_is_measured_again(tmp_path, monkeypatch):
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("FERRY_KERNEL_CACHE", str(cache))
-    rng = np.random.default_rng(9)
+def _depthwise_package(tmp_path: Path, seed: int) -> tuple[onnx.ModelProto, np.ndarray, Path]:
+    """A one-node depthwise Conv ("dw", several search candidates), an input, and its package."""
+    rng = np.random.default_rng(seed)
     model = _model(
         [helper.make_node("Conv", ["x", "w"], ["y"], group=4, pads=[1, 1, 1, 1], name="dw")],
         [("x", [1, 4, 9, 9])],
@@ -246,7 +245,13 @@ def test_an_unreadable_kernel_cache_is_measured_again(tmp_path, monkeypatch):
         [("w", rng.standard_normal((4, 1, 3, 3)).astype(np.float32))],
     )
     x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
-    path = write_model_package(model, tmp_path / "m.ferry", {"x": x})
+    return model, x, write_model_package(model, tmp_path / "m.ferry", {"x": x})
+
+
+def test_an_unreadable_kernel_cache_is_measured_again(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FERRY_KERNEL_CACHE", str(cache))
+    model, x, path = _depthwise_package(tmp_path, 9)
     assert Session(path).profile({"x": x})[0].note.startswith("searched: ")
     [written] = list(cache.iterdir())
     written.write_text("{not json")
@@ -259,15 +264,7 @@ def test_a_first_run_uses_the_kernel_this_device_chose_before(tmp_path, monkeypa
     """A later load's first (unplanned) run runs the cached search choice, not the selector's."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("FERRY_KERNEL_CACHE", str(cache))
-    rng = np.random.default_rng(10)
-    model = _model(
-        [helper.make_node("Conv", ["x", "w"], ["y"], group=4, pads=[1, 1, 1, 1], name="dw")],
-        [("x", [1, 4, 9, 9])],
-        ["y"],
-        [("w", rng.standard_normal((4, 1, 3, 3)).astype(np.float32))],
-    )
-    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
-    path = write_model_package(model, tmp_path / "m.ferry", {"x": x})
+    model, x, path = _depthwise_package(tmp_path, 10)
     Session(path).profile({"x": x})  # searches and caches a choice
     [written] = list(cache.iterdir())
     [key] = json.loads(written.read_text())
