@@ -7,6 +7,13 @@ the bias as a GEMM column for 1x1, Winograd F(2x2, 3x3) and F(4x4, 3x3) for 3x3 
 (F(2, 3) along the rows on small images), polyphase Winograd for 3x3 stride 2, depthwise in
 two layouts.  Every variant checks its own precondition and falls back to im2col, so a stale
 choice is only slower, never wrong.
+
+A FusedConv may pass a fourth input, the residual: every kernel adds it (exactly the output's
+shape) to its result before the fused Relu / Clip, so a ResNet or MobileNet skip connection
+costs no Add node (nor a Relu node after it).  The kernels that compute channels last return
+their result as a transposed view of a channels-last array (``_Result``), and the 1x1 and
+depthwise kernels keep a channels-last input channels last: a chain of such convs makes no
+transposing copies between its layers.
 """
 
 from __future__ import annotations
@@ -50,12 +57,70 @@ def _prepare(
     return x, w, b, group, window.geometry(attrs, tuple(x.shape[2:]), kernel)
 
 
-def _finish(y: np.ndarray, b: np.ndarray | None, win: window.Window, dtype: np.dtype) -> np.ndarray:
-    """(N, M, P) or (N, g, M/g, P) -> (N, M, *out), plus bias."""
+def _finish(
+    y: np.ndarray, b: np.ndarray | None, win: window.Window, dtype: np.dtype, residual: np.ndarray | None
+) -> np.ndarray:
+    """(N, M, P) or (N, g, M/g, P) -> (N, M, *out), plus bias and residual."""
     y = y.reshape(y.shape[0], -1, *win.out)
     if b is not None:
         y += b.reshape(1, -1, *([1] * len(win.out)))
-    return y.astype(dtype, copy=False)
+    return _epilogue(y, residual, None).astype(dtype, copy=False)
+
+
+def residual_of(inputs: Sequence[np.ndarray | None]) -> np.ndarray | None:
+    """A FusedConv's residual (input 3), or None."""
+    return inputs[3] if len(inputs) > 3 else None
+
+
+def _check_residual(residual: np.ndarray, shape: tuple[int, ...]) -> None:
+    if residual.shape != tuple(shape):
+        raise ValueError(f"FusedConv residual {residual.shape} must have the output's shape {tuple(shape)}")
+
+
+def _epilogue(y: np.ndarray, residual: np.ndarray | None, bounds: tuple[Any, Any] | None) -> np.ndarray:
+    """y + residual, then clipped to ``bounds``, in place on y (a fresh array)."""
+    if residual is not None:
+        _check_residual(residual, y.shape)
+        y += _channels_last_copy(residual) if _channels_last_view(y) else residual
+    if bounds is not None:
+        inplace.clip_into(y, *bounds, y)
+    return y
+
+
+def _channels_last_copy(residual: np.ndarray) -> np.ndarray:
+    """The residual laid out channels last, as a channels-last result it is added to: numpy adds
+    mismatched layouts element by element at a large stride, 1.6-8x slower than this copy and
+    a contiguous add (512x7x7: 99 us against 13)."""
+    if _channels_last_view(residual):
+        return residual
+    n, c, height, width = residual.shape
+    copy = scratch(THIRD, (n, height, width, c), residual.dtype)  # the kernel's steps are done
+    np.copyto(copy, residual.transpose(0, 2, 3, 1))
+    return copy.transpose(0, 3, 1, 2)
+
+
+# The channels-last kernels (Winograd, channels-last im2col and depthwise, 1x1 on a channels-last
+# input) leave their result channels last: the NCHW value they return is a transposed view of a
+# fresh (N, H, W, C) array, so no transposing copy back to NCHW is made, and the next such
+# kernel reads its input with a plain copy (ResNet18 and MobileNetV2 ~4% faster).  numpy keeps
+# every other consumer right whatever the strides.
+class _Result:
+    """A kernel's output computed as channels-last images (Hp, Wp, C), cropped to ``out``."""
+
+    def __init__(
+        self, n: int, m: int, out: tuple[int, int], padded: tuple[int, int], dtype: np.dtype
+    ) -> None:
+        self.out = out
+        self.buffer = np.empty((n, *padded, m), dtype)
+
+    def finish(self, residual: np.ndarray | None, bounds: tuple[Any, Any] | None) -> np.ndarray:
+        """The (N, C, H, W) view, plus the residual, clipped to ``bounds`` (on the contiguous
+        buffer when there is no residual, where numpy's loops are fastest)."""
+        if residual is None and bounds is not None:
+            inplace.clip_into(self.buffer, *bounds, self.buffer)
+        height, width = self.out
+        y = self.buffer[:, :height, :width].transpose(0, 3, 1, 2)
+        return y if residual is None else _epilogue(y, residual, bounds)
 
 
 def fused_bounds(attrs: dict[str, Any]) -> tuple[Any, Any] | None:
@@ -77,7 +142,7 @@ def _clipped_fallback(
 ) -> list[np.ndarray]:
     """A ``fuses_clip`` kernel handed shapes it cannot run: the fallback's result, with the
     Relu / Clip the search's wrapper now counts on this kernel having applied."""
-    y = fallback(inputs, attrs)[0]
+    y = fallback(inputs, attrs)[0]  # the fallback adds the residual
     bounds = fused_bounds(attrs)
     if bounds is not None:
         inplace.clip_into(y, *bounds, y)
@@ -89,10 +154,17 @@ def _in_batches(
 ) -> list[np.ndarray]:
     """``kernel`` over slices of the batch whose work buffers stay within COLUMN_BUDGET_BYTES:
     scratch buffers live as long as the thread, so one sized for a whole large batch would
-    keep hundreds of MB."""
+    keep hundreds of MB.  A residual is sliced along with the input."""
     x, chunk = inputs[0], max(1, COLUMN_BUDGET_BYTES // max(per_image, 1))
-    parts = [kernel([x[start : start + chunk], *inputs[1:]], attrs)[0] for start in range(0, len(x), chunk)]
-    return [np.concatenate(parts)]
+    residual = residual_of(inputs)
+    if residual is not None:
+        _check_residual(residual, (len(x), *residual.shape[1:]))
+
+    def part(start: int) -> list[np.ndarray | None]:
+        rest = [] if residual is None else [residual[start : start + chunk]]
+        return [x[start : start + chunk], *inputs[1:3], *rest]
+
+    return [np.concatenate([kernel(part(start), attrs)[0] for start in range(0, len(x), chunk)])]
 
 
 @register("Conv")
@@ -134,20 +206,22 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
         np.stack([part[(slice(None), slice(None), *sl)] for _, sl in window.taps(win)], axis=2, out=cols)
         cols = cols.reshape(part.shape[0], group, (c // group) * k, p)
         np.matmul(wmat, cols, out=y[start : start + chunk])
-    return [_finish(y, b, win, x.dtype)]
+    return [_finish(y, b, win, x.dtype, residual_of(inputs))]
 
 
 def conv_1x1(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     x, w, b, group, win = _prepare(inputs, attrs)
     if any(k != 1 for k in win.kernel):
         return conv_im2col(inputs, attrs)
+    if _pointwise_channels_last(x, w.shape[0], group, win):
+        return [_conv_1x1_channels_last(x, w, b, win, residual_of(inputs))]
     n, c = x.shape[:2]
     m = w.shape[0]
     _, sl = next(window.taps(win))
     xs = window.pad(x, win)[(slice(None), slice(None), *sl)]
     xs = xs.reshape(n, group, c // group, math.prod(win.out))
     y = np.matmul(w.reshape(group, m // group, c // group), xs)
-    return [_finish(y, b, win, x.dtype)]
+    return [_finish(y, b, win, x.dtype, residual_of(inputs))]
 
 
 def conv_depthwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -163,7 +237,7 @@ def conv_depthwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     for index, sl in window.taps(win):
         patch = xp[(slice(None), slice(None), *sl)]
         y += patch[:, :, None] * wk[(slice(None), slice(None), *index)].reshape(1, c, mult, *ones)
-    return [_finish(y, b, win, x.dtype)]
+    return [_finish(y, b, win, x.dtype, residual_of(inputs))]
 
 
 # -- variants the planner measures per node (engine/search.py) -----------------------------------
@@ -229,10 +303,7 @@ def conv_im2col_phased(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -
         wmat = np.concatenate([wmat, b.reshape(m, 1).astype(dtype)], axis=1)
     y = np.empty((n, m, ho, wo), dtype=dtype)
     np.matmul(wmat, cols, out=y.reshape(n, m, ho * wo))
-    bounds = fused_bounds(attrs)
-    if bounds is not None:
-        inplace.clip_into(y, *bounds, y)
-    return [y.astype(x.dtype, copy=False)]
+    return [_epilogue(y, residual_of(inputs), fused_bounds(attrs)).astype(x.dtype, copy=False)]
 
 
 conv_im2col_phased.fuses_clip = True  # type: ignore[attr-defined]
@@ -275,7 +346,7 @@ def conv_im2col_hwc(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     per_image = depth * ho * wo * dtype.itemsize
     if n > 1 and n * per_image > COLUMN_BUDGET_BYTES:
         known = {**attrs, "kernel_shape": list(win.kernel)}  # w is packed from here on
-        return _in_batches(conv_im2col_hwc, [x, w, b], known, per_image)
+        return _in_batches(conv_im2col_hwc, [x, w, b, *inputs[3:]], known, per_image)
     xp = _padded_channels_last(x, win, dtype)
     s_n, s_h, s_w, s_c = xp.strides
     taps = np.lib.stride_tricks.as_strided(
@@ -283,6 +354,15 @@ def conv_im2col_hwc(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     )
     cols = scratch(PING, (n, ho, wo, kh, kw, c), dtype)
     np.copyto(cols, taps)
+    # columns @ W^T leaves the result channels last, as the Winograd forms do; with fewer pixels
+    # than half the filters OpenBLAS runs that GEMM slower than W @ columns^T (ResNet's 7x7,
+    # 512-channel stage: 1.75 ms against 1.41), so those write NCHW
+    if 2 * ho * wo >= m:
+        result = _Result(n, m, (ho, wo), (ho, wo), dtype)
+        np.matmul(cols.reshape(-1, depth), w.astype(dtype, copy=False).T, out=result.buffer.reshape(-1, m))
+        if b is not None:
+            result.buffer += b.astype(dtype, copy=False)
+        return [result.finish(residual_of(inputs), fused_bounds(attrs)).astype(x.dtype, copy=False)]
     y = np.empty((n, m, ho, wo), dtype=dtype)
     np.matmul(
         w.astype(dtype, copy=False),
@@ -291,10 +371,7 @@ def conv_im2col_hwc(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     )
     if b is not None:
         y += b.astype(dtype, copy=False).reshape(m, 1, 1)
-    bounds = fused_bounds(attrs)
-    if bounds is not None:
-        inplace.clip_into(y, *bounds, y)
-    return [y.astype(x.dtype, copy=False)]
+    return [_epilogue(y, residual_of(inputs), fused_bounds(attrs)).astype(x.dtype, copy=False)]
 
 
 conv_im2col_hwc.fuses_clip = True  # type: ignore[attr-defined]
@@ -314,6 +391,8 @@ def conv_1x1_bias_row(inputs: list[np.ndarray | None], attrs: dict[str, Any]) ->
     x, w, b, group, win = _prepare(inputs, attrs)
     if b is None or group != 1 or x.ndim < 3 or any(k != 1 for k in win.kernel) or win.padded:
         return conv_1x1(inputs, attrs)
+    if _pointwise_channels_last(x, w.shape[0], group, win):
+        return [_conv_1x1_channels_last(x, w, b, win, residual_of(inputs))]
     n, c = x.shape[:2]
     m, p = w.shape[0], math.prod(win.out)
     dtype = np.result_type(x, w, b)
@@ -324,8 +403,47 @@ def conv_1x1_bias_row(inputs: list[np.ndarray | None], attrs: dict[str, Any]) ->
     weights = np.empty((m, c + 1), dtype=dtype)
     weights[:, :c] = w.reshape(m, c)
     weights[:, c] = b
-    y = np.matmul(weights, rows)
-    return [y.reshape(n, m, *win.out).astype(x.dtype, copy=False)]
+    y = np.matmul(weights, rows).reshape(n, m, *win.out)
+    return [_epilogue(y, residual_of(inputs), None).astype(x.dtype, copy=False)]
+
+
+def _channels_last_view(x: np.ndarray) -> bool:
+    """Whether a 4-D (N, C, H, W) value lies channels last in memory (a channels-last kernel's
+    result, see _Result)."""
+    return (
+        x.ndim == 4
+        and x.shape[1] > 1
+        and x.strides[1] == x.itemsize
+        and x.strides[3] >= x.shape[1] * x.itemsize
+    )
+
+
+def _pointwise_channels_last(x: np.ndarray, m: int, group: int, win: window.Window) -> bool:
+    """Whether a 1x1 conv runs channels last: on a channels-last input, with enough pixels for
+    the (pixels, C) @ (C, M) GEMM to be as fast as the NCHW one (see conv_im2col_hwc)."""
+    wide = 2 * math.prod(win.out) >= m
+    return group == 1 and wide and not win.padded and _channels_last_view(x)
+
+
+def _conv_1x1_channels_last(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, win: window.Window, residual: np.ndarray | None
+) -> np.ndarray:
+    """A 1x1 conv of a channels-last input as (pixels, C) @ (C, M), its result left channels
+    last too: transposing the input to NCHW and the output back would cost two copies."""
+    n, c = x.shape[:2]
+    m, (ho, wo) = w.shape[0], win.out
+    dtype = np.result_type(x, w)
+    _, sl = next(window.taps(win))
+    pixels = x[(slice(None), slice(None), *sl)].transpose(0, 2, 3, 1)
+    if not pixels.flags.c_contiguous or pixels.dtype != dtype:  # strided: gather whole channel runs
+        gathered = scratch(PING, pixels.shape, dtype)
+        np.copyto(gathered, pixels)
+        pixels = gathered
+    buffer = np.empty((n, ho, wo, m), dtype=dtype)
+    np.matmul(pixels.reshape(-1, c), w.reshape(m, c).T.astype(dtype, copy=False), out=buffer.reshape(-1, m))
+    if b is not None:
+        buffer += b.astype(dtype, copy=False)
+    return _epilogue(buffer.transpose(0, 3, 1, 2), residual, None).astype(x.dtype, copy=False)
 
 
 def _depthwise_ok(x: np.ndarray, w: np.ndarray, group: int, win: window.Window) -> bool:
@@ -352,6 +470,11 @@ def conv_depthwise_flat(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     x, w, b, group, win = _prepare(inputs, attrs)
     if not _depthwise_ok(x, w, group, win):
         return _clipped_fallback(conv_depthwise, inputs, attrs)
+    if _channels_last_view(x):
+        # splitting a channels-last input into NCHW phases is a transposing gather, 3-8x the
+        # copy from NCHW (MobileNetV2's 112x112 layers: 1.07 ms against 0.14): the
+        # channels-last form reads it with a plain copy instead
+        return conv_depthwise_nhwc(inputs, attrs)
     n, c = x.shape[:2]
     (kh, kw), (sh, sw), (ho, wo) = win.kernel, win.strides, win.out
     dtype = np.result_type(x, w)
@@ -375,10 +498,7 @@ def conv_depthwise_flat(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
         np.add(cropped, b.reshape(1, c, 1, 1), out=y)
     else:
         np.copyto(y, cropped)
-    bounds = fused_bounds(attrs)
-    if bounds is not None:
-        inplace.clip_into(y, *bounds, y)
-    return [y.astype(x.dtype, copy=False)]
+    return [_epilogue(y, residual_of(inputs), fused_bounds(attrs)).astype(x.dtype, copy=False)]
 
 
 conv_depthwise_flat.fuses_clip = True  # type: ignore[attr-defined]
@@ -405,32 +525,17 @@ def conv_depthwise_nhwc(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
         xp, (n, ho, wo, kh, kw, c), (s_n, sh * s_h, sw * s_w, s_h, s_w, s_c)
     )
     wk = np.ascontiguousarray(w.reshape(c, kh, kw).transpose(1, 2, 0), dtype=dtype)
-    acc = scratch(PING, (n, ho, wo, c), dtype)
-    np.einsum("nhwijc,ijc->nhwc", taps, wk, out=acc)
+    residual, bounds = residual_of(inputs), fused_bounds(attrs)
+    if residual is not None:
+        _check_residual(residual, (n, c, ho, wo))
+    result = _Result(n, c, (ho, wo), (ho, wo), dtype)
+    np.einsum("nhwijc,ijc->nhwc", taps, wk, out=result.buffer)
     if b is not None:
-        acc += b.astype(dtype, copy=False)
-    bounds = fused_bounds(attrs)
-    if bounds is not None:
-        inplace.clip_into(acc, *bounds, acc)
-    y = np.empty((n, c, ho, wo), dtype=x.dtype)
-    for image in range(n):
-        _to_channels_first(acc[image], y[image])
-    return [y]
+        result.buffer += b.astype(dtype, copy=False)
+    return [result.finish(residual, bounds).astype(x.dtype, copy=False)]
 
 
 conv_depthwise_nhwc.fuses_clip = True  # type: ignore[attr-defined]
-
-
-# A channels-last -> NCHW copy reads the source with a stride of C values; done a few rows at a
-# time, each block's source stays in L1 (1.3-1.8x faster on ResNet's and MobileNet's layers).
-TRANSPOSE_BLOCK_BYTES = 32 * 1024
-
-
-def _to_channels_first(src: np.ndarray, dst: np.ndarray) -> None:
-    """dst (C, H, W) = src (H, W, C), in blocks of whole rows of about TRANSPOSE_BLOCK_BYTES."""
-    rows = max(1, TRANSPOSE_BLOCK_BYTES // max(1, src[0].nbytes))
-    for r0 in range(0, src.shape[0], rows):
-        np.copyto(dst[:, r0 : r0 + rows], src[r0 : r0 + rows].transpose(2, 0, 1))
 
 
 def _padded_channels_last(x: np.ndarray, win: window.Window, dtype: np.dtype) -> np.ndarray:
@@ -587,13 +692,17 @@ def _winograd_channels_last(
     dtype = np.result_type(x, packed)
     bt, at = bt.astype(dtype), at.astype(dtype)
     bias = None if b is None else b.astype(dtype, copy=False)
-    y = np.empty((n, packed.shape[2], *win.out), dtype=dtype)
+    m = packed.shape[2]
+    residual, bounds = residual_of(inputs), fused_bounds(attrs)
+    if residual is not None:
+        _check_residual(residual, (n, m, *win.out))
+    result = _Result(n, m, win.out, (step * th, step * tw), dtype)
     for image in range(n):
         v = _wino_input(x[image], win, th, tw, bt, step)
-        prod = scratch(PONG, (bt.shape[0] ** 2, th * tw, packed.shape[2]), dtype)
+        prod = scratch(PONG, (bt.shape[0] ** 2, th * tw, m), dtype)
         np.matmul(v, packed, out=prod)
-        _wino_output(prod, th, tw, at, bias, y[image], fused_bounds(attrs))
-    return [y.astype(x.dtype, copy=False)]
+        _wino_output(prod, th, tw, at, bias, result.buffer[image])
+    return [result.finish(residual, bounds).astype(x.dtype, copy=False)]
 
 
 def _tiles_channels_last(
@@ -649,11 +758,10 @@ def _wino_output(
     tw: int,
     at: np.ndarray,
     bias: np.ndarray | None,
-    y: np.ndarray,
-    bounds: tuple[Any, Any] | None,
+    hwc: np.ndarray,
 ) -> None:
-    """(size^2, th*tw, M) tile products -> A^T m A written (cropped, plus bias, clipped to
-    ``bounds`` if given) into y (M, Ho, Wo)."""
+    """(size^2, th*tw, M) tile products -> A^T m A plus bias, written into the channels-last
+    image hwc (s th, s tw, M)."""
     m, (step, size) = prod.shape[2], at.shape
     if bias is not None:  # A^T's column 1 is all ones: slot (1, 1) reaches every output once
         prod[size + 1] += bias
@@ -661,15 +769,8 @@ def _wino_output(
     np.matmul(at, _by_column(prod.reshape(size, size, -1)), out=_by_column(rows))
     out = scratch(PONG, (step, step, th * tw, m), prod.dtype)  # over the products, now read
     np.matmul(at, rows, out=out.reshape(step, step, -1))
-    # (i, j, ti, tj, M) -> channels-last image (s ti + i, s tj + j, M) -> cropped NCHW: two
-    # copies with contiguous inner runs beat one 5-D scatter into y; the clip runs on the
-    # contiguous image, where numpy's loops are fastest
-    hwc = scratch(PING, (th, step, tw, step, m), prod.dtype)
-    np.copyto(hwc, out.reshape(step, step, th, tw, m).transpose(2, 0, 3, 1, 4))
-    if bounds is not None:
-        inplace.clip_into(hwc, *bounds, hwc)
-    height, width = y.shape[1:]
-    _to_channels_first(hwc.reshape(step * th, step * tw, m)[:height, :width], y)
+    # (i, j, ti, tj, M) -> channels-last image (s ti + i, s tj + j, M)
+    np.copyto(hwc.reshape(th, step, tw, step, m), out.reshape(step, step, th, tw, m).transpose(2, 0, 3, 1, 4))
 
 
 conv_winograd4.fuses_clip = True  # type: ignore[attr-defined]
@@ -708,7 +809,10 @@ def conv_winograd_rows(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -
     tw = -(-wo // 2)
     dtype = np.result_type(x, packed)
     bt, at = _WINO_BT.astype(dtype), _WINO_AT.astype(dtype)
-    y = np.empty((n, m, ho, wo), dtype=dtype)
+    residual, bounds = residual_of(inputs), fused_bounds(attrs)
+    if residual is not None:
+        _check_residual(residual, (n, m, ho, wo))
+    result = _Result(n, m, (ho, wo), (ho, 2 * tw), dtype)
     for image in range(n):
         xp = _padded_image(x[image], win, ho + 2, 2 * tw + 2, dtype)
         s_h, s_w, s_c = xp.strides
@@ -722,13 +826,8 @@ def conv_winograd_rows(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -
             prod[1] += b.astype(dtype, copy=False)
         out = scratch(PONG, (2, ho, tw, m), dtype)
         np.matmul(at, prod.reshape(4, -1), out=out.reshape(2, -1))
-        hwc = scratch(PING, (ho, tw, 2, m), dtype)
-        np.copyto(hwc, out.transpose(1, 2, 0, 3))
-        bounds = fused_bounds(attrs)
-        if bounds is not None:
-            inplace.clip_into(hwc, *bounds, hwc)
-        _to_channels_first(hwc.reshape(ho, 2 * tw, m)[:, :wo], y[image])
-    return [y.astype(x.dtype, copy=False)]
+        np.copyto(result.buffer[image].reshape(ho, tw, 2, m), out.transpose(1, 2, 0, 3))
+    return [result.finish(residual, bounds).astype(x.dtype, copy=False)]
 
 
 conv_winograd_rows.fuses_clip = True  # type: ignore[attr-defined]
@@ -788,13 +887,17 @@ def conv_winograd_s2(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
     win = window.geometry(attrs, (height, width), (3, 3))
     th, tw = -(-win.out[0] // 2), -(-win.out[1] // 2)
     dtype = np.result_type(x, packed)
-    y = np.empty((n, packed.shape[1], *win.out), dtype=dtype)
+    m = packed.shape[1]
     bias = None if b is None else b.astype(dtype, copy=False)
+    residual, bounds = residual_of(inputs), fused_bounds(attrs)
+    if residual is not None:
+        _check_residual(residual, (n, m, *win.out))
+    result = _Result(n, m, win.out, (2 * th, 2 * tw), dtype)
     for image in range(n):
         corners, edges, centre = _wino_s2_input(x[image], win, th, tw, dtype)
         prod = _wino_s2_products(corners, edges, centre, packed)
-        _wino_s2_output(prod, th, tw, bias, y[image], fused_bounds(attrs))
-    return [y.astype(x.dtype, copy=False)]
+        _wino_s2_output(prod, th, tw, bias, result.buffer[image])
+    return [result.finish(residual, bounds).astype(x.dtype, copy=False)]
 
 
 def _wino_s2_input(
@@ -840,9 +943,13 @@ def _wino_s2_products(
 
 
 def _wino_s2_output(
-    prod: np.ndarray, th: int, tw: int, bias: np.ndarray | None, y: np.ndarray, bounds: tuple[Any, Any] | None
+    prod: np.ndarray,
+    th: int,
+    tw: int,
+    bias: np.ndarray | None,
+    hwc: np.ndarray,
 ) -> None:
-    """A^T P A per tile into y (M, Ho, Wo), cropped, plus bias, clipped to ``bounds`` if given."""
+    """A^T P A plus bias per tile into the channels-last image hwc (2 th, 2 tw, M)."""
     m = prod.shape[2]
     corner = prod[0:4].reshape(2, 2, th, tw, m)  # [a/2, b/2]
     edge = prod[4:8].reshape(4, th, tw, m)
@@ -853,12 +960,7 @@ def _wino_s2_output(
     np.add(corner[0], edge[2:4], out=rows[0, 0::2])
     np.add(edge[2:4], corner[1], out=rows[1, 0::2])
     np.add(edge[0:2], centre, out=rows[:, 1])
-    hwc = scratch(PONG, (th, 2, tw, 2, m), prod.dtype)  # the products are read by now
-    np.add(rows[:, 0:2], rows[:, 1:3], out=hwc.transpose(1, 3, 0, 2, 4))
-    if bounds is not None:
-        inplace.clip_into(hwc, *bounds, hwc)
-    height, width = y.shape[1:]
-    _to_channels_first(hwc.reshape(2 * th, 2 * tw, m)[:height, :width], y)
+    np.add(rows[:, 0:2], rows[:, 1:3], out=hwc.reshape(th, 2, tw, 2, m).transpose(1, 3, 0, 2, 4))
 
 
 conv_winograd_s2.fuses_clip = True  # type: ignore[attr-defined]
@@ -894,7 +996,7 @@ def conv_patches(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
     y = np.matmul(w.reshape(m, c * kh * kw).astype(dtype, copy=False), cols.reshape(n, c * kh * kw, oh * ow))
     if b is not None:
         y += b.astype(dtype, copy=False)[:, None]
-    return [y.reshape(n, m, oh, ow).astype(x.dtype, copy=False)]
+    return [_epilogue(y.reshape(n, m, oh, ow), residual_of(inputs), None).astype(x.dtype, copy=False)]
 
 
 def conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import search
-from engine.ops import conv, pool
+from engine.ops import conv, pool, scratch
 from engine.search import with_packed
 from tests.engine.helpers import (
     assert_same,
@@ -26,6 +26,15 @@ SETTINGS = settings(max_examples=30, deadline=None)
 def _scaled_atol(want: np.ndarray) -> float:
     """The accuracy bar of the issue: 1e-4 of the output's magnitude (at least 1e-4)."""
     return 1e-4 * max(1.0, float(np.max(np.abs(want), initial=0.0)))
+
+
+def assert_own_result(got: np.ndarray, inputs: list) -> None:
+    """A conv kernel's result: memory of its own (no input's, no scratch buffer's, which the
+    next kernel overwrites), laid out NCHW or channels last (a transposed view, see conv._Result)."""
+    buffers = list(getattr(scratch._local, "buffers", {}).values())
+    assert not any(np.shares_memory(got, a) for a in [*inputs, *buffers] if a is not None)
+    assert got.flags.writeable
+    assert got.flags.c_contiguous or got.strides[1] == got.itemsize
 
 
 @st.composite
@@ -327,7 +336,7 @@ def test_polyphase_winograd_for_stride_2_matches_the_reference(case, prepacked):
         assert args[1].shape == (25 * inputs[1].shape[1], inputs[1].shape[0])
     got = conv.conv_winograd_s2(args, attrs)[0]
     assert got.shape == want.shape and got.dtype == want.dtype
-    assert got.flags.c_contiguous
+    assert_own_result(got, args)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
 
 
@@ -479,8 +488,8 @@ def test_channels_last_im2col_matches_the_reference(case, prepacked, activation)
     if prepacked and attrs["group"] == 1:
         assert args[1].shape == (m, kh * kw * c)
     got = conv.conv_im2col_hwc(args, attrs)[0]
-    assert got.shape == want.shape and got.dtype == want.dtype and got.flags.c_contiguous
-    assert not any(np.shares_memory(got, a) for a in inputs)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert_own_result(got, args)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
 
 
@@ -510,7 +519,8 @@ def test_channels_last_winograd2_matches_the_reference(case, prepacked, activati
         args[1] = conv.pack_winograd(inputs[1])
         assert args[1].shape == (16, inputs[1].shape[1], inputs[1].shape[0])
     got = conv.conv_winograd(args, attrs)[0]
-    assert got.shape == want.shape and got.dtype == want.dtype and got.flags.c_contiguous
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert_own_result(got, args)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
 
 
@@ -531,7 +541,8 @@ def test_winograd_along_rows_matches_the_reference(case, prepacked, activation):
         args[1] = conv.pack_winograd_rows(inputs[1])
         assert args[1].shape == (4, 3 * c, m)
     got = conv.conv_winograd_rows(args, attrs)[0]
-    assert got.shape == want.shape and got.dtype == want.dtype and got.flags.c_contiguous
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert_own_result(got, args)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
 
 
