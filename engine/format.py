@@ -10,11 +10,12 @@ A package is an uncompressed tar archive (so weights can be memory-mapped in pla
   tensors (initializers) giving each one's dtype, shape and byte offset in the weights file.
 - ``weights.bin`` — the raw little-endian tensors, each starting on a 64-byte boundary.
 
-Format versions: v1, the first; v2 (2026-11) lets graph.json carry attributes a v1 engine
-would silently ignore and so compute wrong results with (FusedAttention's ``views``,
-``out_view`` and ``q_log2e``).  The converter writes the newest version; the engine reads every version up
-to its own, so packages already on devices keep loading after an engine update, and refuses
-newer ones with a message saying to update.
+Format versions: v1, the first; v2 (2026-11) lets graph.json carry what a v1 engine would
+silently ignore and so compute wrong results with: FusedAttention's ``views``, ``out_view``
+and ``q_log2e``, and FusedConv's fourth input (a residual added before the activation).
+The converter writes the newest version; the engine reads every version up to its own, so
+packages already on devices keep loading after an engine update, and refuses newer ones
+with a message saying to update.
 
 An unpacked package is a directory holding the same files.  Archives are written
 byte-for-byte deterministically (sorted keys, fixed mtime/owner/mode), so converting the

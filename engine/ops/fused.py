@@ -5,6 +5,10 @@ The attrs are the base op's, plus ``activation`` (Relu, Clip, Sigmoid, HardSwish
 LeakyRelu...) and ``activation_attrs`` (that op's attributes; Clip's bounds as ``min``/``max``).
 The activation is applied in place on the base op's freshly computed output, which saves a
 pass over memory and an intermediate array.
+
+FusedConv may take a fourth input, a residual of exactly the output's shape (the bias input
+may then be empty): the result is activation(conv(X, W, B) + residual), a skip connection's
+Add (and the activation after it) done by the conv kernel.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def _check_fused(base: str) -> Any:
             reason = CHECKS[name](attrs.get("activation_attrs") or {}, 1, 1)
             if reason:
                 return reason
+        if base == "Conv" and n_inputs > 4:
+            return f"FusedConv takes X, W, B and a residual, not {n_inputs} inputs"
         return CHECKS[base](attrs, n_inputs, n_outputs) if base in CHECKS else None
 
     return check_node
@@ -59,16 +65,21 @@ for _base in ("Conv", "Gemm", "MatMul"):
 
 @register("FusedConv")
 def fused_conv(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-    return [apply_activation(REGISTRY["Conv"](inputs, attrs)[0], attrs)]
+    shapes = [None if v is None else v.shape for v in inputs]
+    return select_fused_conv(attrs, shapes)(inputs, attrs)
 
 
 @selector("FusedConv")
 def select_fused_conv(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> Kernel:
-    """The Conv variant the engine would pick for these shapes, with the activation after it."""
+    """The Conv variant the engine would pick for these shapes, with the activation after it
+    (unless the kernel applies a Relu / Clip itself: ``fuses_clip``).  Every Conv kernel adds
+    the residual (input 3) itself, before its clip."""
     inner = SELECTORS["Conv"](attrs, shapes) if "Conv" in SELECTORS else REGISTRY["Conv"]
+    clipped = getattr(inner, "fuses_clip", False) and fused_bounds(attrs) is not None
 
     def fused_conv_variant(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-        return [apply_activation(inner(inputs, attrs)[0], attrs)]
+        y = inner(inputs, attrs)[0]
+        return [y if clipped else apply_activation(y, attrs)]
 
     fused_conv_variant.__name__ = f"fused_{getattr(inner, '__name__', 'conv')}"
     return fused_conv_variant
