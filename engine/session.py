@@ -371,7 +371,8 @@ def _failure(step: Step | PlannedStep, args: list[np.ndarray | None], exc: Excep
 
 
 def _owned(value: np.ndarray, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Outputs the caller may keep and modify: never read-only weights or views of its own feeds."""
+    """Outputs the caller may keep and modify, in C order: never read-only weights, views of
+    its own feeds, or a kernel's channels-last result seen through a transposed view."""
     if not value.flags.writeable or any(np.may_share_memory(value, f) for f in feeds.values()):
         return value.copy()
-    return value
+    return value if value.flags.c_contiguous else np.ascontiguousarray(value)

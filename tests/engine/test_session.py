@@ -23,6 +23,7 @@ from engine import (
     TensorSpec,
     UnsupportedOperatorError,
 )
+from engine import session as session_module
 from engine.format import FORMAT_VERSION, read_package, write_package
 from engine.ops import REGISTRY
 from engine.program import compile_program
@@ -126,6 +127,17 @@ def test_outputs_are_writeable_and_never_alias_feeds(tmp_path):
     out["z"][0] = 5  # would fail if this were the read-only mapped weight
     assert x[0] == 1
     np.testing.assert_array_equal(Session(path).run({"x": x})["z"], [0, 1, 2])
+
+
+def test_outputs_are_handed_over_in_c_order():
+    """A conv kernel's channels-last result is an NCHW-shaped transposed view: as an output it
+    is copied into C order (an output the caller owns is otherwise returned as is)."""
+    channels_last = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4).transpose(0, 3, 1, 2)
+    handed = session_module._owned(channels_last, {})
+    assert handed.flags.c_contiguous and handed.flags.owndata
+    np.testing.assert_array_equal(handed, channels_last)
+    plain = np.ones((2, 3), np.float32)
+    assert session_module._owned(plain, {}) is plain
 
 
 def test_numpy_scalar_feeds_a_scalar_input(tmp_path):
