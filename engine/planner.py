@@ -51,6 +51,23 @@ class ValueInfo:
     dtype: np.dtype
     owner: int  # token of the object owning the memory: equal tokens may share memory
     writeable: bool
+    order: tuple[int, ...] | None = None  # axes from outermost in memory, when not C order
+
+
+def memory_order(value: np.ndarray) -> tuple[int, ...] | None:
+    """The axis order of the C-contiguous array ``value`` is a transposed view of (a conv's
+    channels-last result seen as NCHW: (0, 2, 3, 1)), or None for C order and other layouts."""
+    if value.flags.c_contiguous or value.ndim < 2:
+        return None
+    order = tuple(sorted(range(value.ndim), key=lambda axis: -value.strides[axis]))
+    return order if value.transpose(order).flags.c_contiguous else None
+
+
+def in_memory_order(array: np.ndarray, order: tuple[int, ...] | None) -> np.ndarray:
+    """``array``'s values laid out in ``order`` (as recorded by ``memory_order``)."""
+    if order is None:
+        return array
+    return np.ascontiguousarray(array.transpose(order)).transpose(np.argsort(order))
 
 
 @dataclass
@@ -100,7 +117,11 @@ class Recorder:
 
     def _note(self, name: str, value: np.ndarray) -> None:
         self.record.info[name] = ValueInfo(
-            tuple(value.shape), value.dtype, self._token(owner_of(value)), bool(value.flags.writeable)
+            tuple(value.shape),
+            value.dtype,
+            self._token(owner_of(value)),
+            bool(value.flags.writeable),
+            memory_order(value),
         )
 
     def _token(self, owner: object) -> int:

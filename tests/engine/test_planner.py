@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from engine import Session, search
+from engine import Session, planner, search
 from engine.ops import conv
 from engine.ops.registry import kernel_name
 from tests.engine.helpers import run_reference, write_model_package
@@ -308,6 +308,47 @@ def test_a_close_call_between_the_two_fastest_kernels_is_timed_again(tmp_path, m
     # one checked run each, RUNS timed rounds each, and RUNS more for the two close ones
     assert calls.count("slow") == 1 + search.RUNS
     assert calls.count("twin_a") == calls.count("twin_b") == 1 + 2 * search.RUNS
+
+
+@pytest.mark.parametrize(
+    ("make", "order"),
+    [
+        (lambda a: a, None),
+        (lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2), (0, 2, 3, 1)),
+        (lambda a: np.ascontiguousarray(a.T).T, (3, 2, 1, 0)),
+        (lambda a: a[:, :, ::2], None),  # strided, but not a transposed C array: no order
+    ],
+)
+def test_memory_order_is_recorded_and_reproduced(make, order):
+    value = make(np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5))
+    assert planner.memory_order(value) == order
+    again = planner.in_memory_order(np.array(value), order)
+    np.testing.assert_array_equal(again, value)
+    assert planner.memory_order(again) == order
+
+
+def test_the_search_measures_candidates_on_inputs_laid_out_as_the_run_had_them(tmp_path, monkeypatch):
+    """A channels-last input (a conv's result, or here a feed) is measured channels-last."""
+    monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path / "cache"))
+    model, x, path = _depthwise_package(tmp_path, 11)
+    seen: list[tuple[int, ...] | None] = []
+
+    def recording(kernel):
+        def candidate(inputs, attrs):
+            seen.append(planner.memory_order(inputs[0]))
+            return kernel(inputs, attrs)
+
+        candidate.__name__ = kernel.__name__
+        return candidate
+
+    original = search.CANDIDATES["Conv"]
+    monkeypatch.setitem(search.CANDIDATES, "Conv", lambda a, s: [recording(k) for k in original(a, s)])
+    channels_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    session = Session(path)
+    for _ in range(2):  # recorded, then planned (the search measures here)
+        got = session.run({"x": channels_last})["y"]
+    assert seen and set(seen) == {(0, 2, 3, 1)}
+    np.testing.assert_allclose(got, run_reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
 
 
 def _stacked_cache_model() -> onnx.ModelProto:
