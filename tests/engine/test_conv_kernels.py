@@ -6,6 +6,7 @@ separable MaxPool, on random shapes and attributes, against the ONNX reference."
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -205,6 +206,20 @@ def test_1x1_with_the_bias_as_a_gemm_column_falls_back_without_a_bias():
     np.testing.assert_array_equal(conv.conv_1x1_bias_row([x, w], attrs)[0], want)
 
 
+ACTIVATIONS = {
+    None: {},
+    "Relu": {"activation": "Relu"},
+    "Clip": {"activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}},
+    "ClipLow": {"activation": "Clip", "activation_attrs": {"min": 0.25}},
+    "LeakyRelu": {"activation": "LeakyRelu", "activation_attrs": {"alpha": 0.1}},
+}
+
+
+def _with_activation(attrs: dict, activation: str | None) -> dict:
+    """A FusedConv's attrs: the conv's, plus the named activation (see ACTIVATIONS)."""
+    return {**attrs, **ACTIVATIONS[activation]}
+
+
 def _activation(y: np.ndarray, attrs: dict) -> np.ndarray:
     name, extra = attrs.get("activation"), attrs.get("activation_attrs") or {}
     if name == "Relu":
@@ -232,15 +247,7 @@ def test_fused_conv_candidates_apply_the_activation_exactly_once(size, activatio
     x = rng.standard_normal((1, 4, size, size)).astype(np.float32)
     w = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
     b = rng.standard_normal(5).astype(np.float32) if bias else None
-    attrs: dict = {"pads": [1, 1, 1, 1], "strides": [stride, stride]}
-    if activation == "Clip":
-        attrs |= {"activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}}
-    elif activation == "ClipLow":
-        attrs |= {"activation": "Clip", "activation_attrs": {"min": 0.25}}
-    elif activation == "LeakyRelu":
-        attrs |= {"activation": "LeakyRelu", "activation_attrs": {"alpha": 0.1}}
-    elif activation == "Relu":
-        attrs |= {"activation": "Relu"}
+    attrs = _with_activation({"pads": [1, 1, 1, 1], "strides": [stride, stride]}, activation)
     inputs = [x, w] if b is None else [x, w, b]
     want = _activation(conv.conv_im2col(inputs, attrs)[0], attrs)
     candidates = search.CANDIDATES["FusedConv"](attrs, [a.shape for a in inputs])
@@ -373,10 +380,7 @@ def test_im2col_over_exact_phase_windows_matches_the_reference(case, activation)
     inputs, attrs = case
     model, feeds = single_node_model("Conv", inputs, attrs)
     want = run_reference(model, feeds)[0]
-    if activation == "Relu":
-        attrs = {**attrs, "activation": "Relu"}
-    elif activation == "Clip":
-        attrs = {**attrs, "activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}}
+    attrs = _with_activation(attrs, activation)
     want = _activation(want, attrs)  # grouped convs fall back to im2col, and clip there
     got = conv.conv_im2col_phased(inputs, attrs)[0]
     assert got.shape == want.shape and got.dtype == want.dtype
@@ -477,11 +481,7 @@ def test_channels_last_im2col_matches_the_reference(case, prepacked, activation)
     inputs, attrs = case
     model, feeds = single_node_model("Conv", inputs, attrs)
     want = run_reference(model, feeds)[0]
-    attrs = {**attrs, "kernel_shape": list(inputs[1].shape[2:])}
-    if activation == "Relu":
-        attrs["activation"] = "Relu"
-    elif activation == "Clip":
-        attrs |= {"activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}}
+    attrs = _with_activation({**attrs, "kernel_shape": list(inputs[1].shape[2:])}, activation)
     want = _activation(want, attrs)
     args = with_packed(conv.conv_im2col_hwc, inputs, attrs) if prepacked else list(inputs)
     m, c, kh, kw = inputs[1].shape
@@ -503,44 +503,27 @@ def test_channels_last_im2col_is_a_candidate_for_ungrouped_convs_with_enough_cha
     assert conv.conv_im2col_hwc.pack([np.zeros((1, 4, 5, 5)), np.zeros((2, 4, 3, 3))], {}) == {}
 
 
+WINOGRAD_FORMS = {  # kernel, its weight packing, and the packed shape for M filters of C channels
+    "F(2x2)": (conv.conv_winograd, conv.pack_winograd, lambda m, c: (16, c, m)),
+    "F(2) along rows": (conv.conv_winograd_rows, conv.pack_winograd_rows, lambda m, c: (4, 3 * c, m)),
+}
+
+
+@pytest.mark.parametrize("form", sorted(WINOGRAD_FORMS))
 @SETTINGS
 @given(winograd_cases(), st.booleans(), st.sampled_from([None, "Relu", "Clip"]))
-def test_channels_last_winograd2_matches_the_reference(case, prepacked, activation):
+def test_channels_last_winograd_forms_match_the_reference(form, case, prepacked, activation):
+    kernel, pack, packed_shape = WINOGRAD_FORMS[form]
     inputs, attrs = case
     model, feeds = single_node_model("Conv", inputs, attrs)
     want = run_reference(model, feeds)[0]
-    if activation == "Relu":
-        attrs = {**attrs, "activation": "Relu"}
-    elif activation == "Clip":
-        attrs = {**attrs, "activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}}
+    attrs = _with_activation(attrs, activation)
     want = _activation(want, attrs)
     args = list(inputs)
     if prepacked:
-        args[1] = conv.pack_winograd(inputs[1])
-        assert args[1].shape == (16, inputs[1].shape[1], inputs[1].shape[0])
-    got = conv.conv_winograd(args, attrs)[0]
-    assert got.shape == want.shape and got.dtype == want.dtype
-    assert_own_result(got, args)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
-
-
-@SETTINGS
-@given(winograd_cases(), st.booleans(), st.sampled_from([None, "Relu", "Clip"]))
-def test_winograd_along_rows_matches_the_reference(case, prepacked, activation):
-    inputs, attrs = case
-    model, feeds = single_node_model("Conv", inputs, attrs)
-    want = run_reference(model, feeds)[0]
-    if activation == "Relu":
-        attrs = {**attrs, "activation": "Relu"}
-    elif activation == "Clip":
-        attrs = {**attrs, "activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}}
-    want = _activation(want, attrs)
-    args = list(inputs)
-    if prepacked:
-        m, c = inputs[1].shape[:2]
-        args[1] = conv.pack_winograd_rows(inputs[1])
-        assert args[1].shape == (4, 3 * c, m)
-    got = conv.conv_winograd_rows(args, attrs)[0]
+        args[1] = pack(inputs[1])
+        assert args[1].shape == packed_shape(*inputs[1].shape[:2])
+    got = kernel(args, attrs)[0]
     assert got.shape == want.shape and got.dtype == want.dtype
     assert_own_result(got, args)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want))
