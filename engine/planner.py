@@ -254,7 +254,7 @@ def _assign_inplace(
 
     ``shared``: owner tokens of values that now live inside another value's buffer (see
     ``_write_parts_in_place``); never overwritten."""
-    info = record.info
+    info, root = record.info, _alias_roots(steps, record.info)
     # The last step reading any value of each owner group: a buffer may be overwritten only
     # after every alias of it is dead.  Constants, feeds and graph outputs never die.
     forever = math.inf
@@ -262,13 +262,13 @@ def _assign_inplace(
     for index, step in enumerate(steps):
         for name in (*step.inputs, *step.outputs):
             if name and name in info:
-                owner = info[name].owner
+                owner = root(info[name].owner)
                 group_end[owner] = max(group_end.get(owner, -1), index)
     for name, value in info.items():
         if name in constants or name in outputs or name in record.static or name in feeds:
-            group_end[value.owner] = forever
+            group_end[root(value.owner)] = forever
     for owner in shared:
-        group_end[owner] = forever
+        group_end[root(owner)] = forever
     for index, step in enumerate(steps):
         if not _plain(step) or len(step.outputs) != 1 or not step.outputs[0]:
             continue
@@ -284,15 +284,39 @@ def _assign_inplace(
                 or value.shape != out.shape
                 or value.dtype != out.dtype
                 or out.dtype.kind != "f"
-                or group_end.get(value.owner, forever) > index
+                or group_end.get(root(value.owner), forever) > index
             ):
                 continue
             kernel = _inplace_kernel(step, position)
             if kernel is not None:
                 step.kernel = kernel
                 step.note = f"{step.note}, in place on {name}" if step.note else f"in place on {name}"
-                group_end[out.owner] = max(group_end.get(out.owner, -1), group_end.get(value.owner, -1))
+                merged = max(group_end.get(root(out.owner), -1), group_end.get(root(value.owner), -1))
+                group_end[root(out.owner)] = merged
                 break
+
+
+# numpy reshapes give a view of a C-contiguous input and a copy of any other layout: whether
+# their output shares the input's buffer can differ between the recorded run and later runs
+# (kernels that leave results channels-last, planned kernels other than the first run's).
+RESHAPES = frozenset({"Reshape", "Flatten"})
+
+
+def _alias_roots(steps: list[PlannedStep], info: dict[str, ValueInfo]) -> Callable[[int], int]:
+    """Owner tokens with every reshape's input and output in one group, whatever was recorded."""
+    parent: dict[int, int] = {}
+
+    def root(token: int) -> int:
+        while parent.get(token, token) != token:
+            token = parent[token]
+        return token
+
+    for step in steps:
+        if step.op in RESHAPES and step.inputs and step.inputs[0] in info and step.outputs[0] in info:
+            a, b = root(info[step.inputs[0]].owner), root(info[step.outputs[0]].owner)
+            if a != b:
+                parent[b] = a
+    return root
 
 
 def _plain(step: PlannedStep) -> bool:

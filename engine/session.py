@@ -143,7 +143,9 @@ class Session:
 
     def _run(self, feeds: Mapping[str, np.ndarray], on_node: Callable | None) -> dict[str, np.ndarray]:
         signature = self._check_feeds(feeds)
-        arrays = {name: np.asarray(value) for name, value in feeds.items()}  # numpy scalars -> 0-d
+        # numpy scalars -> 0-d; other layouts -> C order, so what the plan recorded about
+        # buffers shared between values holds for every later run of the signature
+        arrays = {name: _c_order(np.asarray(value)) for name, value in feeds.items()}
         plan = self._plans.get(signature)
         with _threadpools().limit(limits=self.threads):
             if plan is None and signature in self._records and not debug.enabled():
@@ -369,6 +371,10 @@ def _failure(step: Step | PlannedStep, args: list[np.ndarray | None], exc: Excep
     return NodeExecutionError(
         f"node {step.name!r} ({step.op}) failed on inputs [{shapes}]: {type(exc).__name__}: {exc}"
     )
+
+
+def _c_order(value: np.ndarray) -> np.ndarray:
+    return value if value.flags.c_contiguous else np.ascontiguousarray(value)
 
 
 def _owned(value: np.ndarray, feeds: Mapping[str, np.ndarray]) -> np.ndarray:

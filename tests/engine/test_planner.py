@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -349,6 +350,51 @@ def test_the_search_measures_candidates_on_inputs_laid_out_as_the_run_had_them(t
         got = session.run({"x": channels_last})["y"]
     assert seen and set(seen) == {(0, 2, 3, 1)}
     np.testing.assert_allclose(got, run_reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def _conv_flatten_sigmoid() -> onnx.ModelProto:
+    """c = Conv 1x1; f = Flatten(c) and s = Sigmoid(c), both outputs: Sigmoid may run in place
+    on c only if f does not share c's buffer."""
+    rng = np.random.default_rng(12)
+    return _model(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+            helper.make_node("Flatten", ["c"], ["f"], axis=1, name="flat"),
+            helper.make_node("Sigmoid", ["c"], ["s"], name="sig"),
+        ],
+        [("x", [1, 8, 6, 6])],
+        ["f", "s"],
+        [("w", rng.standard_normal((8, 8, 1, 1)).astype(np.float32))],
+    )
+
+
+def test_a_channels_last_first_feed_does_not_mislead_the_plan(tmp_path):
+    """The first run's feed is an NHWC image handed over as NCHW (a valid, strided feed); the
+    plan recorded from it must still be right for C-order feeds after it."""
+    model = _conv_flatten_sigmoid()
+    x = np.random.default_rng(0).standard_normal((1, 6, 6, 8)).astype(np.float32).transpose(0, 3, 1, 2)
+    session = Session(write_model_package(model, tmp_path / "m.ferry", {"x": np.ascontiguousarray(x)}))
+    want = run_reference(model, {"x": np.ascontiguousarray(x)})
+    for feed in (x, np.ascontiguousarray(x), np.ascontiguousarray(x)):
+        got = session.run({"x": feed})
+        np.testing.assert_allclose(got["f"], want[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got["s"], want[1], rtol=1e-5, atol=1e-6)
+
+
+def test_reshapes_are_taken_as_views_whatever_the_first_run_saw(tmp_path):
+    """Whether Flatten copies depends on its input's layout, which a planned kernel may change:
+    even where the recorded run saw a copy, nothing runs in place on the reshaped value."""
+    model = _conv_flatten_sigmoid()
+    x = np.random.default_rng(1).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    session = Session(write_model_package(model, tmp_path / "m.ferry", {"x": x}))
+    session.run({"x": x})  # the recorded run
+    [record] = session._records.values()
+    record.info["f"] = dataclasses.replace(record.info["f"], owner=-1)  # as if Flatten had copied
+    timings = session.profile({"x": x})
+    assert not any("in place on c" in t.note for t in timings)
+    want = run_reference(model, {"x": x})
+    got = session.run({"x": x})
+    np.testing.assert_allclose(got["f"], want[0], rtol=1e-5, atol=1e-6)
 
 
 def _stacked_cache_model() -> onnx.ModelProto:
