@@ -329,9 +329,21 @@ def test_memory_order_is_recorded_and_reproduced(make, order):
 
 
 def test_the_search_measures_candidates_on_inputs_laid_out_as_the_run_had_them(tmp_path, monkeypatch):
-    """A channels-last input (a conv's result, or here a feed) is measured channels-last."""
+    """A channels-last input (a conv's result; here a Transpose's view of an NHWC feed) is
+    measured channels-last."""
     monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path / "cache"))
-    model, x, path = _depthwise_package(tmp_path, 11)
+    rng = np.random.default_rng(11)
+    model = _model(
+        [
+            helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2], name="to_nchw"),
+            helper.make_node("Conv", ["t", "w"], ["y"], group=4, pads=[1, 1, 1, 1], name="dw"),
+        ],
+        [("x", [1, 9, 9, 4])],
+        ["y"],
+        [("w", rng.standard_normal((4, 1, 3, 3)).astype(np.float32))],
+    )
+    x = rng.standard_normal((1, 9, 9, 4)).astype(np.float32)
+    path = write_model_package(model, tmp_path / "m.ferry", {"x": x})
     seen: list[tuple[int, ...] | None] = []
 
     def recording(kernel):
@@ -344,10 +356,9 @@ def test_the_search_measures_candidates_on_inputs_laid_out_as_the_run_had_them(t
 
     original = search.CANDIDATES["Conv"]
     monkeypatch.setitem(search.CANDIDATES, "Conv", lambda a, s: [recording(k) for k in original(a, s)])
-    channels_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
     session = Session(path)
     for _ in range(2):  # recorded, then planned (the search measures here)
-        got = session.run({"x": channels_last})["y"]
+        got = session.run({"x": x})["y"]
     assert seen and set(seen) == {(0, 2, 3, 1)}
     np.testing.assert_allclose(got, run_reference(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
 
