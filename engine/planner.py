@@ -296,14 +296,16 @@ def _assign_inplace(
                 break
 
 
-# numpy reshapes give a view of a C-contiguous input and a copy of any other layout: whether
-# their output shares the input's buffer can differ between the recorded run and later runs
-# (kernels that leave results channels-last, planned kernels other than the first run's).
+# numpy reshapes (and a Raster copying one contiguous block) give a view of a C-contiguous
+# input and a copy of any other layout: whether their output shares the input's buffer can
+# differ between the recorded run and later runs (kernels that leave results channels-last,
+# planned kernels other than the first run's).
 RESHAPES = frozenset({"Reshape", "Flatten"})
 
 
 def _alias_roots(steps: list[PlannedStep], info: dict[str, ValueInfo]) -> Callable[[int], int]:
-    """Owner tokens with every reshape's input and output in one group, whatever was recorded."""
+    """Owner tokens with the input and output of every reshape (and every Raster that may be a
+    view) in one group, whatever was recorded."""
     parent: dict[int, int] = {}
 
     def root(token: int) -> int:
@@ -312,8 +314,14 @@ def _alias_roots(steps: list[PlannedStep], info: dict[str, ValueInfo]) -> Callab
         return token
 
     for step in steps:
-        if step.op in RESHAPES and step.inputs and step.inputs[0] in info and step.outputs[0] in info:
-            a, b = root(info[step.inputs[0]].owner), root(info[step.outputs[0]].owner)
+        source = step.inputs[0] if step.inputs else ""
+        if step.op == "Raster" and raster.may_view(step.attrs):
+            region = raster.compiled_regions(step.attrs)[0]
+            source = step.inputs[region.input] if region.input < len(step.inputs) else ""
+        elif step.op not in RESHAPES:
+            continue
+        if source in info and step.outputs and step.outputs[0] in info:
+            a, b = root(info[source].owner), root(info[step.outputs[0]].owner)
             if a != b:
                 parent[b] = a
     return root

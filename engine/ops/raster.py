@@ -225,15 +225,12 @@ def _as_view(inputs: list[np.ndarray | None], shape: list[int], attrs: dict[str,
     block of a contiguous input (a slice or split along leading axes, a reshape): free.  A
     strided block (a transpose) is copied: measured, the kernels reading a strided view lose
     more than the copy costs.  None when a copy is needed."""
-    regions = compiled_regions(attrs)
-    if "fill" in attrs or len(regions) != 1:
+    if not may_view(attrs):
         return None
-    region = regions[0]
+    region = compiled_regions(attrs)[0]
     x = inputs[region.input]
     total = math.prod(shape)
-    if x is None or total == 0 or region.size != (total,) or region.src_strides != (1,):
-        return None
-    if region.dst_offset != 0 or not c_order(list(region.dst_strides), [total]):
+    if x is None:
         return None
     if attrs.get("dtype") and np.dtype(attrs["dtype"]) != x.dtype:
         return None
@@ -242,6 +239,22 @@ def _as_view(inputs: list[np.ndarray | None], shape: list[int], attrs: dict[str,
         return None  # the copy path reports a bad region
     block = x.reshape(-1)[region.src_offset : region.src_offset + total]
     return _reshaped_view(block, shape)
+
+
+def may_view(attrs: dict[str, Any]) -> bool:
+    """Whether this Raster hands back a view of its input when that input is C-contiguous (and
+    a copy otherwise): one region copying one contiguous block to the whole output."""
+    regions = compiled_regions(attrs)
+    if "fill" in attrs or len(regions) != 1:
+        return False
+    region, total = regions[0], math.prod(int(d) for d in attrs["shape"])
+    return (
+        total > 0
+        and region.size == (total,)
+        and region.src_strides == (1,)
+        and region.dst_offset == 0
+        and c_order(list(region.dst_strides), [total])
+    )
 
 
 def c_order(strides: list[int], size: list[int]) -> bool:

@@ -13,7 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from converter import convert
 from engine import Session, planner, search
+from engine.format import read_package
 from engine.ops import conv
 from engine.ops.registry import kernel_name
 from tests.engine.helpers import run_reference, write_model_package
@@ -406,6 +408,43 @@ def test_reshapes_are_taken_as_views_whatever_the_first_run_saw(tmp_path):
     want = run_reference(model, {"x": x})
     got = session.run({"x": x})
     np.testing.assert_allclose(got["f"], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_raster_that_may_be_a_view_is_taken_as_one_whatever_the_first_run_saw(tmp_path):
+    """The converter lowers a leading-axis Slice to a Raster that returns a view of a C-order
+    input and a copy of any other: as with reshapes, nothing overwrites its input while it lives."""
+    n = helper.make_node
+    graph = helper.make_graph(
+        [
+            n("Relu", ["x"], ["c"], name="relu"),
+            n("Slice", ["c", "starts", "ends", "axes"], ["r"], name="rows"),
+            n("Sigmoid", ["c"], ["s"], name="sig"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+        [
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, [2, 6]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, [4, 6]),
+        ],
+        initializer=[
+            numpy_helper.from_array(np.array([v], np.int64), name)
+            for name, v in (("starts", 1), ("ends", 3), ("axes", 0))
+        ],
+    )
+    source = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.ferry"
+    convert(source, path)
+    assert [node["op"] for node in read_package(path).graph["nodes"]] == ["Relu", "Raster", "Sigmoid"]
+    x = np.random.default_rng(2).standard_normal((4, 6)).astype(np.float32)
+    session = Session(path)
+    session.run({"x": x})  # the recorded run: r is a view of c
+    [record] = session._records.values()
+    record.info["r"] = dataclasses.replace(record.info["r"], owner=-1, writeable=True)  # as if copied
+    timings = session.profile({"x": x})
+    assert not any("in place on c" in t.note for t in timings)
+    got, want = session.run({"x": x}), run_reference(source, {"x": x})
+    np.testing.assert_allclose(got["r"], want[0], rtol=1e-6)
+    np.testing.assert_allclose(got["s"], want[1], rtol=1e-6)
 
 
 def _stacked_cache_model() -> onnx.ModelProto:
