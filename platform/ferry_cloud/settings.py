@@ -142,6 +142,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "releases.tasks.evaluate_release_gates",
         "schedule": float(os.environ.get("FERRY_GATE_INTERVAL_SECONDS", "30")),
     },
+    "requeue-stale-conversions": {
+        "task": "registry.tasks.requeue_stale_conversions",
+        "schedule": float(os.environ.get("FERRY_REQUEUE_INTERVAL_SECONDS", "60")),
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 

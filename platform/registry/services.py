@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
@@ -129,19 +130,30 @@ def _converter_options(options: dict[str, Any], calibration: Path | None) -> dic
     }
 
 
+# A broker that refuses one send is often back a moment later (the embedded SQLite broker
+# while other processes create its tables, a Redis failover): a few quick retries first.
+ENQUEUE_RETRY_DELAYS = (0.1, 0.5)
+
+
 def _enqueue_conversion(job_id: int) -> None:
     """Hand the job to a worker; if the broker is down the job stays queued, not lost.
 
-    Workers re-enqueue stale jobs when they start (conversion_requeue_stale), so a
-    broker outage or a worker killed mid-job only delays the conversion.
+    Workers re-enqueue stale jobs when they start, and celery beat does every minute
+    (conversion_requeue_stale), so a broker outage or a worker killed mid-job only delays
+    the conversion.
     """
     from registry.tasks import convert_version
 
-    try:
-        convert_version.delay(job_id)
-    except Exception as exc:  # kombu raises many types; any of them means "not sent"
-        log.error("could not enqueue conversion job %s: %s", job_id, exc)
-        _job_log(job_id, f"queued, but the broker is unreachable ({exc}); a worker will pick it up on start")
+    for delay in (*ENQUEUE_RETRY_DELAYS, None):
+        try:
+            convert_version.delay(job_id)
+            return
+        except Exception as exc:  # kombu raises many types; any of them means "not sent"
+            if delay is not None:
+                time.sleep(delay)
+                continue
+            log.error("could not enqueue conversion job %s: %s", job_id, exc)
+            _job_log(job_id, f"queued, but the broker is unreachable ({exc}); a worker will pick it up later")
 
 
 def conversion_requeue_stale(*, older_than: timedelta = timedelta(minutes=2)) -> list[int]:

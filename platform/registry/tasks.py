@@ -15,3 +15,10 @@ def convert_version(job_id: int) -> str:
 def requeue_stale_jobs(**_) -> None:
     """A worker that starts picks up jobs whose message or worker was lost."""
     conversion_requeue_stale()
+
+
+@shared_task
+def requeue_stale_conversions() -> list[int]:
+    """Run by celery beat: jobs whose message was never sent or was lost do not wait for the
+    next worker start."""
+    return conversion_requeue_stale()

@@ -95,3 +95,50 @@ def test_openapi_schema_lists_the_api(api):
     paths = response.json()["paths"]
     assert "/api/v1/models/{model_id}/versions/" in paths
     assert "/api/v1/releases/{release_id}/{action}/" in paths
+
+
+def test_a_send_the_broker_refuses_once_is_retried(api, monkeypatch, django_capture_on_commit_callbacks):
+    """The broker refusing one send (seen with the embedded broker while other processes
+    create its tables) costs a retry, not a job waiting for the next worker start."""
+    from registry import services, tasks
+
+    sent, real_delay = [], tasks.convert_version.delay
+
+    def flaky_delay(job_id):
+        sent.append(job_id)
+        if len(sent) == 1:
+            raise OSError("broker busy")
+        return real_delay(job_id)
+
+    monkeypatch.setattr(tasks.convert_version, "delay", flaky_delay)
+    monkeypatch.setattr(services, "ENQUEUE_RETRY_DELAYS", (0.0, 0.0))
+    model = api.post("/api/v1/models/", {"name": "m"}, format="json").json()
+    with django_capture_on_commit_callbacks(execute=True):  # the job is sent once it is committed
+        created = upload(api, model["id"], "v1", onnx_bytes())
+    assert created.status_code == 201
+    job = ModelVersion.objects.get(pk=created.json()["id"]).job
+    assert sent == [job.pk, job.pk]
+    assert job.status == ConversionJob.Status.QUEUED
+    assert not any("unreachable" in line["message"] for line in job.log)
+
+
+def test_celery_beat_re_enqueues_jobs_with_no_progress(api, monkeypatch, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from registry import tasks
+
+    assert (
+        settings.CELERY_BEAT_SCHEDULE["requeue-stale-conversions"]["task"]
+        == tasks.requeue_stale_conversions.name
+    )
+    model = api.post("/api/v1/models/", {"name": "m"}, format="json").json()
+    fresh = ModelVersion.objects.get(pk=upload(api, model["id"], "v1", onnx_bytes()).json()["id"]).job
+    stale = ModelVersion.objects.get(pk=upload(api, model["id"], "v2", onnx_bytes()).json()["id"]).job
+    ConversionJob.objects.filter(pk=stale.pk).update(updated_at=timezone.now() - timedelta(minutes=5))
+    sent = []
+    monkeypatch.setattr(tasks.convert_version, "delay", sent.append)
+    assert tasks.requeue_stale_conversions() == [stale.pk]
+    assert sent == [stale.pk] and fresh.pk not in sent
+    stale.refresh_from_db()
+    assert any("re-enqueued" in line["message"] for line in stale.log)
