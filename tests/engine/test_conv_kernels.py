@@ -215,7 +215,7 @@ ACTIVATIONS = {
 }
 
 
-def _with_activation(attrs: dict, activation: str | None) -> dict:
+def with_activation(attrs: dict, activation: str | None) -> dict:
     """A FusedConv's attrs: the conv's, plus the named activation (see ACTIVATIONS)."""
     return {**attrs, **ACTIVATIONS[activation]}
 
@@ -247,7 +247,7 @@ def test_fused_conv_candidates_apply_the_activation_exactly_once(size, activatio
     x = rng.standard_normal((1, 4, size, size)).astype(np.float32)
     w = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
     b = rng.standard_normal(5).astype(np.float32) if bias else None
-    attrs = _with_activation({"pads": [1, 1, 1, 1], "strides": [stride, stride]}, activation)
+    attrs = with_activation({"pads": [1, 1, 1, 1], "strides": [stride, stride]}, activation)
     inputs = [x, w] if b is None else [x, w, b]
     want = _activation(conv.conv_im2col(inputs, attrs)[0], attrs)
     candidates = search.CANDIDATES["FusedConv"](attrs, [a.shape for a in inputs])
@@ -283,13 +283,7 @@ def test_fused_depthwise_candidates_apply_the_activation_exactly_once(
     x = rng.standard_normal((2, channels, size, size + 1)).astype(np.float32)
     w = rng.standard_normal((channels, 1, kernel, kernel)).astype(np.float32)
     inputs = [x, w] + ([rng.standard_normal(channels).astype(np.float32)] if bias else [])
-    attrs: dict = {"pads": pads, "strides": [stride, stride], "group": channels}
-    attrs |= {
-        "Relu": {"activation": "Relu"},
-        "Clip": {"activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}},
-        "ClipLow": {"activation": "Clip", "activation_attrs": {"min": 0.25}},
-        "LeakyRelu": {"activation": "LeakyRelu", "activation_attrs": {"alpha": 0.1}},
-    }.get(activation, {})
+    attrs = with_activation({"pads": pads, "strides": [stride, stride], "group": channels}, activation)
     model, feeds = single_node_model("Conv", inputs, {k: attrs[k] for k in ("pads", "strides", "group")})
     want = _activation(run_reference(model, feeds)[0], attrs)
     candidates = search.CANDIDATES["FusedConv"](attrs, [a.shape for a in inputs])
@@ -380,7 +374,7 @@ def test_im2col_over_exact_phase_windows_matches_the_reference(case, activation)
     inputs, attrs = case
     model, feeds = single_node_model("Conv", inputs, attrs)
     want = run_reference(model, feeds)[0]
-    attrs = _with_activation(attrs, activation)
+    attrs = with_activation(attrs, activation)
     want = _activation(want, attrs)  # grouped convs fall back to im2col, and clip there
     got = conv.conv_im2col_phased(inputs, attrs)[0]
     assert got.shape == want.shape and got.dtype == want.dtype
@@ -481,7 +475,7 @@ def test_channels_last_im2col_matches_the_reference(case, prepacked, activation)
     inputs, attrs = case
     model, feeds = single_node_model("Conv", inputs, attrs)
     want = run_reference(model, feeds)[0]
-    attrs = _with_activation({**attrs, "kernel_shape": list(inputs[1].shape[2:])}, activation)
+    attrs = with_activation({**attrs, "kernel_shape": list(inputs[1].shape[2:])}, activation)
     want = _activation(want, attrs)
     args = with_packed(conv.conv_im2col_hwc, inputs, attrs) if prepacked else list(inputs)
     m, c, kh, kw = inputs[1].shape
@@ -517,7 +511,7 @@ def test_channels_last_winograd_forms_match_the_reference(form, case, prepacked,
     inputs, attrs = case
     model, feeds = single_node_model("Conv", inputs, attrs)
     want = run_reference(model, feeds)[0]
-    attrs = _with_activation(attrs, activation)
+    attrs = with_activation(attrs, activation)
     want = _activation(want, attrs)
     args = list(inputs)
     if prepacked:

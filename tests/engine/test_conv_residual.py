@@ -24,18 +24,13 @@ from engine.format import read_package
 from engine.ops import conv, fused
 from engine.search import CANDIDATES, with_packed
 from tests.engine.helpers import run_reference
-from tests.engine.test_conv_kernels import assert_own_result
+from tests.engine.test_conv_kernels import ACTIVATIONS, assert_own_result, with_activation
 
 SETTINGS = settings(max_examples=40, deadline=None)
-ACTIVATIONS = {
-    "none": {},
-    "Relu": {"activation": "Relu"},
-    "Clip": {"activation": "Clip", "activation_attrs": {"min": -0.5, "max": 1.5}},
-    "LeakyRelu": {"activation": "LeakyRelu", "activation_attrs": {"alpha": 0.1}},
-}
+RESIDUAL_ACTIVATIONS = [None, "Relu", "Clip", "LeakyRelu"]  # of test_conv_kernels' ACTIVATIONS
 
 
-def _reference_model(inputs: list, attrs: dict, activation: str) -> tuple[onnx.ModelProto, dict]:
+def _reference_model(inputs: list, attrs: dict, activation: str | None) -> tuple[onnx.ModelProto, dict]:
     """Conv -> Add(residual) -> activation, the ops the converter fuses, for the reference."""
     names = ["x", "w", "b"] if inputs[2] is not None else ["x", "w"]
     feeds = dict(zip(names, [a for a in inputs[:3] if a is not None], strict=True)) | {"r": inputs[3]}
@@ -45,9 +40,9 @@ def _reference_model(inputs: list, attrs: dict, activation: str) -> tuple[onnx.M
     if activation == "Clip":
         nodes.append(helper.make_node("Clip", ["y", "lo", "hi"], ["out"]))
         feeds |= {"lo": np.float32(extra["min"]), "hi": np.float32(extra["max"])}
-    elif activation != "none":
+    elif activation is not None:
         nodes.append(helper.make_node(activation, ["y"], ["out"], **extra))
-    output = "out" if activation != "none" else "y"
+    output = "out" if activation is not None else "y"
     graph = helper.make_graph(
         nodes,
         "residual",
@@ -94,7 +89,7 @@ def residual_cases(draw):
     b = rng.standard_normal(m).astype(np.float32) if draw(st.booleans()) else None
     out = [(d + 2 * pad - kernel) // stride + 1 for d in x.shape[2:]]
     r = rng.standard_normal((n, m, *out)).astype(np.float32) * 3
-    activation = draw(st.sampled_from(list(ACTIVATIONS)))
+    activation = draw(st.sampled_from(RESIDUAL_ACTIVATIONS))
     layouts = draw(st.tuples(st.booleans(), st.booleans(), st.integers(0, 2)))
     return [x, w, b, r], attrs, activation, layouts
 
@@ -111,7 +106,7 @@ def test_every_fused_conv_candidate_adds_the_residual_before_the_activation(case
     inputs, attrs, activation, layouts = case
     model, feeds = _reference_model(inputs, attrs, activation)
     want = run_reference(model, feeds)[0]
-    attrs = {**attrs, **ACTIVATIONS[activation]}
+    attrs = with_activation(attrs, activation)
     args = _laid_out(inputs, layouts)
     kernels = [*CANDIDATES["FusedConv"](attrs, [None if a is None else a.shape for a in args])]
     kernels += [
@@ -183,7 +178,7 @@ def test_the_selector_applies_a_relu_once_after_a_kernel_that_clips():
     base = {"pads": [1, 1, 1, 1], "group": 4, "kernel_shape": [3, 3]}
     assert conv.select_conv(base, shapes).fuses_clip
     for activation in ("Relu", "LeakyRelu"):
-        attrs = {**base, **ACTIVATIONS[activation]}
+        attrs = with_activation(base, activation)
         plain = conv.conv_im2col([x, w], base)[0]
         want = (
             np.maximum(plain, 0)
