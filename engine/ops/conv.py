@@ -587,6 +587,21 @@ def _winograd_weights(
     return pack(w) if ok(x.shape, w.shape, attrs) else None
 
 
+def _winograd_setup(
+    inputs: list[np.ndarray | None],
+    attrs: dict[str, Any],
+    ok: Callable[[tuple[int, ...], tuple[int, ...], dict[str, Any]], bool],
+    pack: Callable[[np.ndarray], np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, window.Window] | None:
+    """What every 3x3 Winograd kernel starts from: (packed filters, X, bias, geometry), or
+    None when the shapes are not the kernel's (it falls back to im2col)."""
+    packed = _winograd_weights(inputs, attrs, ok, pack)
+    if packed is None:
+        return None
+    x, b = inputs[0], inputs[2] if len(inputs) > 2 else None
+    return packed, x, b, window.geometry(attrs, tuple(x.shape[2:]), (3, 3))
+
+
 def conv_winograd(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """3x3 stride-1 conv by Winograd F(2x2, 3x3); input 1 may be pre-packed by ``pack_winograd``.
 
@@ -681,12 +696,11 @@ def _winograd_channels_last(
     stays small and mostly in cache: with a buffer per step, writing to cold memory doubled
     the cost of the transforms.
     """
-    packed = _winograd_weights(inputs, attrs, ok, pack)
-    if packed is None:
+    setup = _winograd_setup(inputs, attrs, ok, pack)
+    if setup is None:
         return _clipped_fallback(conv_im2col, inputs, attrs)
-    x, b = inputs[0], inputs[2] if len(inputs) > 2 else None
-    n, c, height, width = x.shape
-    win = window.geometry(attrs, (height, width), (3, 3))
+    packed, x, b, win = setup
+    n = x.shape[0]
     step = at.shape[0]
     th, tw = -(-win.out[0] // step), -(-win.out[1] // step)
     dtype = np.result_type(x, packed)
@@ -799,12 +813,11 @@ def pack_winograd_rows(w: np.ndarray) -> np.ndarray:
 def conv_winograd_rows(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """3x3 stride-1 conv by Winograd F(2, 3) along the rows; input 1 may be pre-packed by
     ``pack_winograd_rows``.  Channels last, two scratch buffers in turn, as the 2-D forms."""
-    packed = _winograd_weights(inputs, attrs, winograd_ok, pack_winograd_rows)
-    if packed is None:
+    setup = _winograd_setup(inputs, attrs, winograd_ok, pack_winograd_rows)
+    if setup is None:
         return _clipped_fallback(conv_im2col, inputs, attrs)
-    x, b = inputs[0], inputs[2] if len(inputs) > 2 else None
-    n, c, height, width = x.shape
-    win = window.geometry(attrs, (height, width), (3, 3))
+    packed, x, b, win = setup
+    n, c = x.shape[:2]
     (ho, wo), m = win.out, packed.shape[2]
     tw = -(-wo // 2)
     dtype = np.result_type(x, packed)
@@ -879,12 +892,11 @@ def pack_winograd_s2(w: np.ndarray) -> np.ndarray:
 def conv_winograd_s2(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """3x3 stride-2 conv by polyphase Winograd (above); input 1 may be pre-packed by
     ``pack_winograd_s2``.  Channels last, so the slot GEMMs are (tiles, K) @ (K, M)."""
-    packed = _winograd_weights(inputs, attrs, winograd_s2_ok, pack_winograd_s2)
-    if packed is None:
+    setup = _winograd_setup(inputs, attrs, winograd_s2_ok, pack_winograd_s2)
+    if setup is None:
         return _clipped_fallback(conv_im2col, inputs, attrs)
-    x, b = inputs[0], inputs[2] if len(inputs) > 2 else None
-    n, c, height, width = x.shape
-    win = window.geometry(attrs, (height, width), (3, 3))
+    packed, x, b, win = setup
+    n = x.shape[0]
     th, tw = -(-win.out[0] // 2), -(-win.out[1] // 2)
     dtype = np.result_type(x, packed)
     m = packed.shape[1]
