@@ -6,7 +6,6 @@ keeping the residual alive until the conv has read it."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -275,21 +274,22 @@ def inverted_residuals(seed: int = 0) -> onnx.ModelProto:
     return _model(nodes, inits, [1, 6, 10, 10], previous, [1, 6, 10, 10])
 
 
+def _convert_and_run(model: onnx.ModelProto, feeds: dict, directory: Path) -> tuple[list, list, Session]:
+    """onnxruntime's outputs for the model, and its converted package's nodes and Session."""
+    onnxruntime = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    path = directory / "m.ferry"
+    convert(model, path)
+    return onnxruntime.run(None, feeds), read_package(path).graph["nodes"], Session(path, threads=1)
+
+
 @pytest.mark.parametrize(
     ("build", "shape"), [(resnet_blocks, (2, 8, 12, 12)), (inverted_residuals, (1, 6, 10, 10))]
 )
-def test_converted_skip_connections_run_as_fused_convs_and_match_onnxruntime(build, shape):
+def test_converted_skip_connections_run_as_fused_convs_and_match_onnxruntime(build, shape, tmp_path):
     model = build()
     feeds = {"x": np.random.default_rng(5).standard_normal(shape).astype(np.float32)}
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "m.ferry"
-        convert(model, path)
-        nodes = read_package(path).graph["nodes"]
-        session = Session(path, threads=1)
-        runs = [session.run(feeds) for _ in range(3)]  # unplanned, planned (searched), planned
+    want, nodes, session = _convert_and_run(model, feeds, tmp_path)
+    runs = [session.run(feeds) for _ in range(3)]  # unplanned, planned (searched), planned
     ops = [node["op"] for node in nodes]
     assert "Add" not in ops and "Relu" not in ops
     residual = [node for node in nodes if node["op"] == "FusedConv" and len(node["inputs"]) == 4]
@@ -329,7 +329,7 @@ def test_the_converter_fuses_no_broadcast_shared_or_activated_operand():
     assert all(len(node["inputs"]) <= 3 for node in graph.nodes if node["op"].endswith("Conv"))
 
 
-def test_the_residual_stays_intact_until_the_fused_conv_reads_it():
+def test_the_residual_stays_intact_until_the_fused_conv_reads_it(tmp_path):
     """The residual r is also read after the fused conv, and an elementwise node before the conv
     could run in place: the planner must not hand r's buffer to it, nor the conv write into r."""
     rng = np.random.default_rng(3)
@@ -351,15 +351,9 @@ def test_the_residual_stays_intact_until_the_fused_conv_reads_it():
     ]
     model = _model(nodes, inits, [1, 8, 16, 16], "y", [1, 8, 16, 16])
     feeds = {"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)}
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "m.ferry"
-        convert(model, path)
-        session = Session(path, threads=1)
-        runs = [session.run(feeds)["y"] for _ in range(3)]
-        profile = session.profile(feeds)
+    (want,), _, session = _convert_and_run(model, feeds, tmp_path)
+    runs = [session.run(feeds)["y"] for _ in range(3)]
+    profile = session.profile(feeds)
     ops = [record.op for record in profile]
     assert ops == ["Conv", "Sigmoid", "FusedConv", "Neg", "Add"]
     fused_at = max(i for i, record in enumerate(profile) if record.op == "FusedConv")
@@ -369,7 +363,7 @@ def test_the_residual_stays_intact_until_the_fused_conv_reads_it():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
 
 
-def test_a_conv_whose_residual_is_made_after_it_moves_to_the_add():
+def test_a_conv_whose_residual_is_made_after_it_moves_to_the_add(tmp_path):
     rng = np.random.default_rng(4)
     n = helper.make_node
     nodes = [
@@ -382,15 +376,8 @@ def test_a_conv_whose_residual_is_made_after_it_moves_to_the_add():
     ]
     model = _model(nodes, [_init(rng, "w", 5, 5, 3, 3)], [2, 5, 7, 9], "y", [2, 5, 7, 9])
     feeds = {"x": rng.standard_normal((2, 5, 7, 9)).astype(np.float32)}
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "m.ferry"
-        convert(model, path)
-        nodes = read_package(path).graph["nodes"]
-        session = Session(path, threads=1)
-        runs = [session.run(feeds)["y"] for _ in range(3)]
+    (want,), nodes, session = _convert_and_run(model, feeds, tmp_path)
+    runs = [session.run(feeds)["y"] for _ in range(3)]
     assert [node["op"] for node in nodes] == ["Tanh", "FusedConv"]
     assert nodes[1]["inputs"][2:] == ["", "r"] and nodes[1]["attrs"]["activation"] == "Clip"
     for got in runs:
