@@ -120,3 +120,30 @@ def check_op(
     got = run_engine(model, feeds)
     assert_same(got, run_reference(model, feeds), rtol, atol)
     return got
+
+
+def run_int8_matmul_reference(
+    q: np.ndarray, scale: np.ndarray, a: np.ndarray, bias: np.ndarray | None, activation: str | None = None
+) -> np.ndarray:
+    """DequantizeLinear(q, scale per column) -> MatMul(a, .) [-> Add(bias)] [-> activation],
+    the int8 matmul as ONNX spells it, run by onnx's ReferenceEvaluator."""
+    nodes = [helper.make_node("DequantizeLinear", ["q", "scale"], ["w"], axis=1)]
+    initializers = [numpy_helper.from_array(q, "q"), numpy_helper.from_array(scale, "scale")]
+    value = "h"
+    nodes.append(helper.make_node("MatMul", ["a", "w"], [value]))
+    if bias is not None:
+        nodes.append(helper.make_node("Add", [value, "bias"], ["hb"]))
+        initializers.append(numpy_helper.from_array(bias, "bias"))
+        value = "hb"
+    if activation is not None:
+        nodes.append(helper.make_node(activation, [value], ["act"]))
+        value = "act"
+    graph = helper.make_graph(
+        nodes,
+        "int8_matmul",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape))],
+        [helper.make_tensor_value_info(value, TensorProto.FLOAT, None)],
+        initializer=initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    return ReferenceEvaluator(model).run(None, {"a": a})[0]

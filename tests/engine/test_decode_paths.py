@@ -17,7 +17,13 @@ from converter import quantize as quant
 from engine.ops import fused, normalization, quantized
 from engine.ops.normalization import layer_normalization, prepare_layer_norm
 from engine.ops.shape import reshape
-from tests.engine.helpers import assert_same, run_engine, run_reference, single_node_model
+from tests.engine.helpers import (
+    assert_same,
+    run_engine,
+    run_int8_matmul_reference,
+    run_reference,
+    single_node_model,
+)
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -140,22 +146,7 @@ def test_int8_qmatmul_one_row_equals_onnx_reference():
     k, n = 64, 24
     weight, a, bias = _array(1, (k, n)), _array(2, (1, 1, k)), _array(3, (n,))
     q, scale = quant.quantize_int8(weight, 1)
-    graph = helper.make_graph(
-        [
-            helper.make_node("DequantizeLinear", ["q", "scale"], ["w"], axis=1),
-            helper.make_node("MatMul", ["a", "w"], ["h"]),
-            helper.make_node("Add", ["h", "bias"], ["hb"]),
-            helper.make_node("Gelu", ["hb"], ["y"]),
-        ],
-        "qmatmul",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        initializer=[
-            numpy_helper.from_array(v, name) for name, v in (("q", q), ("scale", scale), ("bias", bias))
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    (want,) = ReferenceEvaluator(model).run(None, {"a": a})
+    want = run_int8_matmul_reference(q, scale, a, bias, "Gelu")
     (got,) = quantized.qmatmul([a, q, scale, None, bias], _attrs("Gelu", axis=1))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 

@@ -13,14 +13,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 from converter import quantize as quant
 from engine import format as fmt
 from engine.errors import PackageIntegrityError
 from engine.ops import quantized
 from engine.ops.quantized import block_rows, dequantize, qgather, qmatmul
+from tests.engine.helpers import run_int8_matmul_reference
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -120,50 +119,12 @@ def test_int8_qmatmul_equals_onnx_reference_dequantize_matmul_add(activation):
     k, n = 96, 40
     weight, a, bias = _array(1, (k, n)), _array(2, (1, 3, k)), _array(3, (n,))
     q, scale = quant.quantize_int8(weight, 1)
-    graph = helper.make_graph(
-        [
-            helper.make_node("DequantizeLinear", ["q", "scale"], ["w"], axis=1),
-            helper.make_node("MatMul", ["a", "w"], ["h"]),
-            helper.make_node("Add", ["h", "bias"], ["hb"]),
-            helper.make_node(activation, ["hb"], ["y"]),
-        ],
-        "qmatmul",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        initializer=[
-            numpy_helper.from_array(q, "q"),
-            numpy_helper.from_array(scale, "scale"),
-            numpy_helper.from_array(bias, "bias"),
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    (want,) = ReferenceEvaluator(model).run(None, {"a": a})
+    want = run_int8_matmul_reference(q, scale, a, bias, activation)
     attrs = {"axis": 1, "activation": activation, "activation_attrs": {}}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(quantized, "SCRATCH_BYTES", 4 * n * 10)  # 10 rows at a time
         (got,) = qmatmul([a, q, scale, None, bias], attrs)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-
-
-def _onnx_qmatmul(q: np.ndarray, scale: np.ndarray, a: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    """DequantizeLinear -> MatMul (-> Add), run by onnx's ReferenceEvaluator."""
-    nodes = [
-        helper.make_node("DequantizeLinear", ["q", "scale"], ["w"], axis=1),
-        helper.make_node("MatMul", ["a", "w"], ["h" if bias is not None else "y"]),
-    ]
-    initializers = [numpy_helper.from_array(q, "q"), numpy_helper.from_array(scale, "scale")]
-    if bias is not None:
-        nodes.append(helper.make_node("Add", ["h", "bias"], ["y"]))
-        initializers.append(numpy_helper.from_array(bias, "bias"))
-    graph = helper.make_graph(
-        nodes,
-        "qmatmul_row",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        initializer=initializers,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    return ReferenceEvaluator(model).run(None, {"a": a})[0]
 
 
 @SETTINGS
@@ -181,7 +142,7 @@ def test_int8_one_row_qmatmul_in_row_chunks_matches_onnx_reference(k, n, lead, c
     q, scale = quant.quantize_int8(_array(seed, (k, n)), 1)
     a = _array(seed + 1, (*lead, k))
     bias = _array(seed + 2, (n,)) if with_bias else None
-    want = _onnx_qmatmul(q, scale, a, bias)
+    want = run_int8_matmul_reference(q, scale, a, bias)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(quantized, "SCRATCH_BYTES", 4 * n * chunk)
         (got,) = qmatmul([a, q, scale, None, bias] if with_bias else [a, q, scale], {"axis": 1})
