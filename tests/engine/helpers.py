@@ -13,6 +13,7 @@ from onnx.reference import ReferenceEvaluator
 from converter.translate import node_dict
 from engine import Session
 from engine.format import write_package
+from engine.search import with_packed
 
 
 def single_node_model(
@@ -147,3 +148,13 @@ def run_int8_matmul_reference(
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
     return ReferenceEvaluator(model).run(None, {"a": a})[0]
+
+
+def assert_candidates_match(
+    candidates: list, inputs: list[np.ndarray | None], attrs: dict, want: np.ndarray, atol: float
+) -> None:
+    """Every kernel candidate, its weights pre-packed the way a plan packs them, gives ``want``."""
+    for kernel in candidates:
+        got = kernel(with_packed(kernel, inputs, attrs), attrs)[0]
+        assert got.shape == want.shape, kernel.__name__
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol, err_msg=kernel.__name__)

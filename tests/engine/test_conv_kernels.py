@@ -14,6 +14,7 @@ from engine import search
 from engine.ops import conv, pool, scratch
 from engine.search import with_packed
 from tests.engine.helpers import (
+    assert_candidates_match,
     assert_same,
     run_engine,
     run_onnxruntime,
@@ -127,9 +128,7 @@ def test_every_candidate_of_a_strided_conv_agrees_with_the_reference(case):
     strided = any(s > 1 for s in attrs["strides"])
     general = candidates[0] is conv.conv_im2col
     assert (conv.conv_im2col_phased in candidates) == (strided and general and attrs["group"] == 1)
-    for kernel in candidates:
-        got = kernel(with_packed(kernel, inputs, attrs), attrs)[0]
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want), err_msg=kernel.__name__)
+    assert_candidates_match(candidates, inputs, attrs, want, _scaled_atol(want))
 
 
 @st.composite
@@ -253,9 +252,7 @@ def test_fused_conv_candidates_apply_the_activation_exactly_once(size, activatio
     candidates = search.CANDIDATES["FusedConv"](attrs, [a.shape for a in inputs])
     names = [kernel.__name__ for kernel in candidates]
     assert ("fused_conv_winograd4" if stride == 1 else "fused_conv_im2col_phased") in names
-    for kernel in candidates:
-        got = kernel(with_packed(kernel, inputs, attrs), attrs)[0]
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=_scaled_atol(want), err_msg=kernel.__name__)
+    assert_candidates_match(candidates, inputs, attrs, want, _scaled_atol(want))
     assert conv.fused_bounds(attrs) == {
         "Relu": (0, None),
         "Clip": (-0.5, 1.5),
@@ -289,10 +286,7 @@ def test_fused_depthwise_candidates_apply_the_activation_exactly_once(
     candidates = search.CANDIDATES["FusedConv"](attrs, [a.shape for a in inputs])
     if channels > 1 and kernel > 1:  # a 1x1 depthwise conv runs as a (grouped) 1x1 GEMM
         assert "fused_conv_depthwise_nhwc" in [c.__name__ for c in candidates]
-    for candidate in candidates:
-        got = candidate(with_packed(candidate, inputs, attrs), attrs)[0]
-        assert got.shape == want.shape, candidate.__name__
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=candidate.__name__)
+    assert_candidates_match(candidates, inputs, attrs, want, 1e-4)
 
 
 @SETTINGS

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
 from engine.ops import conv, inplace
-from engine.search import with_packed
 from tests.engine.helpers import (
+    assert_candidates_match,
     assert_same,
     check_op,
     run_engine,
@@ -205,10 +205,7 @@ def test_every_conv_kernel_the_search_may_pick_agrees_with_the_reference(case):
     shapes = [a.shape for a in inputs]
     candidates = conv.conv_candidates(attrs, shapes)
     assert candidates[0] is conv.select_conv(attrs, shapes)
-    for kernel in candidates:
-        got = kernel(with_packed(kernel, inputs, attrs), attrs)[0]
-        assert got.shape == want.shape, kernel.__name__
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kernel.__name__)
+    assert_candidates_match(candidates, inputs, attrs, want, 1e-4)
 
 
 @SETTINGS
