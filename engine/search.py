@@ -41,28 +41,7 @@ def _fused_conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ..
     """The converter's FusedConv (Conv + activation): the Conv candidates, activation after."""
     from engine.ops import fused  # noqa: PLC0415 - the converter's module; optional here
 
-    return [_with_activation(inner, fused.apply_activation) for inner in conv.conv_candidates(attrs, shapes)]
-
-
-_WRAPPED: dict[Kernel, Kernel] = {}
-
-
-def _with_activation(inner: Kernel, apply: Callable[[np.ndarray, dict[str, Any]], np.ndarray]) -> Kernel:
-    if inner not in _WRAPPED:
-        fuses_clip = getattr(inner, "fuses_clip", False)
-
-        def fused_variant(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-            y = inner(inputs, attrs)[0]
-            if fuses_clip and conv.fused_bounds(attrs) is not None:
-                return [y]  # the kernel applied the Relu / Clip in its last pass
-            return [apply(y, attrs)]
-
-        fused_variant.__name__ = f"fused_{inner.__name__}"
-        fused_variant.__module__ = inner.__module__
-        if hasattr(inner, "pack"):
-            fused_variant.pack = inner.pack  # type: ignore[attr-defined]
-        _WRAPPED[inner] = fused_variant
-    return _WRAPPED[inner]
+    return [fused.with_activation(inner) for inner in conv.conv_candidates(attrs, shapes)]
 
 
 def _attention_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:

@@ -13,6 +13,7 @@ Add (and the activation after it) done by the conv kernel.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,15 +75,27 @@ def select_fused_conv(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | 
     """The Conv variant the engine would pick for these shapes, with the activation after it
     (unless the kernel applies a Relu / Clip itself: ``fuses_clip``).  Every Conv kernel adds
     the residual (input 3) itself, before its clip."""
-    inner = SELECTORS["Conv"](attrs, shapes) if "Conv" in SELECTORS else REGISTRY["Conv"]
-    clipped = getattr(inner, "fuses_clip", False) and fused_bounds(attrs) is not None
+    return with_activation(SELECTORS["Conv"](attrs, shapes) if "Conv" in SELECTORS else REGISTRY["Conv"])
 
-    def fused_conv_variant(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+
+@functools.cache
+def with_activation(inner: Kernel) -> Kernel:
+    """The Conv kernel ``inner`` as a FusedConv kernel: the activation after it, unless it applied
+    the Relu / Clip in its own last pass (``fuses_clip``).  One wrapper per kernel (the selector
+    and the search hand out the same one), named after it and packing its weights as it does."""
+    fuses_clip = getattr(inner, "fuses_clip", False)
+
+    def fused_variant(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
         y = inner(inputs, attrs)[0]
-        return [y if clipped else apply_activation(y, attrs)]
+        if fuses_clip and fused_bounds(attrs) is not None:
+            return [y]
+        return [apply_activation(y, attrs)]
 
-    fused_conv_variant.__name__ = f"fused_{getattr(inner, '__name__', 'conv')}"
-    return fused_conv_variant
+    fused_variant.__name__ = f"fused_{inner.__name__}"
+    fused_variant.__module__ = inner.__module__
+    if hasattr(inner, "pack"):
+        fused_variant.pack = inner.pack  # type: ignore[attr-defined]
+    return fused_variant
 
 
 @register("FusedGemm")
