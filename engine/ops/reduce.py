@@ -1,4 +1,4 @@
-"""Reductions and ArgMax/ArgMin.  Axes come from the attribute (older opsets) or input 1 (newer)."""
+"""Reductions, ArgMax/ArgMin and TopK.  Axes come from the attribute (older opsets) or input 1 (newer)."""
 
 from __future__ import annotations
 
@@ -66,3 +66,37 @@ def _arg(fn: Callable[..., np.ndarray], name: str):
 
 register("ArgMax")(_arg(np.argmax, "arg_max"))
 register("ArgMin")(_arg(np.argmin, "arg_min"))
+
+
+@register("TopK")
+def top_k(inputs: Inputs, attrs: dict[str, Any]) -> list[np.ndarray]:
+    """The k largest (or smallest) values along an axis and their int64 indices, sorted, equal
+    values in index order (the spec's tie rule) and NaN counted as the largest, as onnx's
+    reference does.  k is input 1 (opset 10+) or the ``k`` attribute (opset 1).  A stable sort
+    on the axis reversed, then reversed back, orders descending with ties by lowest index."""
+    x = inputs[0]
+    if x.ndim == 0:
+        raise ValueError("TopK needs an input of rank 1 or more, got a scalar")
+    k = _k_of(inputs[1] if len(inputs) > 1 else None, attrs)
+    axis = normalize_axis(int(attrs.get("axis", -1)), x.ndim)
+    n = x.shape[axis]
+    if not 0 <= k <= n:
+        raise ValueError(f"TopK k={k} is outside 0..{n}, the size of axis {axis} of input shape {x.shape}")
+    rows = np.moveaxis(x, axis, -1)
+    if attrs.get("largest", 1):
+        order = np.argsort(rows[..., ::-1], axis=-1, kind="stable")[..., ::-1][..., :k]
+        order = n - 1 - order
+    else:
+        order = np.argsort(rows, axis=-1, kind="stable")[..., :k]
+    values = np.take_along_axis(rows, order, axis=-1)
+    return [np.moveaxis(values, -1, axis).copy(), np.moveaxis(order, -1, axis).astype(np.int64)]
+
+
+def _k_of(given: np.ndarray | None, attrs: dict[str, Any]) -> int:
+    if given is None:
+        if "k" not in attrs:
+            raise ValueError("TopK needs k: an input (opset 10+) or the k attribute (opset 1)")
+        return int(attrs["k"])
+    if given.size != 1 or given.dtype.kind not in "iu":
+        raise ValueError(f"TopK's K must be one integer, got {given.dtype} shaped {given.shape}")
+    return int(given.reshape(()))

@@ -87,12 +87,14 @@ def run_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[
 def run_onnxruntime(
     model: onnx.ModelProto, feeds: dict[str, np.ndarray], output_type: int = TensorProto.FLOAT
 ) -> list[np.ndarray]:
-    """For the few cases where the reference evaluator is wrong or cannot run (noted at each use)."""
+    """For the few cases where the reference evaluator is wrong or cannot run (noted at each use).
+    onnxruntime needs typed outputs: those the model leaves undefined get ``output_type``."""
     import onnxruntime as ort
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     for output in model.graph.output:
-        output.type.tensor_type.elem_type = output_type
+        if output.type.tensor_type.elem_type == TensorProto.UNDEFINED:
+            output.type.tensor_type.elem_type = output_type
     model.ir_version = min(model.ir_version, 8)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, feeds)

@@ -195,6 +195,25 @@ def test_slice(data):
 
 
 @SETTINGS
+@given(st.data())
+def test_top_k(data):
+    """Ties (values drawn from a few integers) must come out in index order, NaN as the largest."""
+    shape = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=3))
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    k = data.draw(st.integers(0, shape[axis]))
+    dtype = data.draw(st.sampled_from([np.float32, np.float64, np.int64, np.int32]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    x = rng.integers(-3, 4, size=shape).astype(dtype)
+    if dtype in (np.float32, np.float64) and data.draw(st.booleans()):
+        x[rng.random(shape) < 0.2] = np.nan
+    attrs = {"axis": axis, "largest": data.draw(st.integers(0, 1)), "sorted": data.draw(st.integers(0, 1))}
+    k_input = np.array([k], np.int64)
+    values, indices = check_op("TopK", [x, k_input], attrs, n_outputs=2, opset=11, rtol=0, atol=0)
+    assert indices.dtype == np.int64
+    np.testing.assert_array_equal(values, np.take_along_axis(x, indices, axis=axis))
+
+
+@SETTINGS
 @given(conv_cases())
 def test_every_conv_kernel_the_search_may_pick_agrees_with_the_reference(case):
     """Each candidate (im2col, 1x1, Winograd, three depthwise forms) on its own, weights pre-packed

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from engine.errors import NodeExecutionError
 from engine.ops import REGISTRY, supported_operators
 from tests.engine.helpers import assert_same, check_op, run_engine, run_onnxruntime, single_node_model
 
@@ -241,6 +242,8 @@ CASES = [
         {},
     ),
     ("argmin", "ArgMin", [f32(3, 4)], {"axis": -1, "keepdims": 0}, {}),
+    ("topk", "TopK", [f32(3, 7), i64(3)], {}, {"n_outputs": 2}),
+    ("topk_k_attribute", "TopK", [f32(3, 7)], {"k": 2, "axis": 0}, {"n_outputs": 2, "opset": 1}),
 ]
 
 
@@ -279,3 +282,24 @@ def test_every_registered_op_is_covered():
     covered = {case[1] for case in CASES}
     ours = {op for op in supported_operators() if REGISTRY[op].__module__ not in ELSEWHERE}
     assert ours <= covered, ours - covered
+
+
+def test_top_k_agrees_with_onnxruntime_on_ties():
+    """The spec's tie rule (lower index first), checked against the runtime users compare with."""
+    x = np.array([[2, 5, 5, 1, 5, 2]], np.float32)
+    for largest in (0, 1):
+        model, feeds = single_node_model("TopK", [x, i64(4)], {"largest": largest}, n_outputs=2)
+        got = run_engine(model, feeds)
+        model.graph.output[1].type.tensor_type.elem_type = TensorProto.INT64
+        want = run_onnxruntime(model, feeds)  # output 0 made float, output 1 stays int64
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize(
+    ("k", "message"), [(i64(8), "k=8 is outside 0..7"), (i64(1, 2), "K must be one integer")]
+)
+def test_top_k_bad_k_is_named(k, message):
+    model, feeds = single_node_model("TopK", [f32(2, 7), k], n_outputs=2)
+    with pytest.raises(NodeExecutionError, match=message):
+        run_engine(model, feeds)
