@@ -397,7 +397,8 @@ def _match_attention(graph, readers, producers, softmax_index):
 
 
 def fold_batch_norm(graph: FerryGraph) -> FerryGraph:
-    """BatchNormalization right after a Conv with constant weights -> new Conv weights and bias."""
+    """BatchNormalization right after a Conv or ConvTranspose with constant weights -> new
+    weights and bias."""
     readers, producers = _readers(graph), _producers(graph)
     tensors = dict(graph.tensors)
     drop: set[int] = set()
@@ -412,7 +413,7 @@ def fold_batch_norm(graph: FerryGraph) -> FerryGraph:
         if conv_index is None or any(p is None for p in params) or conv_index in changed:
             continue
         conv = graph.nodes[conv_index]
-        weight = tensors.get(conv["inputs"][1]) if conv["op"] == "Conv" else None
+        weight = tensors.get(conv["inputs"][1]) if conv["op"] in ("Conv", "ConvTranspose") else None
         if weight is None or _only_reader(graph, readers, bn["inputs"][0]) != index:
             continue
         if len(readers.get(conv["inputs"][1], [])) != 1:
@@ -421,7 +422,9 @@ def fold_batch_norm(graph: FerryGraph) -> FerryGraph:
         factor = scale / np.sqrt(var + float(bn["attrs"].get("epsilon", 1e-5)))
         bias_name = conv["inputs"][2] if len(conv["inputs"]) > 2 and conv["inputs"][2] else None
         old_bias = tensors[bias_name].astype(np.float64) if bias_name else np.zeros_like(mean)
-        new_weight = weight.astype(np.float64) * factor.reshape(-1, *([1] * (weight.ndim - 1)))
+        new_weight = _scaled_per_output_channel(weight, factor, conv)
+        if new_weight is None:
+            continue
         w_name, b_name = f"{conv['name']}/bn_weight", f"{conv['name']}/bn_bias"
         tensors[w_name] = new_weight.astype(weight.dtype)
         tensors[b_name] = ((old_bias - mean) * factor + offset).astype(weight.dtype)
@@ -432,6 +435,23 @@ def fold_batch_norm(graph: FerryGraph) -> FerryGraph:
         }
         drop.add(index)
     return _replace(_without(graph, drop, changed), tensors=tensors)
+
+
+def _scaled_per_output_channel(
+    weight: np.ndarray, factor: np.ndarray, conv: dict[str, Any]
+) -> np.ndarray | None:
+    """A Conv's weight (M, C/g, k...) or a ConvTranspose's (C, M/g, k...) with each output
+    channel's filter times its factor (float64), or None if the shapes do not agree."""
+    if conv["op"] == "Conv":
+        if weight.ndim < 2 or weight.shape[0] != factor.size:
+            return None
+        return weight.astype(np.float64) * factor.reshape(-1, *([1] * (weight.ndim - 1)))
+    group = int(conv["attrs"].get("group", 1))
+    if weight.ndim < 2 or weight.shape[0] % group or weight.shape[1] * group != factor.size:
+        return None
+    grouped = weight.astype(np.float64).reshape(group, weight.shape[0] // group, *weight.shape[1:])
+    spread = factor.reshape(group, 1, weight.shape[1], *([1] * (weight.ndim - 2)))
+    return (grouped * spread).reshape(weight.shape)
 
 
 def fuse_matmul_add(graph: FerryGraph) -> FerryGraph:

@@ -3,6 +3,7 @@
 from engine.ops import (  # noqa: F401  (imported for their registrations)
     activation,
     conv,
+    conv_transpose,
     elementwise,
     fused,
     gemm,

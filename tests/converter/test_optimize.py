@@ -219,6 +219,29 @@ def test_fold_batch_norm_into_conv(tmp_path):
     assert ops(graph) == ["Conv"]
 
 
+@pytest.mark.parametrize("group", [1, 2])
+def test_fold_batch_norm_into_conv_transpose(tmp_path, group):
+    """A decoder's upsampling layer: ConvTranspose's weight is (C, M/group, k...), so each
+    output channel's factor scales axis 1 within its group."""
+    m = model(
+        [
+            helper.make_node("ConvTranspose", ["x", "w"], ["c"], strides=[2, 2], pads=[1] * 4, group=group),
+            helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["y"]),
+        ],
+        [fvalue("x", [1, 4, 5, 5])],
+        [fvalue("y", [1, 6, 10, 10])],
+        initializers=[
+            const("w", rand(4, 6 // group, 4, 4)),
+            const("scale", RNG.random(6) + 0.5),
+            const("bias", rand(6)),
+            const("mean", rand(6)),
+            const("var", RNG.random(6) + 0.5),
+        ],
+    )
+    graph = check_pass(tmp_path, m, optimize.fold_batch_norm, {"x": rand(1, 4, 5, 5)})
+    assert ops(graph) == ["ConvTranspose"]
+
+
 def test_batch_norm_in_training_mode_is_not_folded(tmp_path):
     m = model(
         [

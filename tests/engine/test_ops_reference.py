@@ -242,6 +242,13 @@ CASES = [
         {},
     ),
     ("argmin", "ArgMin", [f32(3, 4)], {"axis": -1, "keepdims": 0}, {}),
+    (
+        "conv_transpose",
+        "ConvTranspose",
+        [f32(1, 3, 5, 5), f32(3, 2, 4, 4), f32(2)],
+        {"strides": [2, 2], "pads": [1, 1, 1, 1]},
+        {"rtol": 1e-4, "atol": 1e-5},
+    ),
     ("topk", "TopK", [f32(3, 7), i64(3)], {}, {"n_outputs": 2}),
     ("topk_k_attribute", "TopK", [f32(3, 7)], {"k": 2, "axis": 0}, {"n_outputs": 2, "opset": 1}),
 ]
