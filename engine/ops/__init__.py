@@ -12,6 +12,7 @@ from engine.ops import (  # noqa: F401  (imported for their registrations)
     quantized,
     raster,
     reduce,
+    resize,
     shape,
     softmax,
 )

@@ -224,6 +224,67 @@ def test_resnet_block_matches_onnxruntime_planned_and_searched(tmp_path):
     assert any(t.note.startswith("searched") for t in convs)  # the 3x3 convs had candidates
 
 
+def segmentation_block(seed: int = 0) -> onnx.ModelProto:
+    """An encoder-decoder in small, as torch exports one: a strided conv down, a transposed conv
+    (k4 s2 p1) and a 2x bilinear Resize (scales input, half_pixel) back up, per-pixel class
+    scores, and each image's three best classes by mean score (TopK)."""
+    rng = np.random.default_rng(seed)
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "down_w", "down_b"], ["d"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        n("Relu", ["d"], ["dr"]),
+        n("ConvTranspose", ["dr", "up_w", "up_b"], ["u"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        n("Relu", ["u"], ["ur"]),
+        n("Resize", ["ur", "", "scales"], ["big"], mode="linear"),
+        n("Conv", ["big", "head_w", "head_b"], ["scores"]),
+        n("ReduceMean", ["scores"], ["mean"], axes=[2, 3], keepdims=0),
+        n("TopK", ["mean", "k"], ["best", "best_class"]),
+    ]
+    inits = [
+        _init(rng, "down_w", 8, 3, 3, 3),
+        _init(rng, "down_b", 8, scale=0.1),
+        _init(rng, "up_w", 8, 6, 4, 4),
+        _init(rng, "up_b", 6, scale=0.1),
+        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+        _init(rng, "head_w", 5, 6, 1, 1),
+        _init(rng, "head_b", 5, scale=0.1),
+        numpy_helper.from_array(np.array([3], np.int64), "k"),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 5, None, None]),
+        helper.make_tensor_value_info("best", TensorProto.FLOAT, ["n", 3]),
+        helper.make_tensor_value_info("best_class", TensorProto.INT64, ["n", 3]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "segmentation_block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+        outputs,
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("quantize", "atol"), [(None, 1e-4), ("fp16", 1e-2)])
+def test_segmentation_block_matches_onnxruntime_at_several_sizes(tmp_path, quantize, atol):
+    model = segmentation_block()
+    convert(model, tmp_path / "s.ferry", quantize=quantize)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = Session(tmp_path / "s.ferry", threads=1)
+    rng = np.random.default_rng(3)
+    for batch, height, width in [(1, 16, 16), (1, 16, 16), (2, 12, 20), (2, 12, 20), (2, 12, 20)]:
+        x = rng.standard_normal((batch, 3, height, width)).astype(np.float32)
+        scores, best, best_class = reference.run(None, {"x": x})
+        got = session.run({"x": x})
+        assert got["scores"].shape == (batch, 5, 2 * height, 2 * width)
+        np.testing.assert_allclose(got["scores"], scores, rtol=1e-4, atol=atol)
+        np.testing.assert_allclose(got["best"], best, rtol=1e-4, atol=atol)
+        if quantize is None:  # fp16 weights may swap two near-equal classes
+            np.testing.assert_array_equal(got["best_class"], best_class)
+
+
 GPT_D, GPT_HEADS, GPT_VOCAB = 16, 2, 50
 
 

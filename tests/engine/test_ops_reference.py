@@ -249,6 +249,13 @@ CASES = [
         {"strides": [2, 2], "pads": [1, 1, 1, 1]},
         {"rtol": 1e-4, "atol": 1e-5},
     ),
+    (
+        "resize_linear",
+        "Resize",
+        [f32(1, 2, 3, 4), None, np.array([1, 1, 2, 1.5], np.float32)],
+        {"mode": "linear"},
+        {},
+    ),
     ("topk", "TopK", [f32(3, 7), i64(3)], {}, {"n_outputs": 2}),
     ("topk_k_attribute", "TopK", [f32(3, 7)], {"k": 2, "axis": 0}, {"n_outputs": 2, "opset": 1}),
 ]
