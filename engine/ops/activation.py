@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from engine.ops.elementwise import erf
-from engine.ops.inplace import clip_into, gelu_into
+from engine.ops.fastmath import gelu_into
+from engine.ops.inplace import clip_into
 from engine.ops.registry import check, register
 
 

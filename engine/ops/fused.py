@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from engine.ops import fastmath
 from engine.ops.conv import fused_bounds
-from engine.ops.inplace import clip_into, gelu_into
+from engine.ops.fastmath import gelu_into
+from engine.ops.inplace import clip_into
 from engine.ops.normalization import ones_vector
 from engine.ops.registry import CHECKS, REGISTRY, SELECTORS, Kernel, check, prepare, register, selector
 
@@ -252,7 +254,7 @@ def _exp_safe_unshifted(flat: np.ndarray, exp: Any) -> bool:
     # The limits above are float32's: float16 overflows at 2^16 and underflows at 2^-24.
     if flat.dtype.kind != "f" or flat.dtype.itemsize < 4 or flat.size == 0:
         return False
-    limit = UNSHIFTED_MAX_EXPONENT if exp is np.exp2 else UNSHIFTED_MAX_EXPONENT * math.log(2)
+    limit = UNSHIFTED_MAX_EXPONENT if exp is fastmath.exp2 else UNSHIFTED_MAX_EXPONENT * math.log(2)
     return bool(flat.max() <= limit)  # False for NaN: the shifted path handles it as before
 
 
@@ -326,10 +328,11 @@ def _attention_inputs(
     return q, keys, v, mask
 
 
-# softmax(z) = 2^(z log2(e) - max) / sum: np.exp2 takes half the time of np.exp, and the log2(e)
-# factor rides on the scale of q.  Not with a mask, which would need scaling too.  With the attr
-# ``q_log2e`` q arrives multiplied by log2(e) and by ``scale`` (the converter folds both into the
-# q projection's weights), so the base-2 path needs no scaled copy of q at all.
+# softmax(z) = 2^(z log2(e) - max) / sum: the log2(e) factor rides on the scale of q, and 2^x is
+# np.exp2 where that is faster (half np.exp's time on AVX-512), else exp(x ln 2) (fastmath).
+# Not with a mask, which would need scaling too.  With the attr ``q_log2e`` q arrives multiplied
+# by log2(e) and by ``scale`` (the converter folds both into the q projection's weights), so the
+# base-2 path needs no scaled copy of q at all.
 LOG2_E = math.log2(math.e)
 
 
@@ -338,7 +341,7 @@ def _base2(q: np.ndarray, mask: np.ndarray | None) -> bool:
 
 
 def _softmax_exp(q: np.ndarray, mask: np.ndarray | None) -> Any:
-    return np.exp2 if _base2(q, mask) else np.exp
+    return fastmath.exp2 if _base2(q, mask) else np.exp
 
 
 def _attention_output(

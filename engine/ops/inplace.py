@@ -9,57 +9,16 @@ owns its memory alone (no constant, feed, graph output or live view shares it); 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from engine.ops.common import normalize_axis
+from engine.ops.fastmath import gelu_into
 from engine.ops.registry import Kernel
 
 Inputs = list[np.ndarray | None]
-
-# gelu(x) = x * Phi(x) = x / (1 + exp(u)) with u = -logit(Phi(x)), an odd function of x, fitted
-# as -x * P(x^2) with P of degree 6 (weighted by how much an error in u moves gelu): |error| <
-# 7e-8 in exact arithmetic, ~6e-7 (a few float32 ulps) evaluated in float32.  17 numpy passes
-# instead of the 22 an erfc polynomial times exp(-x^2/2) takes, and passes are what costs here.
-_LOGIT_PHI = (
-    1.5957684324660537,
-    0.07266856622987218,
-    -6.625937543511903e-05,
-    -0.00011048050066814808,
-    7.938243948267043e-06,
-    -2.6689435636969214e-07,
-    3.611267059697654e-09,
-)
-_EXP2_COEFFS = tuple(-c * math.log2(math.e) for c in _LOGIT_PHI)  # exp(-u) = exp2(-u * log2(e))
-
-
-def gelu_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """Exact (erf) GELU of a float array into ``out`` (which may be ``x``), in x's precision.
-
-    The top coefficient is positive, so beyond the fitted range u keeps the right sign and
-    grows: exp overflows to inf for very negative x (x / inf = -0, the right limit) and
-    tends to 0 for large positive x (gelu = x).  Infinities and NaN give what
-    0.5 * x * (1 + erf(x / sqrt2)) gives.  Narrower floats are computed in float32: in float16
-    the top coefficients underflow and the polynomial changes sign (gelu(6) would be 0).
-    """
-    if x.dtype.itemsize < 4:
-        np.copyto(out, gelu_into(x.astype(np.float32), np.empty(x.shape, np.float32)), casting="unsafe")
-        return out
-    t = x.dtype.type
-    with np.errstate(over="ignore", invalid="ignore"):  # the limits above; -inf / inf is NaN
-        s = np.square(x)
-        p = np.multiply(s, t(_EXP2_COEFFS[6]))
-        p += t(_EXP2_COEFFS[5])
-        for c in reversed(_EXP2_COEFFS[:5]):
-            p *= s
-            p += t(c)
-        p *= x
-        np.exp2(p, out=p)  # half the time of np.exp; the log2(e) factor is in the coefficients
-        p += t(1)
-        return np.divide(x, p, out=out)
 
 
 def gelu(inputs: Inputs, attrs: dict[str, Any]) -> list[np.ndarray]:

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from converter import convert
 from engine import Session
 from engine.format import read_package
-from engine.ops import fused, inplace, raster
+from engine.ops import fastmath, fused, inplace, raster
 from engine.ops.normalization import layer_normalization
 from engine.search import CANDIDATES
 from tests.converter.models import fvalue, model
@@ -35,33 +35,89 @@ shapes = st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple)
 # -- GELU --------------------------------------------------------------------------------------
 
 
+# Every form fastmath may pick on some machine, each checked here whatever this machine picks.
+GELU_FORMS = {
+    "chosen": fastmath.gelu_into,
+    "table": fastmath.gelu_table_into,
+    "polynomial-exp": lambda x, out: fastmath.gelu_polynomial_into(x, out, natural=True),
+    "polynomial-exp2": lambda x, out: fastmath.gelu_polynomial_into(x, out, natural=False),
+}
+FLOAT32_ONLY = {"table"}
+
+
 @SETTINGS
 @given(
     st.integers(0, 2**32 - 1),
     shapes,
     st.sampled_from([0.5, 3.0, 12.0]),
     st.sampled_from([np.float32, np.float64]),
+    st.sampled_from(sorted(GELU_FORMS)),
 )
-def test_gelu_matches_reference(seed, shape, scale, dtype):
+def test_gelu_matches_reference(seed, shape, scale, dtype, form):
+    if form in FLOAT32_ONLY:
+        dtype = np.float32
     x = _array(seed, shape, scale, dtype)
     model, feeds = single_node_model("Gelu", [x], {}, opset=20)
     want = run_reference(model, feeds)[0]
-    got = inplace.gelu_into(x, np.empty_like(x))
+    gelu_into = GELU_FORMS[form]
+    got = gelu_into(x, np.empty_like(x))
     assert got.dtype == x.dtype
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
     again = x.copy()
-    assert inplace.gelu_into(again, again) is again
+    assert gelu_into(again, again) is again
     np.testing.assert_array_equal(again, got)
 
 
-def test_gelu_limits_and_special_values():
-    x = np.array([0.0, -0.0, 1e-30, -1e-30, 8.0, -8.0, 40.0, -40.0, 1e30, -1e30, np.inf, np.nan], np.float32)
+@pytest.mark.parametrize("form", sorted(GELU_FORMS))
+def test_gelu_limits_and_special_values(form):
+    x = np.array(
+        [
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            5.9999,
+            -5.9999,
+            6.0,
+            -6.0,
+            8.0,
+            -8.0,
+            40.0,
+            -40.0,
+            1e30,
+            -1e30,
+            np.inf,
+            np.nan,
+        ],
+        np.float32,
+    )
     model, feeds = single_node_model("Gelu", [x], {}, opset=20)
     want = run_reference(model, feeds)[0]
+    gelu_into = GELU_FORMS[form]
     with np.errstate(over="raise", invalid="raise", divide="raise"):  # no warning escapes the kernel
-        got = inplace.gelu_into(x, np.empty_like(x))
+        got = gelu_into(x, np.empty_like(x))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
-    assert np.isnan(inplace.gelu_into(np.array([-np.inf], np.float32), np.empty(1, np.float32))[0])
+    assert np.isnan(gelu_into(np.array([-np.inf], np.float32), np.empty(1, np.float32))[0])
+
+
+def test_gelu_of_a_scalar_and_of_float16():
+    x = np.array(1.5, np.float32)
+    assert fastmath.gelu_into(x, np.empty((), np.float32)) == pytest.approx(
+        1.5 * 0.5 * (1 + math.erf(1.5 / 2**0.5))
+    )
+    half = np.linspace(-8, 8, 33).astype(np.float16)
+    want = np.array([v * 0.5 * (1 + math.erf(v / 2**0.5)) for v in half.astype(np.float64)])
+    np.testing.assert_allclose(fastmath.gelu_into(half, np.empty_like(half)), want, rtol=2e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("form", ["natural", "chosen"])
+def test_exp2_forms_match_numpy(form):
+    # exp(x ln 2) loses |x ln 2| float32 roundings of the exponent: ~3e-6 relative at |x| = 64,
+    # the most a softmax score reaches unshifted.
+    x = np.linspace(-64, 64, 4097, dtype=np.float32)
+    got = fastmath._exp2_natural(x) if form == "natural" else fastmath.exp2(x)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, np.exp2(x.astype(np.float64)), rtol=1e-5)
 
 
 @SETTINGS

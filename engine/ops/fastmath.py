@@ -1,0 +1,162 @@
+"""Exponentials and the exact GELU in whichever form is fastest on this machine.
+
+numpy's float32 transcendentals take different SIMD paths per CPU: on an AVX-512 machine
+``np.exp2`` took half the time of ``np.exp``; on an AVX2-only one (numpy's X86_V3) 1.5x as
+long, and both cost 12-20 simple passes over the data.  So the forms below are measured
+against each other once per process, on a sample the size of a transformer activation, and
+the faster is kept (``functools.cache``): a machine-level choice, like the kernel search's
+per-node one.  Every form is accurate to a few float32 ulps, so the choice never changes a
+result by more than float rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+LN_2 = math.log(2)
+SAMPLE = 1 << 16  # elements measured per form: 256 KB of float32, cache-resident like a layer's output
+ROUNDS = 5
+
+
+def exp2(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """2 ** x, as ``np.exp2`` or as ``np.exp(x * ln 2)``, whichever is faster here for x's dtype."""
+    if x.dtype != np.float32 or not _natural_exp_faster():
+        return np.exp2(x, out=out)
+    return _exp2_natural(x, out)
+
+
+def _exp2_natural(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    scaled = np.multiply(x, np.float32(LN_2), out=out)
+    return np.exp(scaled, out=scaled)
+
+
+# gelu(x) = x * Phi(x) = x / (1 + exp(u)) with u = -logit(Phi(x)), an odd function of x, fitted
+# as -x * P(x^2) with P of degree 6 (weighted by how much an error in u moves gelu): |error| <
+# 7e-8 in exact arithmetic, ~6e-7 (a few float32 ulps) evaluated in float32.  17 numpy passes.
+_LOGIT_PHI = (
+    1.5957684324660537,
+    0.07266856622987218,
+    -6.625937543511903e-05,
+    -0.00011048050066814808,
+    7.938243948267043e-06,
+    -2.6689435636969214e-07,
+    3.611267059697654e-09,
+)
+_EXP_COEFFS = tuple(-c for c in _LOGIT_PHI)  # exp(-u)
+_EXP2_COEFFS = tuple(-c * math.log2(math.e) for c in _LOGIT_PHI)  # exp(-u) = exp2(-u * log2(e))
+
+
+def gelu_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Exact (erf) GELU of a float array into ``out`` (which may be ``x``), in x's precision.
+
+    Infinities and NaN give what 0.5 * x * (1 + erf(x / sqrt2)) gives (gelu(-inf) is NaN).
+    Narrower floats are computed in float32: in float16 the polynomial's top coefficients
+    underflow and it changes sign (gelu(6) would be 0).
+    """
+    if x.dtype.itemsize < 4:
+        np.copyto(out, gelu_into(x.astype(np.float32), np.empty(x.shape, np.float32)), casting="unsafe")
+        return out
+    if x.ndim == 0:  # numpy hands 0-d results back as scalars, which cannot be written into
+        gelu_into(x.reshape(1), out.reshape(1))
+        return out
+    if x.dtype == np.float32 and _table_gelu_faster():
+        return gelu_table_into(x, out)
+    return gelu_polynomial_into(x, out, natural=x.dtype == np.float32 and _natural_exp_faster())
+
+
+def gelu_polynomial_into(x: np.ndarray, out: np.ndarray, natural: bool = False) -> np.ndarray:
+    """GELU as x / (1 + exp(-x P(x^2))), with ``np.exp`` (``natural``) or ``np.exp2``.
+
+    The top coefficient is positive, so beyond the fitted range the exponent keeps the right
+    sign and grows: exp overflows to inf for very negative x (x / inf = -0, the right limit)
+    and tends to 0 for large positive x (gelu = x).
+    """
+    t = x.dtype.type
+    coeffs = _EXP_COEFFS if natural else _EXP2_COEFFS
+    with np.errstate(over="ignore", invalid="ignore"):  # the limits above; -inf / inf is NaN
+        s = np.square(x)
+        p = np.multiply(s, t(coeffs[6]))
+        p += t(coeffs[5])
+        for c in reversed(coeffs[:5]):
+            p *= s
+            p += t(c)
+        p *= x
+        (np.exp if natural else np.exp2)(p, out=p)
+        p += t(1)
+        return np.divide(x, p, out=out)
+
+
+# Phi by first-order Taylor steps from a table: nodes every 2^-10 on [-6, 6], Phi(x_i) and
+# h * phi(x_i).  |x| * (f h)^2 / 2 * max|Phi''| bounds gelu's error by 2.6e-8; x is clipped to
+# the table (Phi(-6) = 1e-9, stored as 0 so that gelu(-inf) is NaN and gelu(x < -6) is 0).
+_STEPS_PER_UNIT = 1024
+_TABLE_HALF_WIDTH = 6
+_CENTRE = _STEPS_PER_UNIT * _TABLE_HALF_WIDTH  # the node of x = 0
+# Adding 1.5 * 2^23 rounds a float32 in [-2^22, 2^22] to an integer held in the low mantissa
+# bits (float32 spacing is 1 there): those bits are the table index, read without a float to
+# int conversion pass.  Masking keeps any input (NaN too) inside the padded table.
+_ROUNDER = np.float32(1.5 * 2**23 + _CENTRE)
+_INDEX_MASK = (1 << 14) - 1
+
+
+@functools.cache
+def _phi_table() -> tuple[np.ndarray, np.ndarray]:
+    nodes = (np.arange(2 * _CENTRE + 1) - _CENTRE) / _STEPS_PER_UNIT
+    phi = np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in nodes.tolist()])
+    phi[0] = 0.0
+    slope = np.exp(-0.5 * nodes**2) / math.sqrt(2 * math.pi) / _STEPS_PER_UNIT
+    padded = [np.zeros(_INDEX_MASK + 1, np.float32) for _ in range(2)]
+    padded[0][: phi.size], padded[1][: slope.size] = phi, slope
+    return padded[0], padded[1]
+
+
+def gelu_table_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """float32 GELU as x * Phi(x), Phi from the table above: 11 passes, two of them gathers."""
+    values, slopes = _phi_table()
+    steps = np.clip(x, np.float32(-_TABLE_HALF_WIDTH), np.float32(_TABLE_HALF_WIDTH))
+    steps *= np.float32(_STEPS_PER_UNIT)
+    rounded = np.add(steps, _ROUNDER)
+    index = np.bitwise_and(rounded.view(np.int32), _INDEX_MASK, dtype=np.intp)
+    rounded -= _ROUNDER  # now the nearest node, in steps from x = 0
+    steps -= rounded  # the fraction of a step from that node, in [-0.5, 0.5]
+    slope = np.take(slopes, index, mode="wrap")  # in range: "wrap" is numpy's fastest mode
+    steps *= slope
+    steps += np.take(values, index, out=rounded, mode="wrap")
+    with np.errstate(invalid="ignore"):  # -inf * 0 is NaN, as the erf formula gives
+        return np.multiply(x, steps, out=out)
+
+
+@functools.cache
+def _natural_exp_faster() -> bool:
+    x, out = _sample(), np.empty(SAMPLE, np.float32)
+    return _fastest([lambda: _exp2_natural(x, out), lambda: np.exp2(x, out=out)]) == 0
+
+
+@functools.cache
+def _table_gelu_faster() -> bool:
+    x, out = _sample(), np.empty(SAMPLE, np.float32)
+    natural = _natural_exp_faster()
+    forms = [lambda: gelu_table_into(x, out), lambda: gelu_polynomial_into(x, out, natural)]
+    return _fastest(forms) == 0
+
+
+def _sample() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(SAMPLE).astype(np.float32)
+
+
+def _fastest(forms: list[Callable[[], object]]) -> int:
+    """The index of the form with the lowest best time over ROUNDS interleaved rounds."""
+    for form in forms:  # warm-up: caches, and the table built
+        form()
+    best = [math.inf] * len(forms)
+    for _ in range(ROUNDS):
+        for i, form in enumerate(forms):
+            start = time.perf_counter()
+            form()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best.index(min(best))
