@@ -121,12 +121,13 @@ def gelu_table_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     steps = np.clip(x, np.float32(-_TABLE_HALF_WIDTH), np.float32(_TABLE_HALF_WIDTH))
     steps *= np.float32(_STEPS_PER_UNIT)
     rounded = np.add(steps, _ROUNDER)
-    index = np.bitwise_and(rounded.view(np.int32), _INDEX_MASK, dtype=np.intp)
-    rounded -= _ROUNDER  # now the nearest node, in steps from x = 0
-    steps -= rounded  # the fraction of a step from that node, in [-0.5, 0.5]
-    slope = np.take(slopes, index, mode="wrap")  # in range: "wrap" is numpy's fastest mode
-    steps *= slope
-    steps += np.take(values, index, out=rounded, mode="wrap")
+    node = np.subtract(rounded, _ROUNDER)  # the nearest node, in steps from x = 0
+    steps -= node  # the fraction of a step from that node, in [-0.5, 0.5]
+    bits = rounded.view(np.int32)
+    bits &= _INDEX_MASK  # in int32, then widened: twice as fast as one widening bitwise_and
+    index = bits.astype(np.intp)
+    steps *= np.take(slopes, index, out=rounded, mode="wrap")  # in range: numpy's fastest mode
+    steps += np.take(values, index, out=node, mode="wrap")
     with np.errstate(invalid="ignore"):  # -inf * 0 is NaN, as the erf formula gives
         return np.multiply(x, steps, out=out)
 
