@@ -351,6 +351,19 @@ def _blas() -> str:
     return ", ".join(found) or "unknown BLAS"
 
 
+def _numpy_simd() -> str:
+    """The widest of numpy's SIMD dispatch targets this CPU runs (X86_V3 is AVX2, X86_V4
+    AVX-512): float32 exp and exp2 are vectorised on some and scalar on others, which moves
+    every softmax and GELU; and the forms engine.ops.fastmath picked here because of it."""
+    from numpy._core import _multiarray_umath as umath  # noqa: PLC0415 - numpy's own runtime report
+
+    from engine.ops.fastmath import chosen_forms  # noqa: PLC0415
+
+    found = [t for t in umath.__cpu_dispatch__ if umath.__cpu_features__.get(t)]
+    forms = ", ".join(f"{name} as {form}" for name, form in chosen_forms().items())
+    return f"numpy SIMD {found[-1] if found else ' '.join(umath.__cpu_baseline__)}; Ferry's {forms}"
+
+
 def _cpu() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -386,7 +399,8 @@ def main() -> None:
 
     print(
         f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_cpu()}, "
-        f"numpy {np.__version__} on {_blas()}, onnxruntime {onnxruntime.__version__}; times in ms; "
+        f"numpy {np.__version__} on {_blas()} ({_numpy_simd()}), onnxruntime {onnxruntime.__version__}; "
+        "times in ms; "
         "ratio = Ferry/onnxruntime (1 thread, medians); f2min/o2min = 2-thread minimums; "
         "x ref f/o = times faster than ReferenceEvaluator (1 BLAS thread) for Ferry / onnxruntime; "
         "rel diff = max abs difference to onnxruntime "

@@ -132,6 +132,12 @@ def gelu_table_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.multiply(x, steps, out=out)
 
 
+def chosen_forms() -> dict[str, str]:
+    """Which form of each function this process uses (measuring them now if not done yet)."""
+    gelu = "table" if _table_gelu_faster() else f"polynomial, {'exp' if _natural_exp_faster() else 'exp2'}"
+    return {"exp2": "exp(x ln 2)" if _natural_exp_faster() else "exp2", "gelu": gelu}
+
+
 @functools.cache
 def _natural_exp_faster() -> bool:
     x, out = _sample(), np.empty(SAMPLE, np.float32)
