@@ -45,7 +45,7 @@ proto: $(VENV)/.test
 # torch (bench/requirements.txt, an exact CPU pin) builds the benchmark models.
 bench: $(VENV)/.test
 	$(BIN)/pip install --disable-pip-version-check -q -r bench/requirements.txt
-	@for script in engine convert rollout_decide rollout_sim agent_stream agent_footprint; do \
+	@for script in engine engine_breakdown convert rollout_decide rollout_sim agent_stream agent_footprint; do \
 		echo "== bench/$$script.py"; $(BIN)/python bench/$$script.py || exit 1; done
 
 clean:

@@ -1,0 +1,171 @@
+"""Where each runtime spends a model's time: Ferry's per-node profile beside onnxruntime's, by op;
+and what each of Ferry's math forms (engine.ops.fastmath) costs in the whole model here.
+
+    .venv/bin/python bench/engine_breakdown.py [--models vit_tiny,bert_encoder] [--runs 20]
+
+For each benchmark model (bench/models.py) this converts the ONNX file to a Ferry package,
+then, at one thread, sums ``Session.profile`` times per (op, kernel) for Ferry and
+onnxruntime's own profiler (``enable_profiling``) per op type, over the same number of runs
+of the same feeds, and prints the two lists side by side with their totals.  The op names
+differ (Ferry's FusedMatMul is a GEMM, its bias and activation; onnxruntime fuses its own
+way), so read it as "where the time goes", not as a per-row ratio.
+
+Then it times the whole model with each combination of fastmath forms forced (base-2 exponential
+as np.exp2 or exp(x ln 2); GELU as the np.exp2 or np.exp polynomial or the table), interleaved in
+rotating order in one process, so machine noise hits every form alike: the A/B behind
+fastmath's per-process choice, measured where it matters.
+
+It prints figures; it is not a test and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+
+import models  # noqa: E402  (bench/ is not a package)
+
+from engine import Session  # noqa: E402
+from engine.ops import fastmath  # noqa: E402
+
+TOP = 10  # rows per runtime
+
+
+def ferry_breakdown(package: Path, feeds: dict, runs: int) -> dict[str, float]:
+    """Median ms per run of each (op, kernel), summed over the nodes that ran it."""
+    session = Session(package, threads=1)
+    for _ in range(3):  # record, plan, search: the profile shows what later runs do
+        session.run(feeds)
+    profiles = [session.profile(feeds) for _ in range(runs)]
+    totals: dict[str, float] = collections.defaultdict(float)
+    for position, timing in enumerate(profiles[0]):
+        seconds = float(np.median([profile[position].seconds for profile in profiles]))
+        totals[f"{timing.op} ({timing.kernel.rsplit('.', 1)[-1]})"] += seconds * 1e3
+    return totals
+
+
+def ort_breakdown(onnx_path: Path, feeds: dict, runs: int) -> dict[str, float]:
+    """Mean ms per run of each op type, from onnxruntime's profiler (kernel time only), over
+    the last ``runs`` of ``runs + 3`` runs."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory(prefix="ferry-breakdown-") as tmp:
+        options.profile_file_prefix = str(Path(tmp) / "ort")
+        session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        for _ in range(3 + runs):
+            session.run(None, feeds)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    windows = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run"][-runs:]
+    totals: dict[str, float] = collections.defaultdict(float)
+    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    for event in kernels:
+        if any(start <= event["ts"] <= stop for start, stop in windows):
+            totals[event["args"]["op_name"]] += event["dur"] / 1e3 / runs
+    return totals
+
+
+def print_side_by_side(name: str, ferry: dict[str, float], ort: dict[str, float]) -> None:
+    left = sorted(ferry.items(), key=lambda item: -item[1])[:TOP]
+    right = sorted(ort.items(), key=lambda item: -item[1])[:TOP]
+    print(f"\n{name}: Ferry {sum(ferry.values()):.2f} ms, onnxruntime {sum(ort.values()):.2f} ms (1 thread)")
+    print(f"{'Ferry op (kernel)':<44}{'ms':>8}    {'onnxruntime op':<28}{'ms':>8}")
+    for row in range(max(len(left), len(right))):
+        f_name, f_ms = left[row] if row < len(left) else ("", None)
+        o_name, o_ms = right[row] if row < len(right) else ("", None)
+        f_cell = f"{f_ms:8.2f}" if f_ms is not None else " " * 8
+        o_cell = f"{o_ms:8.2f}" if o_ms is not None else ""
+        print(f"{f_name[:43]:<44}{f_cell}    {o_name[:27]:<28}{o_cell}")
+
+
+# (exp2 via np.exp, GELU by table, GELU polynomial via np.exp) per label; the first is what the
+# engine used before fastmath measured anything.
+FORMS = {
+    "exp2, poly exp2": (False, False),
+    "exp, poly exp": (True, False),
+    "exp, table": (True, True),
+}
+
+
+def forms_ab(package: Path, feeds: dict, runs: int) -> dict[str, list[float]]:
+    """Whole-model seconds per run with each set of FORMS forced (fastmath's measured choices
+    replaced for the duration: bench code, patching the module's private choice functions)."""
+    session = Session(package, threads=1)
+    for _ in range(3):
+        session.run(feeds)
+    chosen = (fastmath._natural_exp_faster, fastmath._table_gelu_faster)
+    times: dict[str, list[float]] = {label: [] for label in FORMS}
+    labels = list(FORMS)
+    try:
+        for run in range(runs):
+            for label in labels[run % len(labels) :] + labels[: run % len(labels)]:
+                natural, table = FORMS[label]
+                fastmath._natural_exp_faster = lambda natural=natural: natural
+                fastmath._table_gelu_faster = lambda table=table: table
+                start = time.perf_counter()
+                session.run(feeds)
+                times[label].append(time.perf_counter() - start)
+    finally:
+        fastmath._natural_exp_faster, fastmath._table_gelu_faster = chosen
+    return times
+
+
+def print_forms(name: str, times: dict[str, list[float]]) -> None:
+    base = statistics.median(times[next(iter(FORMS))])
+    cells = [
+        f"{label}: {statistics.median(t) * 1e3:.2f} ms ({statistics.median(t) / base:.3f})"
+        for label, t in times.items()
+    ]
+    print(f"{name}, whole model by math form (median, vs the first): " + "; ".join(cells))
+
+
+def _engine_bench():
+    """bench/engine.py's feeds and conversion (imported by path: as ``engine`` it would shadow
+    the engine package)."""
+    spec = importlib.util.spec_from_file_location("engine_bench", BENCH / "engine.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being defined
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default="vit_tiny,bert_encoder")
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    helpers = _engine_bench()
+    forms = []
+    with tempfile.TemporaryDirectory(prefix="ferry-breakdown-") as tmp:
+        for name in args.models.split(","):
+            onnx_path = models.ALL[name]()
+            feeds = helpers.feeds_for(onnx_path)
+            package = helpers.convert_package(onnx_path, Path(tmp))
+            print_side_by_side(
+                name, ferry_breakdown(package, feeds, args.runs), ort_breakdown(onnx_path, feeds, args.runs)
+            )
+            forms.append((name, forms_ab(package, feeds, 2 * args.runs)))
+        print()
+        for name, times in forms:
+            print_forms(name, times)
+    print(f"\nFerry's math forms here (measured once per process): {fastmath.chosen_forms()}")
+
+
+if __name__ == "__main__":
+    main()
