@@ -2,8 +2,8 @@
 
 numpy's float32 transcendentals take different SIMD paths per CPU: on an AVX-512 machine
 ``np.exp2`` took half the time of ``np.exp``; on an AVX2-only one (numpy's X86_V3) 1.5x as
-long, and both cost 12-20 simple passes over the data.  So the forms below are measured
-against each other once per process, on a sample the size of a transformer activation, and
+long, each there as slow as 12-20 simple passes over the data (they run scalar).  So the
+forms below are measured against each other once per process, on a cache-sized sample, and
 the faster is kept (``functools.cache``): a machine-level choice, like the kernel search's
 per-node one.  Every form is accurate to a few float32 ulps, so the choice never changes a
 result by more than float rounding.
@@ -97,7 +97,7 @@ def gelu_polynomial_into(x: np.ndarray, out: np.ndarray, natural: bool = False) 
 _STEPS_PER_UNIT = 1024
 _TABLE_HALF_WIDTH = 6
 _CENTRE = _STEPS_PER_UNIT * _TABLE_HALF_WIDTH  # the node of x = 0
-# Adding 1.5 * 2^23 rounds a float32 in [-2^22, 2^22] to an integer held in the low mantissa
+# Adding 1.5 * 2^23 (+ the centre) rounds a float32 step count to an integer held in the low mantissa
 # bits (float32 spacing is 1 there): those bits are the table index, read without a float to
 # int conversion pass.  Masking keeps any input (NaN too) inside the padded table.
 _ROUNDER = np.float32(1.5 * 2**23 + _CENTRE)
@@ -116,7 +116,8 @@ def _phi_table() -> tuple[np.ndarray, np.ndarray]:
 
 
 def gelu_table_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """float32 GELU as x * Phi(x), Phi from the table above: 11 passes, two of them gathers."""
+    """GELU of a float32 array as x * Phi(x), Phi from the table above: 11 passes, two of them
+    gathers (``gelu_into`` sends only float32 here: the index trick reads float32 bits)."""
     values, slopes = _phi_table()
     steps = np.clip(x, np.float32(-_TABLE_HALF_WIDTH), np.float32(_TABLE_HALF_WIDTH))
     steps *= np.float32(_STEPS_PER_UNIT)
