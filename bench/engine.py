@@ -101,26 +101,40 @@ def child(runtime: str, path: str, feeds_path: str, threads: int) -> None:
 
     The feeds come from an .npz file: building them from the ONNX file would load its weights
     into this process and count them in its RSS."""
+    stages = {"rss_python": _rss_mb()}  # interpreter, numpy and this script
     with np.load(feeds_path) as data:
         feeds = {name: data[name] for name in data.files}
+    stages["rss_feeds"] = _rss_mb()
     start = time.perf_counter()
     if runtime == "ferry":
         from engine import Session
 
+        stages["rss_import"] = _rss_mb()
         session = Session(path, threads=threads)
         run = lambda: session.run(feeds)  # noqa: E731
     else:
         import onnxruntime as ort
 
+        stages["rss_import"] = _rss_mb()
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         run = lambda: session.run(None, feeds)  # noqa: E731
+    stages["rss_session"] = _rss_mb()
+    file_before = _rss_mb("RssFile")
     run()
     load = time.perf_counter() - start
     for _ in range(3):
         run()
-    print(json.dumps({"load_s": load, "peak_rss_mb": _peak_rss_mb()}))
+    stages["rss_runs_file"] = _rss_mb("RssFile") - file_before  # file pages the runs read: weights
+    print(json.dumps({"load_s": load, "peak_rss_mb": _peak_rss_mb(), **stages}))
+
+
+def _rss_mb(field: str = "VmRSS") -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def _peak_rss_mb() -> float:
@@ -296,6 +310,7 @@ def bench_model(name: str, out_dir: Path, rounds: int, ref_rounds: int) -> list[
                 "ort_gflops": gflop / (ort1.median_ms() / 1e3),
                 "load": (fresh["load_s"] * 1e3, ort_fresh["load_s"] * 1e3),
                 "rss": (fresh["peak_rss_mb"], ort_fresh["peak_rss_mb"]),
+                "rss_stages": {k: v for k, v in fresh.items() if k.startswith("rss_")},
                 "rel_diff": diff,
             }
         )
@@ -339,7 +354,21 @@ def variant_notes(rows: list[dict]) -> list[str]:
             f"{r['model']} {r['variant']}: {r['ferry1'][0] / r['ort1'][0]:.2f}x onnxruntime fp32 time, "
             f"peak RSS {r['rss'][0]:.0f} MB = {100 * r['rss'][0] / base['rss'][0]:.0f}% of Ferry fp32's"
         )
+        notes.extend(f"  {label}: {_rss_growth(row)}" for label, row in (("fp32", base), (r["variant"], r)))
     return notes
+
+
+def _rss_growth(row: dict) -> str:
+    """Where a fresh process's peak RSS came from (MB): what is there before the engine, what
+    importing and loading it add, and the rest of the peak, which the runs add."""
+    st = row["rss_stages"]
+    return (
+        f"interpreter+numpy {st['rss_python']:.0f}, feeds +{st['rss_feeds'] - st['rss_python']:.0f}, "
+        f"engine import +{st['rss_import'] - st['rss_feeds']:.0f}, "
+        f"session +{st['rss_session'] - st['rss_import']:.0f}, "
+        f"runs +{row['rss'][0] - st['rss_session']:.0f} (of which weight pages read "
+        f"{st['rss_runs_file']:.0f}) = peak {row['rss'][0]:.0f}"
+    )
 
 
 def _blas() -> str:

@@ -92,8 +92,8 @@ def print_side_by_side(name: str, ferry: dict[str, float], ort: dict[str, float]
         print(f"{f_name[:43]:<44}{f_cell}    {o_name[:27]:<28}{o_cell}")
 
 
-# (exp2 via np.exp, GELU by table, GELU polynomial via np.exp) per label; the first is what the
-# engine used before fastmath measured anything.
+# (exp2 via np.exp, GELU by table) per label; the first is what the engine used before fastmath
+# measured anything.
 FORMS = {
     "exp2, poly exp2": (False, False),
     "exp, poly exp": (True, False),
@@ -101,36 +101,94 @@ FORMS = {
 }
 
 
-def forms_ab(package: Path, feeds: dict, runs: int) -> dict[str, list[float]]:
-    """Whole-model seconds per run with each set of FORMS forced (fastmath's measured choices
-    replaced for the duration: bench code, patching the module's private choice functions)."""
+def forms_ab(package: Path, feeds: dict, runs: int) -> dict[str, dict[str, list[float]]]:
+    """Per FORMS label, the whole model's seconds per run and each GELU call's seconds inside
+    those runs (fastmath's measured choices replaced for the duration, and the fused GELU
+    timed where the kernels call it: bench code, patching module attributes).  A GELU call's
+    time is far steadier than the whole model's on a noisy machine."""
+    from engine.ops import fused  # noqa: PLC0415
+
     session = Session(package, threads=1)
     for _ in range(3):
         session.run(feeds)
-    chosen = (fastmath._natural_exp_faster, fastmath._table_gelu_faster)
-    times: dict[str, list[float]] = {label: [] for label in FORMS}
+    saved = (fastmath._natural_exp_faster, fastmath._table_gelu_faster, fused.gelu_into)
+    times = {label: {"model": [], "gelu": []} for label in FORMS}
     labels = list(FORMS)
+    current = [labels[0]]  # the label being timed, for timed_gelu
+
+    def timed_gelu(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
+        result = saved[2](x, out)
+        times[current[0]]["gelu"].append(time.perf_counter() - start)
+        return result
+
+    fused.gelu_into = timed_gelu
     try:
         for run in range(runs):
             for label in labels[run % len(labels) :] + labels[: run % len(labels)]:
                 natural, table = FORMS[label]
                 fastmath._natural_exp_faster = lambda natural=natural: natural
                 fastmath._table_gelu_faster = lambda table=table: table
+                current[0] = label
                 start = time.perf_counter()
                 session.run(feeds)
-                times[label].append(time.perf_counter() - start)
+                times[label]["model"].append(time.perf_counter() - start)
     finally:
-        fastmath._natural_exp_faster, fastmath._table_gelu_faster = chosen
+        fastmath._natural_exp_faster, fastmath._table_gelu_faster, fused.gelu_into = saved
     return times
 
 
-def print_forms(name: str, times: dict[str, list[float]]) -> None:
-    base = statistics.median(times[next(iter(FORMS))])
-    cells = [
-        f"{label}: {statistics.median(t) * 1e3:.2f} ms ({statistics.median(t) / base:.3f})"
-        for label, t in times.items()
-    ]
-    print(f"{name}, whole model by math form (median, vs the first): " + "; ".join(cells))
+def print_forms(name: str, times: dict[str, dict[str, list[float]]]) -> None:
+    first = times[next(iter(FORMS))]
+    parts = (
+        ("model", "whole model", "{:.2f} ms", 1e3),
+        ("gelu", "each GELU call in the model", "{:.0f} us", 1e6),
+    )
+    for part, what, unit, scale in parts:
+        if not first[part]:
+            continue
+        base = statistics.median(first[part])
+        medians = {label: statistics.median(t[part]) for label, t in times.items()}
+        cells = [f"{label}: {unit.format(m * scale)} ({m / base:.3f})" for label, m in medians.items()]
+        print(f"{name}, {what} by math form (median, vs the first): " + "; ".join(cells))
+
+
+def math_costs() -> dict[str, float]:
+    """ns per element of numpy's float32 exponentials and of each GELU form, best of 20 calls on
+    fastmath's own cache-sized sample (after the engine's allocator setting, as in a run)."""
+    from engine.allocator import tune_malloc  # noqa: PLC0415
+
+    tune_malloc()
+    x = fastmath._sample()
+    out = np.empty_like(x)
+    forms = {
+        "np.exp": lambda: np.exp(x, out=out),
+        "np.exp2": lambda: np.exp2(x, out=out),
+        "np.multiply (one simple pass)": lambda: np.multiply(x, x, out=out),
+        "GELU table": lambda: fastmath.gelu_table_into(x, out),
+        "GELU polynomial, exp": lambda: fastmath.gelu_polynomial_into(x, out, natural=True),
+        "GELU polynomial, exp2": lambda: fastmath.gelu_polynomial_into(x, out, natural=False),
+    }
+    costs = {}
+    for name, form in forms.items():
+        form()
+        best = min(_seconds(form) for _ in range(20))
+        costs[name] = best / x.size * 1e9
+    return costs
+
+
+def _seconds(form) -> float:
+    start = time.perf_counter()
+    form()
+    return time.perf_counter() - start
+
+
+def _uses_math_forms(package: Path) -> bool:
+    """Whether any node runs a GELU or an attention softmax (else the A/B would time noise)."""
+    from engine.format import read_package  # noqa: PLC0415
+
+    nodes = read_package(package).graph["nodes"]
+    return any(n["op"] in ("Gelu", "FusedAttention") or n["attrs"].get("activation") == "Gelu" for n in nodes)
 
 
 def _engine_bench():
@@ -160,11 +218,14 @@ def main() -> None:
             print_side_by_side(
                 name, ferry_breakdown(package, feeds, args.runs), ort_breakdown(onnx_path, feeds, args.runs)
             )
-            forms.append((name, forms_ab(package, feeds, 2 * args.runs)))
+            if _uses_math_forms(package):
+                forms.append((name, forms_ab(package, feeds, 2 * args.runs)))
         print()
         for name, times in forms:
             print_forms(name, times)
     print(f"\nFerry's math forms here (measured once per process): {fastmath.chosen_forms()}")
+    costs = ", ".join(f"{name} {ns:.2f}" for name, ns in math_costs().items())
+    print(f"ns per float32 element ({fastmath.SAMPLE} elements, best of 20): {costs}")
 
 
 if __name__ == "__main__":
