@@ -10,10 +10,11 @@ of the same feeds, and prints the two lists side by side with their totals.  The
 differ (Ferry's FusedMatMul is a GEMM, its bias and activation; onnxruntime fuses its own
 way), so read it as "where the time goes", not as a per-row ratio.
 
-Then it times the whole model with each combination of fastmath forms forced (base-2 exponential
-as np.exp2 or exp(x ln 2); GELU as the np.exp2 or np.exp polynomial or the table), interleaved in
-rotating order in one process, so machine noise hits every form alike: the A/B behind
-fastmath's per-process choice, measured where it matters.
+Then it times the model with fastmath's forms forced in turn (np.exp2 with the np.exp2 GELU
+polynomial, as before fastmath measured anything; exp(x ln 2) with the np.exp polynomial;
+exp(x ln 2) with the table GELU), interleaved in rotating order in one process so machine noise
+hits every form alike: the whole model, and each GELU call inside it (far steadier on a noisy
+machine).  Last, the ns per element of numpy's exponentials and of each GELU form.
 
 It prints figures; it is not a test and asserts nothing.
 """

@@ -13,6 +13,7 @@ import numpy as np
 
 from converter.errors import SelfTestError
 from engine import EngineError, Session
+from engine.ops.fastmath import fixed_forms
 
 SEED = 20240601
 ATOL, RTOL = 1e-4, 1e-3
@@ -35,9 +36,12 @@ def make_inputs(specs: list[dict[str, Any]], seed: int = SEED) -> dict[str, np.n
 
 
 def run(package: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run a written package single-threaded (so the stored outputs do not depend on the core count)."""
+    """Run a written package single-threaded and with the engine's fixed math forms, so the
+    stored outputs (and so the package's bytes) depend neither on the core count nor on which
+    form this process measured fastest (engine.ops.fastmath)."""
     try:
-        return Session(package, threads=1).run(feeds)
+        with fixed_forms():
+            return Session(package, threads=1).run(feeds)
     except EngineError as exc:
         raise SelfTestError(f"the engine cannot run the converted model: {exc}") from exc
 

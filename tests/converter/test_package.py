@@ -15,6 +15,8 @@ from converter.samples import build_image_classifier
 from engine import Session
 from engine.format import read_package
 from tests.converter import models
+from tests.converter.test_optimize import transformer_block
+from tests.engine.helpers import forced_forms
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +32,28 @@ def test_same_model_gives_identical_bytes(onnx_file, tmp_path, quantize):
     convert(onnx_file, first, quantize=quantize)
     convert(onnx_file, second, quantize=quantize)
     assert first.read_bytes() == second.read_bytes()
+
+
+def test_bytes_do_not_depend_on_the_math_forms_this_process_measured(tmp_path):
+    """The self-test outputs in a package come from the engine's fixed forms, whichever GELU and
+    exponential this process measured fastest (engine.ops.fastmath): a re-run elsewhere must
+    give the same bytes, as the registry stores packages by digest."""
+    block = transformer_block()  # its GELU is fused into a MatMul
+    packages = []
+    for natural_exp, table_gelu in ((False, False), (True, True)):
+        with forced_forms(natural_exp, table_gelu):
+            packages.append(tmp_path / f"block-{natural_exp}.ferry")
+            convert(block, packages[-1])
+    assert packages[0].read_bytes() == packages[1].read_bytes()
+    # ...while the two forms really do differ in the last bits on this input
+    package = read_package(packages[0])
+    feeds = {"x": np.asarray(package.tensors["selftest/input/x"])}
+    with forced_forms(False, False):
+        polynomial = Session(packages[0]).run(feeds)["y"]
+    with forced_forms(True, True):
+        table = Session(packages[0]).run(feeds)["y"]
+    assert not np.array_equal(polynomial, table)
+    np.testing.assert_allclose(polynomial, table, rtol=1e-5, atol=1e-6)
 
 
 def test_metadata_and_report(onnx_file, tmp_path):
