@@ -6,8 +6,8 @@ long, each there as slow as 12-20 simple passes over the data (they run scalar).
 forms below are measured against each other once per process, at first use, on a cache-sized
 sample, and the faster is kept: a machine-level choice, like the kernel search's per-node one.
 The GELU forms agree with the erf formula to ~6e-7 absolute, and 2^x as exp(x ln 2) to ~3e-6
-relative at |x| = 64: a choice moves results by that much at most.  Where results must be the
-same in every process and on every machine (the self-test outputs the converter writes into a
+relative at |x| = 64: a choice moves results by that much at most.  Where results must not
+depend on what a process measured (the self-test outputs the converter writes into a
 package), ``fixed_forms()`` pins the forms the engine used before any were measured.
 """
 
@@ -47,8 +47,8 @@ _pinned = threading.local()  # per thread: a pinned block on one thread leaves o
 @contextlib.contextmanager
 def fixed_forms() -> Iterator[None]:
     """Within the block, on this thread, use np.exp2 and the np.exp2 GELU polynomial whatever
-    was measured: results then match to the bit across processes and machines with the same
-    numpy (for what is stored, such as a package's self-test outputs)."""
+    was measured, so results do not depend on what this process measured (for what is stored,
+    such as a package's self-test outputs; the BLAS may still round differently elsewhere)."""
     previous = getattr(_pinned, "on", False)
     _pinned.on = True
     try:
@@ -67,7 +67,7 @@ def _use_table_gelu() -> bool:
 
 # gelu(x) = x * Phi(x) = x / (1 + exp(u)) with u = -logit(Phi(x)), an odd function of x, fitted
 # as -x * P(x^2) with P of degree 6 (weighted by how much an error in u moves gelu): |error| <
-# 7e-8 in exact arithmetic, ~6e-7 (a few float32 ulps) evaluated in float32.  17 numpy passes.
+# 7e-8 in exact arithmetic, ~6e-7 absolute evaluated in float32.  17 numpy passes.
 _LOGIT_PHI = (
     1.5957684324660537,
     0.07266856622987218,

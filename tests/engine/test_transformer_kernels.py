@@ -141,6 +141,9 @@ def test_exp2_forms_match_numpy(form):
     got = fastmath._exp2_natural(x) if form == "natural" else fastmath.exp2(x)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, np.exp2(x.astype(np.float64)), rtol=1e-5)
+    for scalar in (np.float32(3.0), np.array(3.0, np.float32)):  # 0-d, with no out
+        value = fastmath._exp2_natural(scalar) if form == "natural" else fastmath.exp2(scalar)
+        assert value == pytest.approx(8.0, rel=1e-6)
 
 
 @SETTINGS
