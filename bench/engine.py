@@ -141,10 +141,7 @@ def _rss_mb(field: str = "VmRSS") -> float:
 def _peak_rss_mb() -> float:
     """VmHWM of this process: unlike getrusage's ru_maxrss it is not inherited from the parent
     across fork+exec (which would report the benchmark's own peak for every child)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return _rss_mb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 FRESH_PROCESSES = 3  # per runtime and model: the median of each figure (one process is noisy here)

@@ -104,22 +104,22 @@ FORMS = {
 
 def forms_ab(package: Path, feeds: dict, runs: int) -> dict[str, dict[str, list[float]]]:
     """Per FORMS label, the whole model's seconds per run and each GELU call's seconds inside
-    those runs (fastmath's measured choices replaced for the duration, and the fused GELU
-    timed where the kernels call it: bench code, patching module attributes).  A GELU call's
-    time is far steadier than the whole model's on a noisy machine."""
+    those runs (forms forced with fastmath.forced_forms; the fused GELU timed where the kernels
+    call it, by patching that module attribute: bench code).  A GELU call's time is far
+    steadier than the whole model's on a noisy machine."""
     from engine.ops import fused  # noqa: PLC0415
 
     session = Session(package, threads=1)
     for _ in range(3):
         session.run(feeds)
-    saved = (fastmath._natural_exp_faster, fastmath._table_gelu_faster, fused.gelu_into)
+    gelu_into = fused.gelu_into
     times = {label: {"model": [], "gelu": []} for label in FORMS}
     labels = list(FORMS)
     current = [labels[0]]  # the label being timed, for timed_gelu
 
     def timed_gelu(x: np.ndarray, out: np.ndarray) -> np.ndarray:
         start = time.perf_counter()
-        result = saved[2](x, out)
+        result = gelu_into(x, out)
         times[current[0]]["gelu"].append(time.perf_counter() - start)
         return result
 
@@ -127,15 +127,13 @@ def forms_ab(package: Path, feeds: dict, runs: int) -> dict[str, dict[str, list[
     try:
         for run in range(runs):
             for label in labels[run % len(labels) :] + labels[: run % len(labels)]:
-                natural, table = FORMS[label]
-                fastmath._natural_exp_faster = lambda natural=natural: natural
-                fastmath._table_gelu_faster = lambda table=table: table
                 current[0] = label
-                start = time.perf_counter()
-                session.run(feeds)
-                times[label]["model"].append(time.perf_counter() - start)
+                with fastmath.forced_forms(*FORMS[label]):
+                    start = time.perf_counter()
+                    session.run(feeds)
+                    times[label]["model"].append(time.perf_counter() - start)
     finally:
-        fastmath._natural_exp_faster, fastmath._table_gelu_faster, fused.gelu_into = saved
+        fused.gelu_into = gelu_into
     return times
 
 

@@ -45,24 +45,33 @@ _pinned = threading.local()  # per thread: a pinned block on one thread leaves o
 
 
 @contextlib.contextmanager
-def fixed_forms() -> Iterator[None]:
-    """Within the block, on this thread, use np.exp2 and the np.exp2 GELU polynomial whatever
-    was measured, so results do not depend on what this process measured (for what is stored,
-    such as a package's self-test outputs; the BLAS may still round differently elsewhere)."""
-    previous = getattr(_pinned, "on", False)
-    _pinned.on = True
+def forced_forms(natural_exp: bool, table_gelu: bool) -> Iterator[None]:
+    """Within the block, on this thread, use these forms whatever was measured: 2^x as
+    exp(x ln 2) or np.exp2, and float32 GELU by table or by polynomial (with that exponential).
+    For comparing forms on one machine (bench/engine_breakdown.py, tests)."""
+    previous = getattr(_pinned, "forms", None)
+    _pinned.forms = (natural_exp, table_gelu)
     try:
         yield
     finally:
-        _pinned.on = previous
+        _pinned.forms = previous
+
+
+def fixed_forms() -> contextlib.AbstractContextManager[None]:
+    """Within the block, on this thread, use np.exp2 and the np.exp2 GELU polynomial whatever
+    was measured, so results do not depend on what this process measured (for what is stored,
+    such as a package's self-test outputs; the BLAS may still round differently elsewhere)."""
+    return forced_forms(natural_exp=False, table_gelu=False)
 
 
 def _use_natural_exp() -> bool:
-    return not getattr(_pinned, "on", False) and _natural_exp_faster()
+    forms = getattr(_pinned, "forms", None)
+    return forms[0] if forms is not None else _natural_exp_faster()
 
 
 def _use_table_gelu() -> bool:
-    return not getattr(_pinned, "on", False) and _table_gelu_faster()
+    forms = getattr(_pinned, "forms", None)
+    return forms[1] if forms is not None else _table_gelu_faster()
 
 
 # gelu(x) = x * Phi(x) = x / (1 + exp(u)) with u = -logit(Phi(x)), an odd function of x, fitted

@@ -14,9 +14,9 @@ from converter import __version__, convert
 from converter.samples import build_image_classifier
 from engine import Session
 from engine.format import read_package
+from engine.ops.fastmath import forced_forms
 from tests.converter import models
 from tests.converter.test_optimize import transformer_block
-from tests.engine.helpers import forced_forms
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +13,6 @@ from onnx.reference import ReferenceEvaluator
 from converter.translate import node_dict
 from engine import Session
 from engine.format import write_package
-from engine.ops import fastmath
 from engine.search import with_packed
 
 
@@ -163,16 +160,3 @@ def assert_candidates_match(
         got = kernel(with_packed(kernel, inputs, attrs), attrs)[0]
         assert got.shape == want.shape, kernel.__name__
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol, err_msg=kernel.__name__)
-
-
-@contextlib.contextmanager
-def forced_forms(natural_exp: bool, table_gelu: bool) -> Iterator[None]:
-    """engine.ops.fastmath's measured choices replaced for the block, so a test exercises the
-    forms another machine would pick (exp2 as exp(x ln 2) or np.exp2; GELU by table or not)."""
-    saved = fastmath._natural_exp_faster, fastmath._table_gelu_faster
-    fastmath._natural_exp_faster = lambda: natural_exp
-    fastmath._table_gelu_faster = lambda: table_gelu
-    try:
-        yield
-    finally:
-        fastmath._natural_exp_faster, fastmath._table_gelu_faster = saved
