@@ -11,6 +11,10 @@ import numpy as np
 from engine.ops.common import normalize_axis
 from engine.ops.registry import check, prepare, register
 
+# ONNX float attributes are float32, so the spec's default epsilon 1e-5 is this value (what
+# onnxruntime and the reference use); the double 1e-5 differs in float64 models' results.
+DEFAULT_EPSILON = float(np.float32(1e-5))
+
 
 @check("BatchNormalization")
 def check_batch_norm(attrs: dict[str, Any], n_inputs: int, n_outputs: int) -> str | None:
@@ -24,7 +28,7 @@ def batch_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     x, scale, bias, mean, var = inputs[:5]
     shape = (1, -1) + (1,) * (x.ndim - 2)
     t = x.dtype.type
-    factor = (scale / np.sqrt(var + t(attrs.get("epsilon", 1e-5)))).astype(x.dtype)
+    factor = (scale / np.sqrt(var + t(attrs.get("epsilon", DEFAULT_EPSILON)))).astype(x.dtype)
     shift = (bias - mean * factor).astype(x.dtype)
     return [x * factor.reshape(shape) + shift.reshape(shape)]
 
@@ -36,7 +40,7 @@ def instance_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any
     shape = (1, -1) + (1,) * (x.ndim - 2)
     mean = x.mean(axis=axes, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-    y = (x - mean) / np.sqrt(var + x.dtype.type(attrs.get("epsilon", 1e-5)))
+    y = (x - mean) / np.sqrt(var + x.dtype.type(attrs.get("epsilon", DEFAULT_EPSILON)))
     return [y * scale.reshape(shape) + bias.reshape(shape)]
 
 
@@ -54,7 +58,7 @@ def layer_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     bias = inputs[2] if len(inputs) > 2 else None
     axis = normalize_axis(int(attrs.get("axis", -1)), x.ndim)
     if _last_axis_fast(x, scale, bias, axis):
-        epsilon = attrs.get("epsilon", 1e-5)
+        epsilon = attrs.get("epsilon", DEFAULT_EPSILON)
         if x.size == x.shape[-1]:
             return _layer_norm_row(x, scale, bias, float(epsilon), bool(attrs.get("stats", 1)))
         return _layer_norm_rows(x, scale, bias, x.dtype.type(epsilon))
@@ -63,7 +67,7 @@ def layer_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     mean = wide.mean(axis=axes, keepdims=True)
     y = wide - mean  # the one full-size temporary: everything after works in place on it
     var = np.square(y).mean(axis=axes, keepdims=True)
-    var += wide.dtype.type(attrs.get("epsilon", 1e-5))
+    var += wide.dtype.type(attrs.get("epsilon", DEFAULT_EPSILON))
     inv_std = np.reciprocal(np.sqrt(var, out=var), out=var)
     y *= inv_std
     if y.dtype == x.dtype:

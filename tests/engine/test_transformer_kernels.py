@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -208,6 +208,9 @@ def test_layer_norm_matches_reference(seed, shape, with_bias, axis, dtype, offse
     st.sampled_from([None, 0.0, 2.0]),
     st.sampled_from([np.float32, np.float64]),
 )
+# a near-constant row in float64: the default epsilon must be ONNX's float32 1e-5, as the
+# reference's (the double 1e-5 gave 2.5e-7 relative here)
+@example(seed=2, shape=(5, 7, 9, 2), scale_value=3.0, bias_value=2.0, dtype=np.float64)
 def test_layer_norm_with_uniform_scale_and_bias_packed(seed, shape, scale_value, bias_value, dtype):
     """A scale or bias holding one value is packed as a stride-0 vector and applied as a scalar."""
     x = _array(seed, shape, 3.0, dtype) + dtype(0.5)
