@@ -83,9 +83,15 @@ def kernel_for(op: str, opset: int) -> Kernel | None:
 
 
 def kernel_name(fn: Kernel) -> str:
-    """A short stable name for profiles: ``<module>.<function>``."""
+    """A short stable name for profiles and the search's cache: ``<family>.<function>``, the
+    family being the op module (``engine.ops.conv.winograd`` counts as ``conv``: a family
+    split into files by algorithm keeps the names cached choices were saved under)."""
     module = getattr(fn, "__module__", "") or ""
-    return f"{module.rsplit('.', 1)[-1]}.{getattr(fn, '__name__', type(fn).__name__)}"
+    prefix = "engine.ops."
+    family = (
+        module[len(prefix) :].split(".", 1)[0] if module.startswith(prefix) else module.rsplit(".", 1)[-1]
+    )
+    return f"{family}.{getattr(fn, '__name__', type(fn).__name__)}"
 
 
 Prepare = Callable[[dict[str, Any], int, int], dict[str, Any]]

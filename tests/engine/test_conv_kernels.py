@@ -448,7 +448,9 @@ def test_strided_im2col_kernels_split_a_large_batch(monkeypatch):
     b = rng.standard_normal(4).astype(np.float32)
     attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1]}
     want = conv.conv_im2col([x, w, b], attrs)[0]
-    monkeypatch.setattr(conv, "COLUMN_BUDGET_BYTES", 4096)  # two images per slice at most
+    # the kernels (engine.ops.conv.im2col) and the slicing (conv.common) each read the budget
+    for module in (conv.im2col, conv.common):
+        monkeypatch.setattr(module, "COLUMN_BUDGET_BYTES", 4096)  # two images per slice at most
     sliced = []
     original = conv._in_batches
 
@@ -456,7 +458,7 @@ def test_strided_im2col_kernels_split_a_large_batch(monkeypatch):
         sliced.append(kernel)
         return original(kernel, inputs, attrs, per_image)
 
-    monkeypatch.setattr(conv, "_in_batches", counting)
+    monkeypatch.setattr(conv.im2col, "_in_batches", counting)
     for kernel in (conv.conv_im2col_phased, conv.conv_im2col_hwc):
         np.testing.assert_allclose(kernel([x, w, b], attrs)[0], want, rtol=1e-5, atol=1e-5)
         assert kernel in sliced
