@@ -12,4 +12,5 @@ from .broker import *  # noqa: F403
 from .database import *  # noqa: F403
 from .ferry import *  # noqa: F403
 from .logs import *  # noqa: F403
+from .security import *  # noqa: F403
 from .storage import *  # noqa: F403

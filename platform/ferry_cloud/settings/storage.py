@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from .base import DATA_DIR
+from .security import PRODUCTION
 
 # --- Storage: local files by default, S3 (boto3 via django-storages) when configured --------
 MEDIA_ROOT = DATA_DIR / "media"
@@ -21,7 +23,19 @@ if os.environ.get("FERRY_S3_BUCKET"):
     }
 else:
     _default_storage = {"BACKEND": "django.core.files.storage.FileSystemStorage"}
+
+# --- Static files: collected into STATIC_ROOT (at image build) and served by whitenoise --------
+STATIC_ROOT = Path(os.environ.get("FERRY_STATIC_ROOT", DATA_DIR / "static"))
+if PRODUCTION:
+    # Content-hashed names (cached forever by browsers) and pre-compressed copies; needs
+    # `collectstatic` to have run, since a name missing from the manifest is an error.
+    _static_storage = "whitenoise.storage.CompressedManifestStaticFilesStorage"
+else:
+    # The demo and the tests never run collectstatic: plain names, and whitenoise serves the
+    # apps' own static folders through the finders.
+    _static_storage = "django.contrib.staticfiles.storage.StaticFilesStorage"
+WHITENOISE_USE_FINDERS = not PRODUCTION
 STORAGES = {
     "default": _default_storage,
-    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "staticfiles": {"BACKEND": _static_storage},
 }
