@@ -13,6 +13,9 @@ from registry.api import ModelDetailApi, ModelListCreateApi, VersionCreateApi, V
 from releases.api import ReleaseActionApi, ReleaseDetailApi, ReleaseGateApi, ReleaseListCreateApi
 from telemetry.api import FleetSummaryApi
 
+from ferry_cloud.observability.health import healthz, readyz
+from ferry_cloud.observability.metrics import metrics_view
+
 api = [
     path("models/", ModelListCreateApi.as_view(), name="models"),
     path("models/<int:model_id>/", ModelDetailApi.as_view(), name="model"),
@@ -33,6 +36,9 @@ api = [
 ]
 
 urlpatterns = [
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
     path("api/v1/", include((api, "api"))),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

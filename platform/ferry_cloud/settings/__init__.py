@@ -12,5 +12,6 @@ from .broker import *  # noqa: F403
 from .database import *  # noqa: F403
 from .ferry import *  # noqa: F403
 from .logs import *  # noqa: F403
+from .observability import *  # noqa: F403
 from .security import *  # noqa: F403
 from .storage import *  # noqa: F403
