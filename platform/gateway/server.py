@@ -7,9 +7,12 @@ from concurrent import futures
 
 import grpc
 from django.db import close_old_connections
+from grpc_health.v1 import health_pb2_grpc
 
 from deploy.proto import agent_pb2_grpc
+from gateway.health import GatewayHealth
 from gateway.hints import HintHub
+from gateway.interceptors import ObservabilityInterceptor
 from gateway.servicer import AgentGatewayServicer
 
 
@@ -56,8 +59,13 @@ def _streaming(behaviour: Callable) -> Callable:
     return wrapped
 
 
-def build_server(address: str, *, workers: int = 16, hub: HintHub | None = None) -> tuple[grpc.Server, int]:
+def build_server(
+    address: str, *, workers: int = 16, hub: HintHub | None = None, health: GatewayHealth | None = None
+) -> tuple[grpc.Server, int]:
     """A server bound to address ("host:port"; port 0 picks a free one); returns it and its port.
+
+    It also answers grpc.health.v1 from ``health`` (NOT_SERVING until that checks the
+    database: `manage.py gateway` starts its checks), and every call is counted and logged.
 
     Each open WatchHints stream holds a worker thread, so the pool has room for the hub's
     watchers on top of ``workers`` for unary calls; past that, agents are told to poll.
@@ -65,9 +73,11 @@ def build_server(address: str, *, workers: int = 16, hub: HintHub | None = None)
     hub = hub or HintHub.from_settings()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers + hub.max_watchers),
-        interceptors=[ReleaseDatabaseConnections()],
+        # outermost first: the metrics and the log line cover the connection release too
+        interceptors=[ObservabilityInterceptor(), ReleaseDatabaseConnections()],
     )
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayServicer(hub), server)
+    health_pb2_grpc.add_HealthServicer_to_server((health or GatewayHealth()).servicer, server)
     port = server.add_insecure_port(address)
     if port == 0:
         raise RuntimeError(f"cannot listen on {address}")

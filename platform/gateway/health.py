@@ -1,0 +1,71 @@
+"""grpc.health.v1 for the gateway: SERVING while it can reach its migrated database.
+
+A thread re-checks every few seconds (faster while failing), on a fresh short-timeout
+connection (the same check as the web's /readyz), so an orchestrator's probe sees a database
+outage and the recovery.  Until the first successful check everything is NOT_SERVING.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import structlog
+from ferry_cloud.observability.health import check_database
+from grpc_health.v1 import health, health_pb2
+
+from deploy.proto import agent_pb2
+
+log = structlog.get_logger("ferry.gateway.health")
+GATEWAY_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentGateway"].full_name
+SERVICES = ("", GATEWAY_SERVICE)  # "" is the server as a whole
+
+
+class GatewayHealth:
+    def __init__(self, *, interval: float = 5.0, timeout: float = 2.0) -> None:
+        self.interval = interval
+        self.timeout = timeout
+        # blocking Watch: the non-blocking form does not survive the server's interceptors
+        self.servicer = health.HealthServicer(experimental_non_blocking=False)
+        self.serving: bool | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._set(False)
+
+    def _set(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in SERVICES:
+            self.servicer.set(service, status)
+
+    def check_once(self) -> bool:
+        try:
+            check_database(self.timeout)
+            serving = True
+        except Exception as exc:  # any failure: not serving, and say why once per change
+            serving = False
+            if self.serving is not False:
+                log.warning("gateway not serving: database check failed", error=str(exc)[:300])
+        if serving and self.serving is not True:
+            log.info("gateway serving: database reachable")
+        if serving != self.serving:
+            self._set(serving)
+            self.serving = serving
+        return serving
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gateway-health", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            wait = self.interval if self.check_once() else min(1.0, self.interval)
+            if self._stop.wait(wait):
+                return
+
+    def stop(self) -> None:
+        """Shutting down: NOT_SERVING from now on, so balancers stop sending calls."""
+        self._stop.set()
+        self.servicer.enter_graceful_shutdown()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout + 1)

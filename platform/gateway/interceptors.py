@@ -1,0 +1,169 @@
+"""Metrics and one structured log line per RPC, as a server interceptor.
+
+Every call gets a request id (an x-request-id metadata value if well formed) and, when the
+caller presents a device credential, the device id it claims, bound to the log context so
+the servicer's own lines carry them too.  The credential's secret part is never read here
+beyond splitting it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import structlog
+from ferry_cloud.observability.context import request_id_from
+
+from gateway import metrics
+
+log = structlog.get_logger("ferry.rpc")
+WATCH_HINTS = "WatchHints"
+# Health probes arrive every few seconds: their lines are debug.
+QUIET_SERVICES = ("grpc.health.v1.Health",)
+
+
+class ObservabilityInterceptor(grpc.ServerInterceptor):
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        call = _Call.start(handler_call_details)
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                call.wrap_unary(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                call.wrap_stream(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler  # no client-streaming methods in the contract
+
+
+class _Call:
+    """What the interceptor knows about one call before it runs."""
+
+    def __init__(self, service: str, method: str, metadata: dict[str, str]) -> None:
+        self.service = service
+        self.method = method
+        self.request_id = request_id_from(metadata.get("x-request-id"))
+        self.device_id = _claimed_device_id(metadata.get("authorization", ""))
+
+    @classmethod
+    def start(cls, details: grpc.HandlerCallDetails) -> _Call:
+        service, _, method = details.method.lstrip("/").rpartition("/")
+        metadata = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
+        return cls(service, method, metadata)
+
+    def wrap_unary(self, behaviour: Callable) -> Callable:
+        def wrapped(request, context):
+            started = self._bind()
+            code = grpc.StatusCode.UNKNOWN
+            try:
+                response = behaviour(request, context)
+                code = _code(context, grpc.StatusCode.OK)
+                self._count_response(response, code)
+                return response
+            except Exception:
+                code = _code(context, grpc.StatusCode.UNKNOWN)
+                raise
+            finally:
+                self._finish(code, started)
+
+        return wrapped
+
+    def wrap_stream(self, behaviour: Callable) -> Callable:
+        def wrapped(request, context) -> Iterator:
+            started = self._bind()
+            code = grpc.StatusCode.UNKNOWN
+            watching = self.method == WATCH_HINTS
+            if watching:
+                metrics.HINT_STREAMS.inc()
+            try:
+                for response in behaviour(request, context):
+                    self._count_chunk(response)
+                    yield response
+                code = _code(context, grpc.StatusCode.OK)
+            except GeneratorExit:
+                code = grpc.StatusCode.CANCELLED  # the client went away mid-stream
+                raise
+            except Exception:
+                code = _code(context, grpc.StatusCode.UNKNOWN)
+                raise
+            finally:
+                if watching:
+                    metrics.HINT_STREAMS.dec()
+                self._finish(code, started)
+
+        return wrapped
+
+    def _bind(self) -> float:
+        structlog.contextvars.clear_contextvars()
+        fields: dict[str, Any] = {"request_id": self.request_id}
+        if self.device_id:
+            fields["device_id"] = self.device_id
+        structlog.contextvars.bind_contextvars(**fields)
+        return time.perf_counter()
+
+    def _count_response(self, response: Any, code: grpc.StatusCode) -> None:
+        if code != grpc.StatusCode.OK or response is None:
+            return
+        if self.method == "CheckIn":
+            metrics.CHECK_INS.labels("yes" if response.HasField("desired") else "no").inc()
+        elif self.method == "ReportTelemetry":
+            metrics.TELEMETRY_RECORDS.labels("stored").inc(len(response.stored_seqs))
+            metrics.TELEMETRY_RECORDS.labels("duplicate").inc(len(response.duplicate_seqs))
+        elif self.method == "Enrol" and response.device_id:
+            self.device_id = response.device_id
+
+    def _count_chunk(self, response: Any) -> None:
+        if self.method == "DownloadPackage":
+            metrics.PACKAGE_BYTES.inc(len(response.data))
+
+    def _finish(self, code: grpc.StatusCode, started: float) -> None:
+        seconds = time.perf_counter() - started
+        name = f"{self.service.rsplit('.', 1)[-1]}/{self.method}"
+        metrics.RPCS.labels(name, code.name).inc()
+        metrics.RPC_SECONDS.labels(name).observe(seconds)
+        level = logging.DEBUG if self.service in QUIET_SERVICES else logging.INFO
+        if code not in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED) and level == logging.INFO:
+            level = logging.WARNING
+        fields: dict[str, Any] = {
+            "method": name,
+            "code": code.name,
+            "duration_ms": round(seconds * 1000.0, 3),
+        }
+        if self.device_id:
+            fields["device_id"] = self.device_id
+        log.log(level, "rpc", **fields)
+        structlog.contextvars.clear_contextvars()
+
+
+def _code(context: grpc.ServicerContext, default: grpc.StatusCode) -> grpc.StatusCode:
+    """The code the servicer set (abort or set_code), else the default for how the call ended."""
+    try:
+        code = context.code()
+    except (AttributeError, NotImplementedError):
+        return default
+    if isinstance(code, grpc.StatusCode):
+        return code
+    return default
+
+
+def _claimed_device_id(authorization: str) -> str | None:
+    """The device id part of "Bearer <device id>.<secret>", if it is a UUID (it is verified later)."""
+    scheme, _, credential = authorization.partition(" ")
+    if scheme != "Bearer" or "." not in credential:
+        return None
+    candidate = credential.split(".", 1)[0]
+    try:
+        return str(uuid.UUID(candidate))
+    except ValueError:
+        return None
