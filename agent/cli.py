@@ -58,6 +58,18 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--no-hints", action="store_true", help="do not hold a WatchHints stream open (poll only)"
     )
+    run.add_argument(
+        "--metrics-textfile",
+        type=Path,
+        default=None,
+        help="write Prometheus metrics to this file (node-exporter textfile format) every metrics interval",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics",
+    )
     run.add_argument("--log-level", default="INFO")
     status = sub.add_parser("status", help="print what the agent's state directory says, as JSON")
     status.add_argument("--state-dir", type=Path, required=True)
@@ -117,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             reserve_bytes=args.reserve_bytes,
         ),
         watch_hints=not args.no_hints,
+        metrics_textfile=args.metrics_textfile,
+        metrics_port=args.metrics_port,
     )
     if args.name:
         config.name = args.name

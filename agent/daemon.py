@@ -27,6 +27,7 @@ from agent.inference import InferenceLoop
 from agent.install import DownloadRules, Installer, Offer
 from agent.lifecycle import IDLE, Lifecycle
 from agent.metrics import ProcessMeter
+from agent.metrics_export import MetricsExporter
 from agent.outbox import Outbox
 from deploy.proto import agent_pb2
 
@@ -51,6 +52,8 @@ class AgentConfig:
     outbox_max_records: int = 100_000
     download_rules: DownloadRules = field(default_factory=DownloadRules)
     watch_hints: bool = True
+    metrics_textfile: Path | None = None  # opt-in local Prometheus export (agent/metrics_export.py)
+    metrics_port: int = 0  # on 127.0.0.1 only
 
 
 class Agent:
@@ -61,6 +64,11 @@ class Agent:
         self.outbox = Outbox(config.state_dir / "outbox.sqlite", max_records=config.outbox_max_records)
         self.inference = InferenceLoop(rate=config.event_rate, emit=self.outbox.append)
         self.meter = ProcessMeter(config.state_dir)
+        self.exporter = (
+            MetricsExporter(config.metrics_textfile, config.metrics_port)
+            if config.metrics_textfile or config.metrics_port
+            else None
+        )
         self.stop_event = threading.Event()
         self.wake = threading.Event()  # set by a hint (or stop): check in now
         self.interval = 30.0
@@ -190,6 +198,8 @@ class Agent:
         except grpc.RpcError:
             log.info("telemetry stays in the outbox until the next start (gateway unreachable)")
         self.client.close()
+        if self.exporter is not None:
+            self.exporter.close()
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -269,6 +279,9 @@ class Agent:
             figures["outbox_dropped"] = dropped
         figures["outbox_dropped_total"] = self.outbox.dropped_total()
         self.outbox.append("metrics", figures, version)
+        if self.exporter is not None:
+            device_id = getattr(self, "device_id", "")
+            self.exporter.observe(figures, device_id=device_id, hints_received=self.hints_received)
 
     def upload(self) -> None:
         while True:
