@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import random
 import socket
 import threading
 import time
@@ -29,6 +28,7 @@ from agent.lifecycle import IDLE, Lifecycle
 from agent.metrics import ProcessMeter
 from agent.metrics_export import MetricsExporter
 from agent.outbox import Outbox
+from agent.retry import Backoff
 from deploy.proto import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -168,21 +168,22 @@ class Agent:
             t.daemon = True
             t.start()
         self.lifecycle.advance()  # finish what a restart interrupted before asking for anything new
-        backoff, next_check_in, hinted = 1.0, 0.0, False
+        # jitter on every wait, the regular interval too: a fleet does not check in in lockstep
+        backoff = Backoff(first=min(2.0, self.config.max_backoff), cap=self.config.max_backoff, jitter=(0.8, 1.2))
+        next_check_in, hinted = 0.0, False
         while not self.stop_event.is_set():
             if hinted or time.monotonic() >= next_check_in:
                 try:
                     self.check_in()
-                    backoff = 1.0
-                    wait = self.interval
+                    backoff.reset()
+                    wait = backoff.jittered(self.interval)
                 except grpc.RpcError as exc:
                     if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                         log.error("the gateway refuses this device: %s", exc.details())
-                    backoff = min(self.config.max_backoff, backoff * 2)
-                    wait = backoff
-                    log.warning("check-in failed (%s); retrying in about %.0f s", exc.code().name, wait)
+                    wait = backoff.failed()
+                    log.warning("check-in failed (%s); retrying in %.0f s", exc.code().name, wait)
                     self.lifecycle.advance()  # a resumed update may still finish from what is on disk
-                next_check_in = time.monotonic() + wait * random.uniform(0.8, 1.2)  # jitter: no lockstep
+                next_check_in = time.monotonic() + wait
             else:
                 self.lifecycle.advance()  # a timer of the lifecycle (probation end, window, retry)
             timeout = max(0.0, min(next_check_in - time.monotonic(), self.lifecycle.wake_in()))
@@ -215,13 +216,13 @@ class Agent:
                 log.exception("%s failed", action.__name__)
 
     def _watch_hints(self) -> None:
-        backoff = 2.0
+        backoff = Backoff(first=min(2.0, self.config.max_backoff), cap=self.config.max_backoff, jitter=(0.5, 1.0))
         while not self.stop_event.is_set():
-            stream = None
+            stream, failed = None, False
             try:
                 stream = self.client.watch(self.inference.version)
                 for hint in stream:
-                    backoff = 2.0
+                    backoff.reset()
                     self.hints_received += 1
                     log.info("hint from the gateway (%s): checking in now", hint.reason)
                     self.wake.set()
@@ -231,12 +232,15 @@ class Agent:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     log.info("the gateway pushes no hints; polling only")
                     return
-                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    backoff = min(self.config.max_backoff, backoff * 2)
+                # a stream that ran to its deadline is a working link, not a failure
+                failed = exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
             finally:
                 if stream is not None:
                     stream.cancel()
-            self.stop_event.wait(backoff * random.uniform(0.5, 1.0))
+            if failed:
+                backoff.wait_after_failure(self.stop_event)
+            else:  # reopen soon, at the pace the last failures set
+                self.stop_event.wait(backoff.jittered(backoff.current))
 
     def _load_version(self, version_id: str) -> None:
         self.inference.load(self.config.state_dir / "current", version_id)
