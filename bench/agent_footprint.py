@@ -1,7 +1,7 @@
 """What an idle ferry-agent costs a device: resident memory and CPU, measured from /proc.
 
-Runs, one after the other, against a local gRPC control plane that answers with a 30 s
-check-in interval (the production default):
+Runs, one after the other, against a local gRPC control plane (bench/gateway.py) that
+answers with a 30 s check-in interval (the production default):
 
   baseline  python -c "import grpc; sleep"     the floor any Python gRPC agent pays
   numpy     python importing grpc, numpy and the engine up front (what the idle agent defers)
@@ -25,12 +25,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(ROOT), str(BENCH)]
+
+from gateway import ENROLMENT_TOKEN, BenchGateway, serve  # noqa: E402  (bench/ is not a package)
 
 from converter import convert  # noqa: E402
 from converter.samples import build_image_classifier  # noqa: E402
 from deploy.signing import SignedClaims, generate_keypair, sign_package  # noqa: E402
-from tests.agent.double import GatewayDouble, serve  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -81,8 +83,8 @@ def main() -> None:
     args = parser.parse_args()
 
     keys = generate_keypair()
-    double = GatewayDouble(keys.public_key, interval=30)
-    server, port = serve(double)
+    gateway = BenchGateway(keys.public_key, interval=30)
+    server, port = serve(gateway)
     rows: list[tuple[str, float, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="ferry-footprint-") as tmp:
         tmp = Path(tmp)
@@ -100,7 +102,14 @@ def main() -> None:
                 stop(process)
 
         agent_args = [sys.executable, "-m", "agent.cli", "run", "--gateway", f"127.0.0.1:{port}"]
-        agent_args += ["--state-dir", str(tmp / "agent"), "--token", "good-token", "--log-level", "WARNING"]
+        agent_args += [
+            "--state-dir",
+            str(tmp / "agent"),
+            "--token",
+            ENROLMENT_TOKEN,
+            "--log-level",
+            "WARNING",
+        ]
         agent = subprocess.Popen(agent_args, cwd=ROOT)
         try:
             rows.append(
@@ -108,7 +117,7 @@ def main() -> None:
             )
             convert(build_image_classifier(seed=0), tmp / "u.ferry")
             sign_package(tmp / "u.ferry", tmp / "v1.ferry", keys.private_key, SignedClaims(counter=1))
-            double.publish(tmp / "v1.ferry", "v1")
+            gateway.publish(tmp / "v1.ferry", "v1")
             deadline = time.monotonic() + 60
             while not (tmp / "agent" / "current").is_symlink() and time.monotonic() < deadline:
                 time.sleep(0.2)
