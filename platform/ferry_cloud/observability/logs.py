@@ -55,6 +55,13 @@ def configure_structlog() -> None:
     )
 
 
+def formatter(fmt: str) -> structlog.stdlib.ProcessorFormatter:
+    """The formatter LOGGING installs, for a handler of one's own (tests, tools)."""
+    return structlog.stdlib.ProcessorFormatter(
+        processors=_final_processors(fmt), foreign_pre_chain=_shared_processors()
+    )
+
+
 def logging_config(fmt: str, level: str) -> dict[str, Any]:
     """Django's LOGGING: one handler on standard error whose formatter is structlog's."""
     if fmt not in FORMATS:
