@@ -9,14 +9,16 @@ BIN := $(VENV)/bin
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Exact pins of everything, transitive included; the stamp re-installs when a lock changes.
-$(VENV)/.runtime: requirements.lock pyproject.toml | $(BIN)/python
+# Exact pins of everything, transitive included; a stamp re-installs when a lock changes.
+# requirements.lock (control plane and converter) includes requirements-agent.lock (the
+# device set); requirements-test.lock adds the engine's JIT tier and the test tools.
+$(VENV)/.runtime: requirements.lock requirements-agent.lock pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --disable-pip-version-check -q -r requirements.lock
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e . \
 		|| $(BIN)/pip install --disable-pip-version-check -q --no-deps -e .
 	touch $@
 
-$(VENV)/.test: requirements-test.lock $(VENV)/.runtime
+$(VENV)/.test: requirements-test.lock requirements-jit.lock $(VENV)/.runtime
 	$(BIN)/pip install --disable-pip-version-check -q -r requirements-test.lock
 	touch $@
 
