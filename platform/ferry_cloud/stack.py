@@ -19,6 +19,9 @@ from pathlib import Path
 import requests
 from django.conf import settings
 
+from ferry_cloud.broker import broker_prepare
+from ferry_cloud.celery import app as celery_app
+
 MANAGE = str(settings.REPO_ROOT / "manage.py")
 
 
@@ -93,6 +96,7 @@ class Stack:
         return process
 
     def start_control_plane(self, http_port: int, gateway_port: int) -> None:
+        broker_prepare(celery_app)  # tables and queues exist before worker, beat and web race for them
         web = self.spawn("web", [sys.executable, MANAGE, "runserver", f"127.0.0.1:{http_port}", "--noreload"])
         gateway = self.spawn(
             "gateway", [sys.executable, MANAGE, "gateway", "--address", f"127.0.0.1:{gateway_port}"]
