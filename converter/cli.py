@@ -14,6 +14,7 @@ from rich.table import Table
 
 from converter.convert import ConversionReport, convert
 from converter.errors import ConversionError
+from converter.options import ACTIVATION_METHODS, DEFAULT_BLOCK_SIZE, PRECISIONS, ConversionOptions
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,16 +25,18 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("-o", "--output", type=Path, help="the package to write (default: SOURCE with .ferry)")
     conv.add_argument(
         "--quantize",
-        choices=["fp16", "int8", "int4"],
+        choices=PRECISIONS,
         help="weight storage precision (default: float32)",
     )
-    conv.add_argument("--block-size", type=int, default=32, help="int4 block size: 32, 64 or 128")
+    conv.add_argument(
+        "--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="int4 block size: 32, 64 or 128"
+    )
     conv.add_argument(
         "--calibration", type=Path, help="an .npz with one array per model input, for the accuracy report"
     )
     conv.add_argument(
         "--activations",
-        choices=["minmax", "percentile"],
+        choices=ACTIVATION_METHODS,
         help="also quantize activations to int8 (static, ranges from --calibration by this method)",
     )
     conv.add_argument(
@@ -62,17 +65,22 @@ def _convert(args: argparse.Namespace) -> int:
     dst = args.output or args.source.with_suffix(".ferry")
     try:
         columns = (TextColumn("{task.description}"), BarColumn())
+        options = ConversionOptions.from_dict(
+            {
+                "quantize": args.quantize,
+                "block_size": args.block_size,
+                "calibration": args.calibration,
+                "keep_float": args.keep_float,  # 'first_last' or comma-separated names
+                "accuracy_budget": args.accuracy_budget,
+                "activations": args.activations,
+            }
+        )
         with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("converting", total=1.0)
             report = convert(
                 args.source,
                 dst,
-                quantize=args.quantize,
-                block_size=args.block_size,
-                calibration=args.calibration,
-                keep_float=_keep_float(args.keep_float),
-                accuracy_budget=args.accuracy_budget,
-                activations=args.activations,
+                options=options,
                 progress=lambda fraction, message: bar.update(task, completed=fraction, description=message),
             )
     except ConversionError as exc:
@@ -83,12 +91,6 @@ def _convert(args: argparse.Namespace) -> int:
     else:
         out.print(_table(report, dst))
     return 0
-
-
-def _keep_float(raw: str | None) -> str | list[str] | None:
-    if raw is None or raw == "first_last":
-        return raw
-    return [name.strip() for name in raw.split(",") if name.strip()]
 
 
 def _one_line(exc: Exception) -> str:

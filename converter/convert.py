@@ -17,6 +17,7 @@ from converter import quantize as quant
 from converter.errors import ConversionError
 from converter.limits import Limits
 from converter.load import LoadedModel, Source, load_model
+from converter.options import ConversionOptions, InvalidOptionsError
 from converter.translate import FerryGraph, translate
 from engine import supported_operators
 from engine.format import write_package
@@ -73,6 +74,7 @@ def convert(
     src: Source,
     dst: str | os.PathLike[str],
     *,
+    options: ConversionOptions | None = None,
     quantize: str | None = None,
     block_size: int = 32,
     calibration: Any = None,
@@ -96,7 +98,9 @@ def convert(
     ``calibration`` and int8/int4 weights) adds post-training static int8 activations: the
     ranges seen on the calibration samples, as QuantizeLinear/DequantizeLinear pairs on the
     input of each quantized layer (see converter.calibrate).  ``limits`` caps model and tensor
-    sizes (default: from the environment, see converter.limits).
+    sizes (default: from the environment, see converter.limits).  ``options`` holds all of
+    these at once (a ConversionOptions, e.g. from ``ConversionOptions.from_dict``) instead of
+    the separate arguments; bad options raise InvalidOptionsError naming the option.
 
     The package holds self-test vectors (metadata "selftest") and metadata keys
     source_sha256, source_opset, producer, converter_version, quantize, dynamic_inputs and
@@ -104,9 +108,15 @@ def convert(
     a ConversionError subclass is raised and nothing is written at ``dst``.
     ``progress(fraction, message)`` is called as each step starts.
     """
-    quant.check_options(quantize, block_size)
-    _check_mixed_precision(quantize, keep_float, accuracy_budget)
-    calibrate.check_method(activations, quantize, calibration)
+    options = _resolved(
+        options,
+        quantize=quantize,
+        block_size=block_size,
+        calibration=calibration,
+        keep_float=keep_float,
+        accuracy_budget=accuracy_budget,
+        activations=activations,
+    )
     dst = _check_destination(dst)
     say = progress or (lambda fraction, message: None)
     limits = limits or _limits_from_env()
@@ -120,15 +130,14 @@ def convert(
     opset = validate.default_opset(model, loaded.label)
     fp32, passes = optimize.optimize(translate(model, opset))
     validate.check_engine_support(fp32.nodes, opset)
-    eval_feeds, eval_kind = _evaluation_inputs(calibration, fp32, quantize)
+    eval_feeds, eval_kind = _evaluation_inputs(options.calibration, fp32, options.quantize)
 
-    options = _Options(quantize, block_size, keep_float, accuracy_budget, activations)
     with tempfile.TemporaryDirectory(prefix="ferry-convert-") as tmp:
         reference = Path(tmp) / "reference.ferry"
         _write(reference, fp32, {})
         reduced = _Reduced(fp32)
-        if quantize is not None:
-            say(0.45, f"quantizing weights ({quantize})")
+        if options.quantize is not None:
+            say(0.45, f"quantizing weights ({options.quantize})")
             reduced = _reduce(fp32, options, eval_feeds, reference, Path(tmp), say)
             reduced.accuracy = {"inputs": eval_kind, "samples": len(eval_feeds), "outputs": reduced.outputs}
         graph = reduced.graph
@@ -150,7 +159,7 @@ def convert(
         "source_opset": source_opset,
         "producer": report.producer,
         "converter_version": CONVERTER_VERSION,
-        "quantize": quantize,
+        "quantize": options.quantize,
         "dynamic_inputs": report.dynamic_inputs,
         "selftest": selftest_meta,
         "report": report.stored(),
@@ -180,17 +189,21 @@ def _limits_from_env() -> Limits:
         raise ConversionError(str(exc)) from exc
 
 
-def _check_mixed_precision(quantize: str | None, keep_float: Any, budget: Any) -> None:
-    if (keep_float or budget is not None) and quantize not in ("int8", "int4"):
-        raise ConversionError("keep_float and accuracy_budget apply only to quantize='int8' or 'int4'")
-    if isinstance(keep_float, str) and keep_float != "first_last":
-        raise ConversionError(f"keep_float must be 'first_last' or a list of node names, not {keep_float!r}")
-    if keep_float is not None and not isinstance(keep_float, str | list | tuple):
-        raise ConversionError(f"keep_float must be 'first_last' or a list of node names, not {keep_float!r}")
-    if budget is not None and (
-        isinstance(budget, bool) or not isinstance(budget, int | float) or not 0.0 < budget <= 1.0
-    ):
-        raise ConversionError(f"accuracy_budget is a minimum cosine similarity in (0, 1], not {budget!r}")
+def _resolved(options: ConversionOptions | None, **separate: Any) -> ConversionOptions:
+    """The options convert() runs with: ``options``, or one built (and so checked) from the
+    separate arguments; both at once would leave it unclear which wins."""
+    if options is None:
+        return ConversionOptions(**separate)
+    defaults = ConversionOptions()
+    beside = sorted(k for k, v in separate.items() if _given(v, getattr(defaults, k)))
+    if beside:
+        raise InvalidOptionsError(beside[0], f"pass {', '.join(beside)} inside options=, not beside it")
+    return options
+
+
+def _given(value: Any, default: Any) -> bool:
+    # `is` against a None default: calibration may hold arrays, whose == is elementwise
+    return value is not None if default is None else value != default
 
 
 @dataclass
@@ -206,18 +219,9 @@ class _Reduced:
     activation_ranges: dict[str, list[float]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class _Options:
-    quantize: str | None
-    block_size: int
-    keep_float: str | list[str] | None
-    accuracy_budget: float | None
-    activations: str | None
-
-
 def _reduce(
     fp32: FerryGraph,
-    options: _Options,
+    options: ConversionOptions,
     feeds: list[accuracy.Feeds],
     reference: Path,
     tmp: Path,
@@ -279,7 +283,7 @@ def _reduce(
     )
 
 
-def _chosen_float_layers(graph: FerryGraph, keep_float: str | list[str] | None) -> set[str]:
+def _chosen_float_layers(graph: FerryGraph, keep_float: str | tuple[str, ...] | None) -> set[str]:
     candidates = [graph.nodes[use.node]["name"] for use in quant.quantizable(graph)]
     if keep_float is None:
         return set()
@@ -312,7 +316,7 @@ def _report(
     model: onnx.ModelProto,
     source_opset: int,
     opset: int,
-    options: _Options,
+    options: ConversionOptions,
     reduced: _Reduced,
 ) -> ConversionReport:
     graph = reduced.graph
