@@ -34,6 +34,8 @@ else:
     # The demo and the tests never run collectstatic: plain names, and whitenoise serves the
     # apps' own static folders through the finders.
     _static_storage = "django.contrib.staticfiles.storage.StaticFilesStorage"
+    # Made empty here, as the data directory is: whitenoise warns at every start without it.
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 WHITENOISE_USE_FINDERS = not PRODUCTION
 STORAGES = {
     "default": _default_storage,
