@@ -7,6 +7,7 @@ very config module the image uses, against the test database.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -106,9 +107,16 @@ def test_compose_runs_each_role_in_production_with_healthchecks():
 def test_dockerfile_copies_what_exists_and_collects_static_at_build():
     text = DOCKERFILE.read_text()
     assert {"base", "agent", "platform"} == set(re.findall(r"^FROM \S+ AS (\w+)$", text, re.M))
+    ignored = [
+        line
+        for line in (ROOT / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     for line in re.findall(r"^COPY (.+)$", text, re.M):
         for source in line.split()[:-1]:
             assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+            assert not any(fnmatch.fnmatch(source, pattern) for pattern in ignored), source
+    assert {".venv*", "var", "docker/release.key"} <= set(ignored)  # no local state in the context
     assert "collectstatic --noinput" in text
     assert "FERRY_ENV=production" in text and "USER ferry" in text
 
