@@ -198,6 +198,7 @@ def _settings_in(env: dict[str, str]) -> dict:
         ({"FERRY_DEBUG_WEB": "1"}, "FERRY_DEBUG_WEB=1 is refused"),
         ({"FERRY_ENV": "prod"}, "FERRY_ENV='prod'"),
         ({"FERRY_HSTS_PRELOAD": "maybe"}, "FERRY_HSTS_PRELOAD='maybe'"),
+        ({"FERRY_HSTS_SECONDS": "1y"}, "FERRY_HSTS_SECONDS='1y'"),
     ],
 )
 def test_settings_refuse_to_load_insecurely(tmp_path: Path, env: dict[str, str], message: str):

@@ -38,6 +38,13 @@ def _flag(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={value!r}: expected 1 or 0")
 
 
+def _seconds(name: str) -> int:
+    value = os.environ.get(name, "").strip() or "0"
+    if not value.isdigit():
+        raise ImproperlyConfigured(f"{name}={value!r}: expected a whole number of seconds")
+    return int(value)
+
+
 def _hosts(value: str) -> list[str]:
     return [host.strip() for host in value.split(",") if host.strip()]
 
@@ -85,7 +92,7 @@ SECURE_SSL_REDIRECT = _flag("FERRY_SSL_REDIRECT", False)
 # Container and load-balancer probes speak plain HTTP to the process itself.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
 # HSTS is opt-in: once a browser has it, the host cannot go back to HTTP for that long.
-SECURE_HSTS_SECONDS = int(os.environ.get("FERRY_HSTS_SECONDS", "0"))
+SECURE_HSTS_SECONDS = _seconds("FERRY_HSTS_SECONDS")
 SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("FERRY_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = _flag("FERRY_HSTS_PRELOAD", False)
 SECURE_CONTENT_TYPE_NOSNIFF = True
