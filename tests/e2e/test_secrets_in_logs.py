@@ -1,0 +1,177 @@
+"""No secret in any log: a real end-to-end flow (web, gateway, Celery worker and beat, an agent),
+every control-plane process logging at DEBUG, then every process's log is searched for the
+secrets the flow used: the admin's password (a console login, and a failed one), the API token,
+the enrolment token, the device credential from the agent's state directory and Django's
+secret key.  Any of them in any log fails the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+import requests
+from ferry_cloud.stack import RestClient, Stack, free_port
+
+from converter.samples import build_image_classifier
+
+ROOT = Path(__file__).resolve().parents[2]
+LABELS = {"fleet": "secrets"}
+
+pytestmark = [pytest.mark.slow, pytest.mark.services]
+
+BOOTSTRAP = """
+import json, os
+from django.core.management import call_command
+from accounts.services import organisation_ensure, user_ensure_admin
+call_command("migrate", verbosity=0)
+org = organisation_ensure(name="Secrets E2E")
+_, token = user_ensure_admin(organisation=org, username="admin", password=os.environ["ADMIN_PASSWORD"])
+print(json.dumps({"token": token}))
+"""
+
+
+def _wait(what: str, check: Callable[[], object], stack: Stack, timeout: float = 90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        result = check()
+        if result:
+            return result
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}; logs in {stack.log_dir}")
+
+
+@pytest.fixture
+def environment(tmp_path: Path):
+    """A database and a Redis database of this test's own, local file storage, verbose logs."""
+    database = f"ferry_secrets_{uuid.uuid4().hex[:8]}"
+    base_url = os.environ["FERRY_DATABASE_URL"].rsplit("/", 1)[0]
+    with psycopg.connect(base_url + "/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    broker = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/11"
+    redis.Redis.from_url(broker).flushdb()
+    env = {
+        "FERRY_DATA_DIR": str(tmp_path / "data"),
+        "FERRY_DATABASE_URL": f"{base_url}/{database}",
+        "REDIS_URL": broker,
+        "FERRY_S3_BUCKET": "",
+        "FERRY_CHECKIN_INTERVAL_SECONDS": "2",
+        "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
+        "FERRY_LOG_FORMAT": "json",
+        "FERRY_LOG_LEVEL": "DEBUG",
+        "ADMIN_PASSWORD": "pw-" + secrets.token_urlsafe(18),
+    }
+    try:
+        yield env
+    finally:
+        with psycopg.connect(base_url + "/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+def _console_login(base: str, username: str, password: str) -> int:
+    """A browser's login: the form's CSRF token, then the POST; returns the status of the POST."""
+    session = requests.Session()
+    page = session.get(f"{base}/login/", timeout=30).text
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    response = session.post(
+        f"{base}/login/",
+        data={"username": username, "password": password, "csrfmiddlewaretoken": csrf},
+        headers={"Referer": f"{base}/login/"},
+        allow_redirects=False,
+        timeout=30,
+    )
+    return response.status_code
+
+
+def test_no_secret_appears_in_any_process_log(environment, tmp_path: Path):
+    env = {**os.environ, **environment}
+    boot = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", BOOTSTRAP],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert boot.returncode == 0, boot.stderr
+    api_token = json.loads(boot.stdout.strip().splitlines()[-1])["token"]
+    password = environment["ADMIN_PASSWORD"]
+    stack = Stack(log_dir=tmp_path / "logs", env=environment)
+    http_port, gateway_port = free_port(), free_port()
+    state_dir = tmp_path / "agent-0"
+    try:
+        stack.start_control_plane(http_port, gateway_port)
+        base = f"http://127.0.0.1:{http_port}"
+        assert _console_login(base, "admin", password + "-wrong") == 200  # the form again, with an error
+        assert _console_login(base, "admin", password) == 302
+        assert (
+            requests.get(
+                f"{base}/api/v1/models/", headers={"Authorization": "Token nope"}, timeout=30
+            ).status_code
+            == 401
+        )
+
+        api = RestClient(base, api_token)
+        model = api.call("POST", "models/", json={"name": "classifier"})
+        files = {"file": ("model.onnx", build_image_classifier().SerializeToString())}
+        version = api.call("POST", f"models/{model['id']}/versions/", files=files, data={"label": "v1"})["id"]
+        _wait("the conversion", lambda: api.call("GET", f"versions/{version}/")["status"] == "ready", stack)
+        api.call(
+            "POST",
+            "releases/",
+            json={"name": "v1", "version": version, "target": {"labels": LABELS}, "start": True},
+        )
+        enrolment_token = api.call("POST", "enrolment-tokens/", json={"labels": LABELS})["token"]
+        stack.start_agent(
+            "agent-0",
+            gateway_port,
+            state_dir,
+            enrolment_token,
+            {},
+            extra=["--metrics-interval", "1", "--upload-interval", "1"],
+        )
+
+        def running_v1() -> bool:
+            devices = api.call("GET", "devices/")
+            return len(devices) == 1 and (devices[0]["running_version"] or {}).get("label") == "v1"
+
+        _wait("the agent on v1", running_v1, stack)
+        _wait("telemetry", lambda: api.call("GET", "fleet/summary/"), stack)
+        time.sleep(3)  # a few more check-ins, uploads and task runs in the logs
+    finally:
+        stack.stop()
+
+    credential = json.loads((state_dir / "credential.json").read_text())["credential"]
+    device_secret = credential.split(".", 1)[1]
+    django_secret = (tmp_path / "data" / "secret_key").read_text().strip()
+    secrets_used = {
+        "admin password": password,
+        "API token": api_token,
+        "enrolment token": enrolment_token,
+        "device credential": credential,
+        "device credential's secret": device_secret,
+        "Django secret key": django_secret,
+    }
+    logs = {p.name: p.read_text(errors="replace") for p in sorted(stack.log_dir.glob("*.log"))}
+    assert set(logs) >= {"web.log", "gateway.log", "worker.log", "beat.log", "agent-0.log"}
+    # the logs did record the flow (an empty log would pass the search trivially)
+    assert '"event": "request"' in logs["web.log"] and '"view": "console:login"' in logs["web.log"]
+    assert '"event": "rpc"' in logs["gateway.log"] and "AgentGateway/Enrol" in logs["gateway.log"]
+    assert '"event": "task"' in logs["worker.log"]
+    found = [
+        f"{what} in {name}"
+        for name, text in logs.items()
+        for what, secret in secrets_used.items()
+        if secret in text
+    ]
+    assert not found, found
