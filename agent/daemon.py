@@ -169,7 +169,7 @@ class Agent:
             t.start()
         self.lifecycle.advance()  # finish what a restart interrupted before asking for anything new
         # jitter on every wait, the regular interval too: a fleet does not check in in lockstep
-        backoff = Backoff(first=min(2.0, self.config.max_backoff), cap=self.config.max_backoff, jitter=(0.8, 1.2))
+        backoff = self._backoff(jitter=(0.8, 1.2))
         next_check_in, hinted = 0.0, False
         while not self.stop_event.is_set():
             if hinted or time.monotonic() >= next_check_in:
@@ -215,8 +215,13 @@ class Agent:
             except Exception:  # a metrics or upload bug must not kill the thread that reports it
                 log.exception("%s failed", action.__name__)
 
+    def _backoff(self, jitter: tuple[float, float]) -> Backoff:
+        """2 s after the first failure, doubling up to max_backoff."""
+        cap = self.config.max_backoff
+        return Backoff(first=min(2.0, cap), cap=cap, jitter=jitter)
+
     def _watch_hints(self) -> None:
-        backoff = Backoff(first=min(2.0, self.config.max_backoff), cap=self.config.max_backoff, jitter=(0.5, 1.0))
+        backoff = self._backoff(jitter=(0.5, 1.0))
         while not self.stop_event.is_set():
             stream, failed = None, False
             try:
