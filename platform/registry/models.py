@@ -87,6 +87,8 @@ class ConversionJob(models.Model):
     log = models.JSONField(default=list, blank=True)
     error = models.TextField(blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # Who runs it ("<worker node>/<pid>") while running; updated_at is its heartbeat.
+    claimed_by = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

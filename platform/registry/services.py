@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from accounts.models import Organisation
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from ferry_cloud.api_errors import Conflict
 from ferry_cloud.release_key import release_private_key
@@ -138,9 +141,9 @@ ENQUEUE_RETRY_DELAYS = (0.1, 0.5)
 def _enqueue_conversion(job_id: int) -> None:
     """Hand the job to a worker; if the broker is down the job stays queued, not lost.
 
-    Workers re-enqueue stale jobs when they start, and celery beat does every minute
-    (conversion_requeue_stale), so a broker outage or a worker killed mid-job only delays
-    the conversion.
+    Workers re-enqueue stale jobs when they start, and celery beat does every
+    FERRY_REQUEUE_INTERVAL_SECONDS (conversion_requeue_stale), so a broker outage or a worker
+    killed mid-job only delays the conversion.
     """
     from registry.tasks import convert_version
 
@@ -156,22 +159,62 @@ def _enqueue_conversion(job_id: int) -> None:
             _job_log(job_id, f"queued, but the broker is unreachable ({exc}); a worker will pick it up later")
 
 
-def conversion_requeue_stale(*, older_than: timedelta = timedelta(minutes=2)) -> list[int]:
-    """Re-enqueue jobs queued or running with no progress for a while (lost message, dead worker).
+# A running job's worker touches the row every HEARTBEAT_SECONDS; after RUNNING_STALE_AFTER with no
+# touch its worker is taken for dead. A queued job is re-sent after QUEUED_STALE_AFTER (its message
+# may be lost); re-sending is cheap because a second message for a claimed job does nothing.
+HEARTBEAT_SECONDS = 5.0
+RUNNING_STALE_AFTER = timedelta(seconds=20)
+QUEUED_STALE_AFTER = timedelta(minutes=2)
 
-    Running a job twice is harmless: conversion is deterministic and packages are
-    stored by digest.
+
+def conversion_requeue_stale(
+    *,
+    queued_after: timedelta = QUEUED_STALE_AFTER,
+    running_after: timedelta = RUNNING_STALE_AFTER,
+    restarted_worker: str = "",
+) -> list[int]:
+    """Re-enqueue jobs whose message or worker was lost; the job rows are the truth, not the broker.
+
+    A running job whose heartbeat stopped, or that was claimed by an earlier incarnation of
+    ``restarted_worker`` (a worker node that just started: whatever it ran before is dead),
+    goes back to queued. Running a job twice is harmless: conversion is deterministic and
+    packages are stored by digest.
     """
-    cutoff = timezone.now() - older_than
-    stale = list(
-        ConversionJob.objects.filter(
-            status__in=[ConversionJob.Status.QUEUED, ConversionJob.Status.RUNNING], updated_at__lt=cutoff
-        ).values_list("pk", flat=True)
+    now = timezone.now()
+    orphaned = ConversionJob.objects.filter(status=ConversionJob.Status.RUNNING).filter(
+        Q(updated_at__lt=now - running_after)
+        | (Q(claimed_by__startswith=f"{restarted_worker}/") if restarted_worker else Q(pk__in=[]))
     )
-    for job_id in stale:
-        _job_log(job_id, "re-enqueued: no progress since " + cutoff.isoformat())
+    stale_queued = ConversionJob.objects.filter(
+        status=ConversionJob.Status.QUEUED, updated_at__lt=now - queued_after
+    )
+    requeued = []
+    for job_id in orphaned.values_list("pk", flat=True):
+        if _release_orphan(job_id, running_after, restarted_worker):
+            requeued.append(job_id)
+    for job_id in stale_queued.values_list("pk", flat=True):
+        _job_log(job_id, "re-enqueued: still queued since " + (now - queued_after).isoformat())
+        requeued.append(job_id)
+    for job_id in requeued:
         _enqueue_conversion(job_id)
-    return stale
+    return requeued
+
+
+def _release_orphan(job_id: int, running_after: timedelta, restarted_worker: str) -> bool:
+    """Put a running job whose worker is gone back to queued (re-checked under the row lock)."""
+    with transaction.atomic():
+        job = ConversionJob.objects.select_for_update().get(pk=job_id)
+        silent = job.updated_at < timezone.now() - running_after
+        restarted = bool(restarted_worker) and job.claimed_by.startswith(f"{restarted_worker}/")
+        if job.status != ConversionJob.Status.RUNNING or not (silent or restarted):
+            return False
+        why = (
+            "its worker restarted" if restarted else f"no heartbeat for {running_after.total_seconds():.0f} s"
+        )
+        job.status, job.claimed_by = ConversionJob.Status.QUEUED, ""
+        job.log = [*job.log, {"at": timezone.now().isoformat(), "message": f"re-enqueued: {why}"}]
+        job.save(update_fields=["status", "claimed_by", "log", "updated_at"])
+    return True
 
 
 def version_mark_released(*, version: ModelVersion) -> None:
@@ -197,26 +240,60 @@ def _job_log(job_id: int, message: str, progress: float | None = None) -> None:
         job.save(update_fields=["log", "progress", "updated_at"])
 
 
-def conversion_claim(*, job_id: int) -> bool:
-    """Mark the job running; False when there is nothing to do (already succeeded or failed for good)."""
+def conversion_claim(*, job_id: int, worker: str = "") -> bool:
+    """Mark the job running for ``worker``; False when there is nothing to do: already succeeded or
+    failed for good, or running on another worker whose heartbeat is fresh (a duplicate message)."""
     with transaction.atomic():
         job = ConversionJob.objects.select_for_update().get(pk=job_id)
         if job.status in (ConversionJob.Status.SUCCEEDED, ConversionJob.Status.FAILED):
             return False
-        job.status = ConversionJob.Status.RUNNING
+        if job.status == ConversionJob.Status.RUNNING and not _claim_abandoned(job):
+            return False
+        job.status, job.claimed_by = ConversionJob.Status.RUNNING, worker
         job.attempts += 1
-        job.save(update_fields=["status", "attempts", "updated_at"])
-    _job_log(job_id, f"attempt {job.attempts} started", 0.0)
+        job.save(update_fields=["status", "claimed_by", "attempts", "updated_at"])
+    _job_log(job_id, f"attempt {job.attempts} started" + (f" on {worker}" if worker else ""), 0.0)
     return True
 
 
-def conversion_run(*, job_id: int) -> ConversionJob:
+def _claim_abandoned(job: ConversionJob) -> bool:
+    """A running job nobody is running: its heartbeat stopped, or no worker was named
+    (a run outside Celery that died)."""
+    return not job.claimed_by or job.updated_at < timezone.now() - RUNNING_STALE_AFTER
+
+
+@contextmanager
+def _heartbeat(job_id: int, worker: str) -> Iterator[None]:
+    """Touch the running job's row every HEARTBEAT_SECONDS while the block runs, so sweepers can
+    tell a long conversion from a dead worker."""
+    done = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not done.wait(HEARTBEAT_SECONDS):
+                ConversionJob.objects.filter(
+                    pk=job_id, status=ConversionJob.Status.RUNNING, claimed_by=worker
+                ).update(updated_at=timezone.now())
+        finally:
+            connection.close()  # this thread's own connection
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-job-{job_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def conversion_run(*, job_id: int, worker: str = "") -> ConversionJob:
     """Convert, sign and store the version's package; safe to run again after a crash.
 
     The converter and the signature are deterministic and packages are stored by
-    digest, so a re-run produces and records the very same bytes.
+    digest, so a re-run produces and records the very same bytes. ``worker`` names the
+    process running it ("<worker node>/<pid>"), so a restarted worker can tell its orphans.
     """
-    if not conversion_claim(job_id=job_id):
+    if not conversion_claim(job_id=job_id, worker=worker):
         return ConversionJob.objects.get(pk=job_id)
     job = ConversionJob.objects.select_related("version__model__organisation", "version__source").get(
         pk=job_id
@@ -225,6 +302,7 @@ def conversion_run(*, job_id: int) -> ConversionJob:
     calibration = version.options.get("calibration")
     try:
         with (
+            _heartbeat(job_id, worker),
             storage.local_copy(version.source.file.name, ".onnx") as src,
             storage.local_copy(calibration["file"], ".npz") if calibration else nullcontext() as samples,
             tempfile.TemporaryDirectory() as tmp,
