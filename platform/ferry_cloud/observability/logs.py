@@ -30,14 +30,19 @@ def _shared_processors() -> list:
 
 def _renderer(fmt: str):
     if fmt == "console":
-        return structlog.dev.ConsoleRenderer(colors=False)
+        # plain tracebacks: rich ones print local variables, which may hold secrets
+        return structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
     return structlog.processors.JSONRenderer()  # its default= turns any other object into repr
 
 
 def _final_processors(fmt: str) -> list:
     # exceptions become text first (format_exc_info), so redaction also covers tracebacks
-    tail = [structlog.processors.format_exc_info] if fmt == "json" else []
-    return [structlog.stdlib.ProcessorFormatter.remove_processors_meta, *tail, redact_secrets, _renderer(fmt)]
+    return [
+        structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+        structlog.processors.format_exc_info,
+        redact_secrets,
+        _renderer(fmt),
+    ]
 
 
 def configure_structlog() -> None:
