@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import socket
 import stat
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -137,3 +139,20 @@ def _connect_outcome(path: str) -> str:
         except ConnectionRefusedError:
             return "refused" if stat.S_ISSOCK(os.stat(path).st_mode) else "stale"
     return "connected"
+
+
+def test_a_socket_path_too_long_for_a_hidden_name_still_listens():
+    """sockaddr_un holds 107 bytes: a path that fits but leaves no room for the hidden name is
+    bound in place, and ``ready`` still says when it listens."""
+    directory = tempfile.mkdtemp(dir="/tmp")  # short: pytest's tmp_path may not leave room
+    try:
+        sock_path = os.path.join(directory, "s" * (104 - len(os.fsencode(directory))))
+        assert len(os.fsencode(sock_path)) == 105
+        reader = _Reader({"type": "unix_socket", "path": sock_path})
+        try:
+            assert _connect_outcome(sock_path) == "connected"
+        finally:
+            reader.close()
+        assert not os.path.exists(sock_path)
+    finally:
+        shutil.rmtree(directory)
