@@ -7,12 +7,14 @@ processes and make the very same calls an operator or a fleet-automation script 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +25,39 @@ from ferry_cloud.broker import broker_prepare
 from ferry_cloud.celery import app as celery_app
 
 MANAGE = str(settings.REPO_ROOT / "manage.py")
+CONTROL_PLANE = ("web", "gateway", "worker", "beat")
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """A preexec function asking Linux to SIGTERM the child when ``parent`` dies (even by SIGKILL),
+    so a killed demo or test leaves no orphans. None where prctl does not exist."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not after
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _terminate(processes: list[tuple[str, subprocess.Popen]], deadline: float) -> dict[str, int]:
+    """SIGTERM them all, wait until the deadline, then SIGKILL each straggler's process group."""
+    for _, process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    codes = {}
+    for name, process in processes:
+        try:
+            codes[name] = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            codes[name] = process.wait()
+    return codes
 
 
 class RestError(Exception):
@@ -91,6 +126,7 @@ class Stack:
                 env={**os.environ, **self.env},
                 cwd=settings.REPO_ROOT,
                 start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
+                preexec_fn=_die_with(os.getpid()),  # and if we are killed, they go too
             )
         self.processes.append((name, process))
         return process
@@ -139,16 +175,14 @@ class Stack:
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited with {process.returncode}; see {self.log_dir / name}.log")
 
-    def stop(self, timeout: float = 20.0) -> dict[str, int]:
-        """SIGTERM every child (agents first, they flush telemetry), then SIGKILL stragglers."""
-        codes: dict[str, int] = {}
-        for name, process in reversed(self.processes):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-            try:
-                codes[name] = process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                codes[name] = process.wait()
+    def stop(self, timeout: float = 8.0) -> dict[str, int]:
+        """Stop every child within ``timeout`` seconds: SIGTERM the agents first (they flush
+        telemetry to a gateway that is still up), then the control plane all at once; SIGKILL
+        the process group of whatever is still running at its share of the deadline."""
+        deadline = time.monotonic() + timeout
+        agents = [(n, p) for n, p in self.processes if n not in CONTROL_PLANE]
+        others = [(n, p) for n, p in self.processes if n in CONTROL_PLANE]
+        codes = _terminate(agents, time.monotonic() + timeout / 2)
+        codes.update(_terminate(others, deadline))
         self.processes.clear()
-        return codes
+        return {name: codes[name] for name, _ in reversed(list(agents + others)) if name in codes}

@@ -11,7 +11,6 @@ import io
 import os
 import secrets
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -58,11 +57,14 @@ class Command(BaseCommand):
         base = f"http://127.0.0.1:{http_port}"
         stack = Stack(
             log_dir=demo_dir / "logs",
-            env={"FERRY_CHECKIN_INTERVAL_SECONDS": "3", "FERRY_GATE_INTERVAL_SECONDS": "5"},
+            env={
+                "FERRY_CHECKIN_INTERVAL_SECONDS": "3",
+                "FERRY_GATE_INTERVAL_SECONDS": "5",
+                "FERRY_LOG_FORMAT": "console",  # the demo's logs are read by people
+            },
         )
-        stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             console.print(
                 f"starting web :{http_port}, gateway :{gateway_port} and a Celery worker "
@@ -70,20 +72,29 @@ class Command(BaseCommand):
             )
             stack.start_control_plane(http_port, gateway_port)
             api = RestClient(base, api_token)
-            version = _ensure_version(api, console, stop)
+            version = _ensure_version(api, console)
             _ensure_release(api, version)
             _start_agents(api, stack, demo_dir, gateway_port)
             console.print(
                 f"\n[bold]console[/] {base}/   [bold]login[/] admin / {password}   "
                 f"[bold]API[/] {base}/api/docs/   (Ctrl-C stops everything)\n"
             )
-            _watch(api, stack, console, stop, duration, live=not no_live and console.is_terminal)
+            _watch(api, stack, console, duration, live=not no_live and console.is_terminal)
         except RestError as exc:
             raise CommandError(str(exc)) from None
+        except KeyboardInterrupt:
+            pass  # Ctrl-C or SIGTERM, at whatever step we were: stop everything below
         finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the stop short
+                signal.signal(signum, signal.SIG_IGN)
             console.print("stopping agents, then gateway, beat, worker and web ...")
             codes = stack.stop()
             console.print("stopped: " + ", ".join(f"{n} ({c})" for n, c in codes.items()))
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGINT and SIGTERM interrupt whatever the demo waits on (start-up, conversion, the watch)."""
+    raise KeyboardInterrupt
 
 
 def _demo_password(demo_dir: Path) -> str:
@@ -96,7 +107,7 @@ def _demo_password(demo_dir: Path) -> str:
     return path.read_text().strip()
 
 
-def _ensure_version(api: RestClient, console: Console, stop: threading.Event) -> dict:
+def _ensure_version(api: RestClient, console: Console) -> dict:
     models = {m["name"]: m for m in api.call("GET", "models/")}
     model = models.get(MODEL) or api.call("POST", "models/", json={"name": MODEL})
     existing = {v["label"]: v for v in model["versions"]}
@@ -111,7 +122,7 @@ def _ensure_version(api: RestClient, console: Console, stop: threading.Event) ->
         ]
         console.print(f"uploaded {MODEL}:{label} through the REST API; the worker converts it ...")
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not stop.is_set():
+    while time.monotonic() < deadline:
         version = api.call("GET", f"versions/{version_id}/")
         if version["status"] == "ready":
             console.print(
@@ -173,17 +184,17 @@ def _summary_table(summary: dict) -> Table:
     return table
 
 
-def _watch(
-    api: RestClient, stack: Stack, console: Console, stop: threading.Event, duration: float, live: bool
-) -> None:
+def _watch(api: RestClient, stack: Stack, console: Console, duration: float, live: bool) -> None:
     ends = time.monotonic() + duration if duration else float("inf")
     if live:
         with Live(console=console, refresh_per_second=2) as screen:
-            while not stop.wait(1.0) and time.monotonic() < ends:
+            while time.monotonic() < ends:
+                time.sleep(1.0)
                 stack.check_alive()
                 screen.update(_summary_table(api.call("GET", "fleet/summary/")))
         return
-    while not stop.wait(5.0) and time.monotonic() < ends:
+    while time.monotonic() < ends:
+        time.sleep(5.0)
         stack.check_alive()
         summary = api.call("GET", "fleet/summary/")
         console.print(_summary_table(summary))
