@@ -69,3 +69,25 @@ class GatewayHealth:
         self.servicer.enter_graceful_shutdown()
         if self._thread is not None:
             self._thread.join(timeout=self.timeout + 1)
+
+
+def probe(address: str, service: str = "", timeout: float = 3.0) -> bool:
+    """One grpc.health.v1 Check: True when SERVING (for container health checks)."""
+    import grpc
+    from grpc_health.v1 import health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+if __name__ == "__main__":
+    # python -m gateway.health [host:port]: exit 0 when the gateway is SERVING, 1 otherwise
+    import sys
+
+    sys.exit(0 if probe(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:50051") else 1)

@@ -163,3 +163,23 @@ def test_secret_keys_are_redacted_and_digests_kept():
     }
     device_id = "6f1c2a34-1111-2222-3333-444455556666"
     assert scrub(f"device {device_id} checked in") == f"device {device_id} checked in"
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_tracebacks_are_redacted_and_show_no_local_variables(fmt):
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter(fmt))
+    logger = logging.getLogger("tests.redaction")
+    logger.addHandler(handler)
+    try:
+        credential = "6f1c2a34-1111-2222-3333-444455556666.local-secret-never-shown"
+        raise ValueError(f"refused fet_Abcdefgh12345 for {credential}")
+    except ValueError:
+        logger.exception("failed with password=%s", "x")
+    finally:
+        logger.removeHandler(handler)
+    text = stream.getvalue()
+    assert "ValueError" in text and REDACTED in text
+    assert "fet_Abcdefgh12345" not in text and "local-secret-never-shown" not in text
+    assert "password=x" not in text and f"password={REDACTED}" in text

@@ -42,6 +42,11 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     # DRF API tokens: exactly 40 hex digits (sha256 digests, 64, do not match)
     (re.compile(r"(?<![0-9a-fA-F])[0-9a-f]{40}(?![0-9a-fA-F])"), REDACTED),
+    # "password=...", "token: ...", "secret='...'" written into a message
+    (
+        re.compile(r"\b(password|passwd|secret|token|api_key)(\s*[=:]\s*[\"']?)[^\s\"',;&]+", re.IGNORECASE),
+        r"\1\2" + REDACTED,
+    ),
     # user:password@ in URLs (database, broker)
     (re.compile(r"(://[^/\s:@]+):[^/\s@]+@"), r"\1:" + REDACTED + "@"),
 )
