@@ -58,10 +58,9 @@ class ConversionOptions:
     def from_dict(cls, data: Mapping[str, Any]) -> ConversionOptions:
         """Options from loosely typed fields: absent, None and "" mean "not set"; ``keep_float``
         may be comma-separated names; numbers may be strings.  Unknown keys are refused."""
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(data) - set(names))
+        unknown = sorted(set(data) - set(OPTION_NAMES))
         if unknown:
-            known = ", ".join(names)
+            known = ", ".join(OPTION_NAMES)
             raise InvalidOptionsError(
                 unknown[0], f"unknown conversion option(s) {unknown}; the options are {known}"
             )
@@ -78,6 +77,10 @@ class ConversionOptions:
     @property
     def mixed_precision(self) -> bool:
         return bool(self.keep_float) or self.accuracy_budget is not None
+
+
+# the keys from_dict takes: a caller whose dict holds more (e.g. a device class) picks these
+OPTION_NAMES = tuple(f.name for f in fields(ConversionOptions))
 
 
 def _number(value: Any, option: str, kind: type) -> Any:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from converter import convert
-from converter.options import ConversionOptions, InvalidOptionsError
+from converter.options import OPTION_NAMES, ConversionOptions, InvalidOptionsError
 from converter.samples import build_image_classifier
 
 
@@ -26,6 +26,14 @@ def test_from_dict_types_loose_fields_once():
         ConversionOptions.from_dict({"quantize": "int8", "keep_float": "first_last"}).keep_float
         == "first_last"
     )
+
+
+def test_a_wider_dict_is_narrowed_with_option_names():
+    stored = {"quantize": "int8", "device_class": "pi4"}
+    with pytest.raises(InvalidOptionsError, match="unknown conversion option"):
+        ConversionOptions.from_dict(stored)
+    narrowed = {k: v for k, v in stored.items() if k in OPTION_NAMES}
+    assert ConversionOptions.from_dict(narrowed) == ConversionOptions(quantize="int8")
 
 
 def test_absent_none_and_empty_fields_mean_not_set():
