@@ -147,12 +147,29 @@ def test_gateway_healthcheck_speaks_grpc_health():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30).returncode != 0
 
 
-def test_setup_creates_the_bucket_once(s3_server):
-    """setup's bucket step against the suite's S3 server: creates it, and a rerun is harmless."""
-    if s3_server is None:
-        pytest.skip("no S3 server configured")
+@pytest.fixture
+def own_s3_server(tmp_path: Path):
+    """An S3 server (moto) of this test's own, on a free port: nothing else can stop it."""
+    port = free_port()
+    with open(tmp_path / "moto.log", "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for_port(port, 60, process=process)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_setup_creates_the_bucket_once(own_s3_server: str):
+    """setup's bucket step against a real S3 server: creates it, and a rerun is harmless."""
     import boto3
 
+    s3_server = own_s3_server
     command = _compose()["services"]["setup"]["command"][2]
     code = re.search(r'python -c "(.+?)"; fi', command, re.S).group(1)
     bucket = f"ferry-setup-{secrets.token_hex(4)}"
@@ -161,7 +178,6 @@ def test_setup_creates_the_bucket_once(s3_server):
         assert subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode == 0
     s3 = boto3.client("s3", endpoint_url=s3_server)
     assert bucket in {b["Name"] for b in s3.list_buckets()["Buckets"]}
-    s3.delete_bucket(Bucket=bucket)
 
 
 # --- settings in production mode ------------------------------------------------------------------
@@ -291,6 +307,9 @@ def test_gunicorn_serves_static_files_and_the_api_and_stops_cleanly(transactiona
         FERRY_DATABASE_URL=_database_url(),
         FERRY_ALLOWED_HOSTS="127.0.0.1",
         PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"),
+        # Local files: the suite's S3 server may belong to another session on this host, and
+        # /readyz (run below as the healthcheck) would report it if it went away mid-test.
+        FERRY_S3_BUCKET="",
     )
     collected = _manage(["collectstatic", "--noinput", "-v", "0"], env)
     assert collected.returncode == 0, collected.stderr[-3000:]
