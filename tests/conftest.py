@@ -72,3 +72,26 @@ def s3_server():
     if process is not None:
         process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker, request):
+    """pytest-django's test database, and at the end a check that nothing still holds it open:
+    a connection left by a thread makes DROP DATABASE fail ("being accessed by other users")
+    after every test passed. Such connections are reported with their last query and ended."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, application_name, state, left(query, 200) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        strays = cursor.fetchall()
+        for pid, *_ in strays:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    if strays:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_line(f"connections to the test database left open (ended): {strays}", yellow=True)
