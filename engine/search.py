@@ -26,37 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from engine.ops import conv
+from engine import jit, kernels
 from engine.ops.registry import Kernel, kernel_name
 
-Candidates = Callable[[dict[str, Any], Sequence[tuple[int, ...] | None]], list[Kernel]]
 RUNS = 5  # timed rounds over the candidates (after one checked run each); each one's minimum counts
 PACKED_MARGIN = 0.85  # a kernel with pre-packed weights must take <= 85% of the default's time...
 SMALL_PACK_BYTES = 4 << 20  # ...or <= 95% when its packed copy adds at most this much memory
 SMALL_PACK_MARGIN = 0.95
 CLOSE_CALL = 1.10  # the two fastest within 10%: timed for RUNS more rounds before choosing
-
-
-def _fused_conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
-    """The converter's FusedConv (Conv + activation): the Conv candidates, activation after."""
-    from engine.ops import fused  # noqa: PLC0415 - the converter's module; optional here
-
-    return [fused.with_activation(inner) for inner in conv.conv_candidates(attrs, shapes)]
-
-
-def _attention_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
-    """FusedAttention: all heads in batched matmuls, or one head at a time (which wins depends
-    on the head count and sizes, and on the BLAS: measured, batched usually)."""
-    from engine.ops import fused  # noqa: PLC0415 - the converter's module, as above
-
-    return fused.attention_candidates(attrs, shapes)
-
-
-CANDIDATES: dict[str, Candidates] = {
-    "Conv": conv.conv_candidates,
-    "FusedConv": _fused_conv_candidates,
-    "FusedAttention": _attention_candidates,
-}
 
 
 def enabled() -> bool:
@@ -74,7 +51,8 @@ def cache_dir() -> Path:
 
 
 def device_fingerprint(threads: int) -> str:
-    """What makes timings comparable: CPU, its flags, numpy and BLAS build, thread count."""
+    """What makes timings comparable: CPU, its flags, numpy and BLAS build, thread count, and the
+    JIT tier (numba's version, or none): changing any of them re-measures."""
     from threadpoolctl import threadpool_info  # noqa: PLC0415 - only needed when searching
 
     cpu = ""
@@ -84,7 +62,8 @@ def device_fingerprint(threads: int) -> str:
     except OSError:
         cpu = platform.processor()
     blas = [(p.get("internal_api"), p.get("architecture"), p.get("version")) for p in threadpool_info()]
-    text = json.dumps([platform.machine(), cpu, np.__version__, blas, threads, os.cpu_count()], default=str)
+    machine = [platform.machine(), cpu, np.__version__, blas, threads, os.cpu_count(), jit.fingerprint()]
+    text = json.dumps(machine, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -105,7 +84,7 @@ class KernelSearch:
         return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
     def handles(self, op: str) -> bool:
-        return op in CANDIDATES and enabled()
+        return enabled() and op in kernels.ops()
 
     def choose(
         self,
@@ -115,14 +94,18 @@ class KernelSearch:
         shapes: list[tuple[int, ...] | None],
         static: list[bool],
         make_inputs: Callable[[], list[np.ndarray | None]],
+        default: Kernel | None = None,
     ) -> tuple[Kernel, str]:
         """The kernel this node should run and a note saying how it was chosen.
 
         ``make_inputs()`` gives the node's inputs to measure on (real for weights, any values
         of the right shape and dtype otherwise), called only if nothing is cached;
-        ``static[i]`` says whether input i is fixed for the plan (only those may be pre-packed).
+        ``static[i]`` says whether input i is fixed for the plan (only those may be pre-packed);
+        ``default`` is the kernel the node runs unsearched (the first run's).
         """
-        candidates = [k for k in CANDIDATES[op](attrs, shapes) if _packable(k, static)]
+        candidates = [k for k in kernels.candidates(op, attrs, shapes, default) if _packable(k, static)]
+        if not candidates and default is not None:
+            return default, ""
         if len(candidates) == 1:
             return candidates[0], ""
         key = _key(node, shapes)
@@ -136,7 +119,12 @@ class KernelSearch:
         return best, note
 
     def cached(
-        self, op: str, node: str, attrs: dict[str, Any], shapes: list[tuple[int, ...] | None]
+        self,
+        op: str,
+        node: str,
+        attrs: dict[str, Any],
+        shapes: list[tuple[int, ...] | None],
+        default: Kernel | None = None,
     ) -> Kernel | None:
         """The kernel an earlier load chose for this node and shapes, if it reads no pre-packed
         weights: the first run of a signature comes before any packing, and running the
@@ -144,7 +132,7 @@ class KernelSearch:
         name = self.choices.get(_key(node, shapes))
         if name is None or not self.handles(op):
             return None
-        for kernel in CANDIDATES[op](attrs, shapes):
+        for kernel in kernels.candidates(op, attrs, shapes, default):
             if kernel_name(kernel) == name:
                 return None if hasattr(kernel, "pack") else kernel
         return None

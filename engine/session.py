@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from engine import debug, planner
+from engine import debug, jit, planner
 from engine.allocator import tune_malloc
 from engine.errors import EngineError, InputError, NodeExecutionError, PackageError
 from engine.format import read_package, release_pages
@@ -65,7 +65,9 @@ class SelfTestResult:
 class Session:
     """A loaded model.  Not thread-safe: use one Session per thread.
 
-    ``threads`` caps the BLAS thread pool during runs (default: every core).
+    ``threads`` caps the BLAS thread pool during runs (default: every core), and the JIT
+    kernels' threads.  Creating a Session compiles the JIT kernels (or loads them from numba's
+    on-disk cache, see ``engine.jit``) when numba is installed, so no run pays for that.
     """
 
     def __init__(self, path: str | os.PathLike[str], threads: int | None = None) -> None:
@@ -92,6 +94,7 @@ class Session:
         self._plans = PlanCache()
         self._records: dict[Signature, Record] = {}  # first runs awaiting their plan
         self._search = KernelSearch(_digest(package.manifest, package.graph), threads)
+        jit.load()
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, inputs={[s.name for s in self.inputs]}, threads={self.threads})"
@@ -147,7 +150,7 @@ class Session:
         # buffers shared between values holds for every later run of the signature
         arrays = {name: _c_order(np.asarray(value)) for name, value in feeds.items()}
         plan = self._plans.get(signature)
-        with _threadpools().limit(limits=self.threads):
+        with _threadpools().limit(limits=self.threads), jit.thread_limit(self.threads):
             if plan is None and signature in self._records and not debug.enabled():
                 # Second run of a signature: plan now (search, packing), so the first result
                 # comes as fast as a plain run and the planning cost lands on the next one.
@@ -211,7 +214,7 @@ class Session:
         else the selector's pick from the input shapes."""
         if self._search.handles(step.op):
             shapes = [None if a is None else a.shape for a in args]
-            cached = self._search.cached(step.op, step.name, step.attrs, shapes)
+            cached = self._search.cached(step.op, step.name, step.attrs, shapes, _choose(step, args))
             if cached is not None:
                 return cached
         return _choose(step, args)
@@ -238,7 +241,8 @@ class Session:
                 inputs.append(planner.in_memory_order(value.astype(info.dtype), info.order))
             return inputs
 
-        return self._search.choose(step.op, step.name, step.attrs, shapes, static, make_inputs)
+        default = record.kernels[index]
+        return self._search.choose(step.op, step.name, step.attrs, shapes, static, make_inputs, default)
 
     # -- validation -----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import search
+from engine import kernels
 from engine.ops import conv, pool, scratch
 from engine.search import with_packed
 from tests.engine.helpers import (
@@ -249,7 +249,7 @@ def test_fused_conv_candidates_apply_the_activation_exactly_once(size, activatio
     attrs = with_activation({"pads": [1, 1, 1, 1], "strides": [stride, stride]}, activation)
     inputs = [x, w] if b is None else [x, w, b]
     want = _activation(conv.conv_im2col(inputs, attrs)[0], attrs)
-    candidates = search.CANDIDATES["FusedConv"](attrs, [a.shape for a in inputs])
+    candidates = kernels.NUMPY["FusedConv"](attrs, [a.shape for a in inputs])
     names = [kernel.__name__ for kernel in candidates]
     assert ("fused_conv_winograd4" if stride == 1 else "fused_conv_im2col_phased") in names
     assert_candidates_match(candidates, inputs, attrs, want, _scaled_atol(want))
@@ -283,7 +283,7 @@ def test_fused_depthwise_candidates_apply_the_activation_exactly_once(
     attrs = with_activation({"pads": pads, "strides": [stride, stride], "group": channels}, activation)
     model, feeds = single_node_model("Conv", inputs, {k: attrs[k] for k in ("pads", "strides", "group")})
     want = _activation(run_reference(model, feeds)[0], attrs)
-    candidates = search.CANDIDATES["FusedConv"](attrs, [a.shape for a in inputs])
+    candidates = kernels.NUMPY["FusedConv"](attrs, [a.shape for a in inputs])
     if channels > 1 and kernel > 1:  # a 1x1 depthwise conv runs as a (grouped) 1x1 GEMM
         assert "fused_conv_depthwise_nhwc" in [c.__name__ for c in candidates]
     assert_candidates_match(candidates, inputs, attrs, want, 1e-4)

@@ -20,8 +20,9 @@ from converter import convert, optimize
 from converter.translate import translate
 from engine import Session
 from engine.format import read_package
+from engine.kernels import NUMPY as CANDIDATES
 from engine.ops import conv, fused
-from engine.search import CANDIDATES, with_packed
+from engine.search import with_packed
 from tests.engine.helpers import run_reference
 from tests.engine.test_conv_kernels import ACTIVATIONS, assert_own_result, with_activation
 

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from converter import convert
-from engine import Session, planner, search
+from engine import Session, kernels, planner, search
 from engine.format import read_package
 from engine.ops import conv
 from engine.ops.registry import kernel_name
@@ -272,7 +272,7 @@ def test_a_first_run_uses_the_kernel_this_device_chose_before(tmp_path, monkeypa
     [written] = list(cache.iterdir())
     [key] = json.loads(written.read_text())
     attrs = {"group": 4, "pads": [1, 1, 1, 1]}
-    candidates = search.CANDIDATES["Conv"](attrs, [(1, 4, 9, 9), (4, 1, 3, 3)])
+    candidates = kernels.NUMPY["Conv"](attrs, [(1, 4, 9, 9), (4, 1, 3, 3)])
     selector = conv.select_conv(attrs, [(1, 4, 9, 9), (4, 1, 3, 3)])
     other = next(k for k in candidates if k is not selector and not hasattr(k, "pack"))
     written.write_text(json.dumps({key: kernel_name(other)}))
@@ -299,15 +299,15 @@ def _busy_kernel(name: str, seconds: float, calls: list[str]):
 def test_a_close_call_between_the_two_fastest_kernels_is_timed_again(tmp_path, monkeypatch):
     monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path))
     calls: list[str] = []
-    kernels = [
+    busy = [
         _busy_kernel("twin_a", 0.002, calls),
         _busy_kernel("twin_b", 0.002, calls),
         _busy_kernel("slow", 0.006, calls),
     ]
-    monkeypatch.setitem(search.CANDIDATES, "Conv", lambda attrs, shapes: kernels)
+    monkeypatch.setitem(kernels.NUMPY, "Conv", lambda attrs, shapes: busy)
     chooser = search.KernelSearch("digest", threads=1)
     chosen, note = chooser.choose("Conv", "n", {}, [(3,)], [False], lambda: [np.zeros(3, np.float32)])
-    assert chosen in kernels[:2] and note.startswith("searched: ")
+    assert chosen in busy[:2] and note.startswith("searched: ")
     # one checked run each, RUNS timed rounds each, and RUNS more for the two close ones
     assert calls.count("slow") == 1 + search.RUNS
     assert calls.count("twin_a") == calls.count("twin_b") == 1 + 2 * search.RUNS
@@ -356,8 +356,8 @@ def test_the_search_measures_candidates_on_inputs_laid_out_as_the_run_had_them(t
         candidate.__name__ = kernel.__name__
         return candidate
 
-    original = search.CANDIDATES["Conv"]
-    monkeypatch.setitem(search.CANDIDATES, "Conv", lambda a, s: [recording(k) for k in original(a, s)])
+    original = kernels.NUMPY["Conv"]
+    monkeypatch.setitem(kernels.NUMPY, "Conv", lambda a, s: [recording(k) for k in original(a, s)])
     session = Session(path)
     for _ in range(2):  # recorded, then planned (the search measures here)
         got = session.run({"x": x})["y"]

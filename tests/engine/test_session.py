@@ -22,6 +22,7 @@ from engine import (
     Session,
     TensorSpec,
     UnsupportedOperatorError,
+    jit,
 )
 from engine import session as session_module
 from engine.format import FORMAT_VERSION, read_package, write_package
@@ -362,11 +363,14 @@ def test_conv_kernel_variant_is_chosen_from_shapes(tmp_path):
     timings = Session(path).profile({"x": np.ones((1, 2, 5, 5), np.float32)})
     assert timings[0].kernel == "conv.conv_1x1"  # the only candidate: nothing to measure
     assert timings[0].note == ""
-    # depthwise has two kernels (flat, channels-last): both measured here, the fastest kept
+    # depthwise has two numpy kernels (flat, channels-last), and two JIT ones where numba is
+    # installed: all measured here, the fastest kept
+    jit_kernels = {"conv.conv_depthwise_jit", "conv.conv_depthwise_jit_nhwc"} if jit.enabled() else set()
     assert timings[1].kernel in {
         "conv.conv_depthwise",
         "conv.conv_depthwise_flat",
         "conv.conv_depthwise_nhwc",
+        *jit_kernels,
     }
     assert timings[1].note.startswith("searched: ")
     assert timings[1].kernel.split(".")[1] == timings[1].note.removeprefix("searched: ").split(" ")[0]

@@ -16,10 +16,10 @@ from onnx import TensorProto, helper, numpy_helper
 from converter import convert
 from engine import Session
 from engine.format import read_package
+from engine.kernels import NUMPY as CANDIDATES
 from engine.ops import fastmath, fused, inplace, raster
 from engine.ops.fastmath import forced_forms
 from engine.ops.normalization import layer_normalization
-from engine.search import CANDIDATES
 from tests.converter.models import fvalue, model
 from tests.engine.helpers import assert_same, run_engine, run_reference, single_node_model
 

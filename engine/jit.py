@@ -1,0 +1,167 @@
+"""The optional JIT tier: Ferry's own kernels in Python, compiled by numba (``ferry[jit]``).
+
+numpy stays the baseline that runs everywhere; where numba is installed (and ``FERRY_JIT`` is not
+``0``) the kernel layer (engine/kernels.py) adds JIT candidates beside the numpy ones and the
+kernel search (engine/search.py) measures both per device and node.  Nothing here imports numba
+until a JIT kernel is needed: importing it costs ~0.3 s and ~65 MB of resident LLVM.
+
+Compiling is kept out of the hot path.  Every JIT kernel is compiled for explicit signatures when
+its module is imported, with numba's on-disk cache in a directory the engine is told
+(``set_cache_dir``; the agent passes its state directory) or ``FERRY_JIT_CACHE`` (default
+``~/.cache/ferry/jit``); ``load()`` imports them all, so a package activation (or a benchmark)
+pays the compile, or the cache load, before the first inference.
+
+Parallel kernels (``prange``) run only when the caller allows more than one thread
+(``thread_limit``, set by the session from its ``threads``) and no other thread is inside a
+parallel kernel: numba's fallback thread pool (workqueue, used where OpenMP and TBB are
+missing) aborts the process on concurrent launches, so a busy pool means the serial variant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+# The modules holding JIT kernels, each beside its numpy twin; each has CANDIDATES (op -> provider).
+MODULES = ("engine.ops.conv.depthwise_jit", "engine.ops.rows_jit", "engine.ops.quantized_jit")
+
+_lock = threading.RLock()
+_parallel = threading.Lock()
+_local = threading.local()
+_cache_dir: Path | None = None
+_loaded: dict[str, ModuleType] = {}
+
+
+def enabled() -> bool:
+    """Whether JIT kernels may be used: numba is installed and ``FERRY_JIT`` is not ``0``."""
+    return os.environ.get("FERRY_JIT", "1") != "0" and importlib.util.find_spec("numba") is not None
+
+
+def fingerprint() -> str:
+    """What changes JIT timings and results: the numba version, or that there is no JIT tier
+    (the kernel search keys its cache on this, so installing or upgrading numba re-measures)."""
+    if not enabled():
+        return "numpy-only"
+    try:
+        return f"numba-{importlib.metadata.version('numba')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "numba-unknown"
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are cached: ``set_cache_dir``'s, else ``FERRY_JIT_CACHE``, else
+    ``~/.cache/ferry/jit``."""
+    if _cache_dir is not None:
+        return _cache_dir
+    configured = os.environ.get("FERRY_JIT_CACHE")
+    if configured:
+        return Path(configured)
+    try:
+        return Path.home() / ".cache" / "ferry" / "jit"
+    except (RuntimeError, KeyError):  # no home directory (some service accounts)
+        return Path(tempfile.gettempdir()) / "ferry-jit"
+
+
+def set_cache_dir(path: str | os.PathLike[str]) -> None:
+    """Cache compiled kernels under ``path`` (e.g. the agent's state directory).  Takes effect
+    for kernels not yet loaded in this process: call it before ``load()``."""
+    global _cache_dir
+    with _lock:
+        _cache_dir = Path(path)
+        if "numba" in sys.modules:
+            _configure_numba()
+
+
+def load(path: str | os.PathLike[str] | None = None) -> float:
+    """Compile (or load from the cache) every JIT kernel now; returns the seconds it took (0 when
+    the JIT tier is off).  Called at package activation so no inference pays for it."""
+    if path is not None:
+        set_cache_dir(path)
+    if not enabled():
+        return 0.0
+    start = time.perf_counter()
+    for name in MODULES:
+        module(name)
+    return time.perf_counter() - start
+
+
+def module(name: str) -> ModuleType:
+    """One JIT kernel module, imported (its kernels compiled) with the cache configured first."""
+    with _lock:
+        found = _loaded.get(name)
+        if found is None:
+            _configure_numba()
+            found = _loaded[name] = importlib.import_module(name)
+        return found
+
+
+def loaded() -> list[ModuleType]:
+    """The JIT kernel modules imported so far (all of them after ``load()``)."""
+    return [module(name) for name in MODULES] if enabled() else []
+
+
+def njit(signatures: list[Any] | str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """numba.njit with Ferry's defaults: compiled eagerly for ``signatures`` (a call with other
+    types raises TypeError instead of compiling in a run), cached on disk, GIL released."""
+    import numba  # noqa: PLC0415 - only JIT kernel modules call this
+
+    return numba.njit(signatures, cache=True, nogil=True, **options)
+
+
+def array(dtype: Any, ndim: int, layout: str = "A", readonly: bool = False) -> Any:
+    """A numba array type for signatures; ``readonly`` ones accept writeable arrays too (inputs
+    may be read-only: weights mapped from the package, plan constants)."""
+    from numba import types  # noqa: PLC0415 - only JIT kernel modules call this
+
+    return types.Array(dtype, ndim, layout, readonly=readonly)
+
+
+@contextlib.contextmanager
+def thread_limit(threads: int) -> Iterator[None]:
+    """Let JIT kernels called on this thread use up to ``threads`` threads."""
+    previous = getattr(_local, "threads", 1)
+    _local.threads = max(1, int(threads))
+    try:
+        yield
+    finally:
+        _local.threads = previous
+
+
+def threads() -> int:
+    """The thread count JIT kernels may use on this thread (1 unless ``thread_limit`` says)."""
+    return getattr(_local, "threads", 1)
+
+
+def run(serial: Callable[..., Any], parallel: Callable[..., Any], *args: Any) -> Any:
+    """``parallel(*args)`` on up to ``threads()`` threads when allowed and the pool is free,
+    else ``serial(*args)``."""
+    wanted = threads()
+    if wanted > 1 and _parallel.acquire(blocking=False):
+        try:
+            import numba  # noqa: PLC0415 - loaded already: a JIT kernel is calling
+
+            numba.set_num_threads(min(wanted, numba.config.NUMBA_NUM_THREADS))
+            return parallel(*args)
+        finally:
+            _parallel.release()
+    return serial(*args)
+
+
+def _configure_numba() -> None:
+    """Point numba's cache at ``cache_dir()`` (read when a cached function is defined)."""
+    import numba  # noqa: PLC0415
+
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    numba.config.CACHE_DIR = str(directory)

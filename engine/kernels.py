@@ -1,0 +1,87 @@
+"""The kernel layer: for each operator, every correct kernel this process can run, numpy first.
+
+numpy providers live beside their ops (``conv.conv_candidates``: im2col, direct GEMMs, Winograd,
+depthwise; ``fused.attention_candidates``); JIT providers live in the modules of ``engine.jit``
+(each beside its numpy twin, e.g. ``engine/ops/conv/depthwise_jit.py``) and are consulted only
+when numba is installed and enabled.  The kernel search (engine/search.py) measures what this
+returns; without numba the same calls return numpy kernels only.
+
+The first candidate is always the one the engine would run unsearched (the selector's pick, or
+``default``: the kernel the first run used), and JIT candidates are offered only where that
+default is the op's current kernel (a legacy opset meaning, e.g. Softmax before 13, has none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from engine import jit
+from engine.ops import conv
+from engine.ops.registry import REGISTRY, Kernel
+
+Shapes = Sequence[tuple[int, ...] | None]
+Provider = Callable[[dict[str, Any], Shapes], list[Kernel]]
+
+
+def _fused_conv(attrs: dict[str, Any], shapes: Shapes) -> list[Kernel]:
+    """The converter's FusedConv (Conv + activation): the Conv candidates, activation after."""
+    from engine.ops import fused  # noqa: PLC0415 - the converter's module; optional here
+
+    return [fused.with_activation(inner) for inner in conv.conv_candidates(attrs, shapes)]
+
+
+def _attention(attrs: dict[str, Any], shapes: Shapes) -> list[Kernel]:
+    """FusedAttention: all heads in batched matmuls, or one head at a time (which wins depends
+    on the head count and sizes, and on the BLAS: measured, batched usually)."""
+    from engine.ops import fused  # noqa: PLC0415 - the converter's module, as above
+
+    return fused.attention_candidates(attrs, shapes)
+
+
+# Ops with several numpy kernels; their first candidate is the selector's pick.
+NUMPY: dict[str, Provider] = {
+    "Conv": conv.conv_candidates,
+    "FusedConv": _fused_conv,
+    "FusedAttention": _attention,
+}
+
+
+def ops() -> frozenset[str]:
+    """The ops that have more than one candidate kernel in this process (worth measuring)."""
+    found = set(NUMPY)
+    for module in jit.loaded():
+        found.update(module.CANDIDATES)
+    return frozenset(found)
+
+
+def candidates(op: str, attrs: dict[str, Any], shapes: Shapes, default: Kernel | None = None) -> list[Kernel]:
+    """Every kernel that can run this node, the unsearched one first, then JIT ones (if any)."""
+    if op in NUMPY:
+        found = NUMPY[op](attrs, shapes)
+    elif default is not None:
+        found = [default]
+    else:
+        found = [REGISTRY[op]] if op in REGISTRY else []
+    if not found or (op not in NUMPY and found[0] is not REGISTRY.get(op)):
+        return found
+    return found + jit_candidates(op, attrs, shapes)
+
+
+def jit_candidates(op: str, attrs: dict[str, Any], shapes: Shapes) -> list[Kernel]:
+    """The JIT kernels for this node (none without numba)."""
+    found: list[Kernel] = []
+    for module in jit.loaded():
+        provider = module.CANDIDATES.get(op)
+        if provider is not None:
+            found += provider(attrs, shapes)
+    if op == "FusedConv":
+        from engine.ops import fused  # noqa: PLC0415 - as above
+
+        found += [fused.with_activation(inner) for inner in jit_candidates("Conv", attrs, shapes)]
+    return found
+
+
+def tier(kernel: Kernel) -> str:
+    """``"jit"`` for a JIT kernel, else ``"numpy"`` (profiles and the benchmark print it)."""
+    return "jit" if getattr(kernel, "jit", False) else "numpy"
