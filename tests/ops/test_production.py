@@ -378,3 +378,37 @@ def test_gunicorn_serves_static_files_and_the_api_and_stops_cleanly(transactiona
     assert "Traceback" not in output, output[-3000:]
     # no access log from gunicorn: request lines come from the app's own structured log
     assert not re.search(r'"GET /static/[^"]* HTTP/1\.1" 200', output), output[-3000:]
+
+
+def test_gateway_healthcheck_against_the_gateway_process(transactional_db, tmp_path: Path):
+    """compose's gateway command in production mode on the test database; its healthcheck
+    passes once the gateway's health service says SERVING."""
+    port = free_port()
+    env = _production_env(tmp_path, FERRY_DATABASE_URL=_database_url(), FERRY_S3_BUCKET="")
+    command = _compose()["services"]["gateway"]["command"]
+    assert command[-2:] == ["--address", "0.0.0.0:50051"]
+    log = tmp_path / "gateway.log"
+    with open(log, "ab") as out:
+        gateway = subprocess.Popen(
+            [sys.executable, *command[1:-1], f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    code = _healthcheck_code("gateway").replace("127.0.0.1:50051", f"127.0.0.1:{port}")
+    try:
+        wait_for_port(port, 60, process=gateway)
+
+        def passes() -> bool:
+            check = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
+            return check.returncode == 0
+
+        _wait(passes, 60, "the gateway's healthcheck to pass", log)
+        gateway.send_signal(signal.SIGTERM)
+        assert gateway.wait(timeout=30) == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        if gateway.poll() is None:
+            os.killpg(gateway.pid, signal.SIGKILL)
+            gateway.wait()
