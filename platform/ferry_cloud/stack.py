@@ -185,4 +185,5 @@ class Stack:
         codes = _terminate(agents, time.monotonic() + timeout / 2)
         codes.update(_terminate(others, deadline))
         self.processes.clear()
-        return {name: codes[name] for name, _ in reversed(list(agents + others)) if name in codes}
+        order = [*reversed(agents), *reversed(others)]  # as they were stopped
+        return {name: codes[name] for name, _ in order if name in codes}
