@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from ferry_cloud.api_errors import ServiceError
+from ferry_cloud.errors import PermissionDenied
 
 from accounts.models import Organisation
 
 
-class NoOrganisation(ServiceError):
-    status_code = 403
+class NoOrganisation(PermissionDenied):
     code = "no_organisation"
 
 

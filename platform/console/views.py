@@ -8,7 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
-from ferry_cloud.api_errors import ServiceError
+from ferry_cloud.errors import DomainError
 from fleet.selectors import (
     device_get,
     device_group_get,
@@ -31,7 +31,7 @@ def _organisation(request):
     return organisation_for_user(user=request.user)
 
 
-def _forbidden(request, exc: ServiceError):
+def _forbidden(request, exc: DomainError):
     return render(request, "console/error.html", {"message": str(exc)}, status=403)
 
 
@@ -39,7 +39,7 @@ def _forbidden(request, exc: ServiceError):
 def dashboard(request):
     try:
         org = _organisation(request)
-    except ServiceError as exc:
+    except DomainError as exc:
         return _forbidden(request, exc)
     context = {
         "organisation": org,
@@ -73,7 +73,7 @@ def release_action(request, release_id: str, action: str):
             phase=int(phase) if phase else None,
         )
         messages.success(request, f"Release {release.name}: {action} done.")
-    except ServiceError as exc:
+    except DomainError as exc:
         messages.error(request, str(exc))
     except ValueError:
         messages.error(request, "The form's revision or phase is not a number; reload the page.")
@@ -85,7 +85,7 @@ def release_detail(request, release_id: str):
     try:
         org = _organisation(request)
         release = release_get(organisation=org, release_id=release_id)
-    except ServiceError as exc:
+    except DomainError as exc:
         return _forbidden(request, exc)
     phases = release_phases(release)
     context = {
@@ -127,7 +127,7 @@ def release_gate(request, release_id: str):
         release = release_get(organisation=_organisation(request), release_id=release_id)
         status = release_gate_evaluate(release_id=release.pk)
         messages.success(request, f"Gate evaluated: {status['step']} ({status['reason']}).")
-    except ServiceError as exc:
+    except DomainError as exc:
         messages.error(request, str(exc))
         return redirect("console:dashboard")
     return redirect("console:release", release_id=release_id)
@@ -137,7 +137,7 @@ def release_gate(request, release_id: str):
 def release_new(request):
     try:
         org = _organisation(request)
-    except ServiceError as exc:
+    except DomainError as exc:
         return _forbidden(request, exc)
     groups = device_group_list(organisation=org)
     form = ReleaseForm(request.POST or None, versions=_ready_versions(org), groups=groups)
@@ -152,7 +152,7 @@ def release_new(request):
             )
             messages.success(request, f"Release {release.name} created.")
             return redirect(reverse("console:release", kwargs={"release_id": release.pk}))
-        except ServiceError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
     return render(request, "console/release_new.html", {"organisation": org, "form": form})
 
@@ -161,7 +161,7 @@ def release_new(request):
 def groups(request):
     try:
         org = _organisation(request)
-    except ServiceError as exc:
+    except DomainError as exc:
         return _forbidden(request, exc)
     form = GroupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -178,7 +178,7 @@ def groups(request):
             )
             messages.success(request, f"Group {data['name']} created.")
             return redirect("console:groups")
-        except ServiceError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
     rows = [
         {"group": g, "members": len(device_group_member_ids(group=g))}
@@ -202,7 +202,7 @@ def group_pin(request, group_id: str):
         group = device_group_get(organisation=_organisation(request), group_id=group_id)
         device_group_update(group=group, pinned_version_id=request.POST.get("version") or None)
         messages.success(request, f"Group {group.name}: pin saved.")
-    except ServiceError as exc:
+    except DomainError as exc:
         messages.error(request, str(exc))
     return redirect("console:groups")
 
@@ -215,6 +215,6 @@ def device_pin_view(request, device_id: str):
         device = device_get(organisation=_organisation(request), device_id=device_id)
         device_pin(device=device, version_id=request.POST.get("version") or None)
         messages.success(request, f"Device {device.name}: pin saved.")
-    except ServiceError as exc:
+    except DomainError as exc:
         messages.error(request, str(exc))
     return redirect("console:dashboard")

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from accounts.api import OrganisationApi
 from drf_spectacular.utils import extend_schema
-from ferry_cloud.api_errors import ServiceError
+from ferry_cloud.errors import Invalid
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
@@ -216,7 +216,7 @@ class FilterPreviewOutput(serializers.Serializer):
     device_ids = serializers.ListField(child=serializers.CharField(), help_text="The first 100.")
 
 
-class InvalidFilter(ServiceError):
+class InvalidFilter(Invalid):
     code = "invalid_filter"
 
 

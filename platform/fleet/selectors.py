@@ -5,7 +5,7 @@ from __future__ import annotations
 from accounts.models import Organisation
 from django.core.exceptions import ValidationError
 from django.db.models import Count, QuerySet
-from ferry_cloud.api_errors import NotFound
+from ferry_cloud.errors import NotFound
 
 from deploy.filters import Filter
 from fleet.models import Device, DeviceGroup

@@ -12,7 +12,7 @@ from accounts.models import Organisation
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
-from ferry_cloud.api_errors import ServiceError
+from ferry_cloud.errors import Invalid, PermissionDenied, Unauthenticated
 from gateway.hints import fleet_changed
 from registry.models import ModelVersion
 
@@ -22,13 +22,11 @@ from deploy.windows import MaintenanceWindow
 from fleet.models import Device, DeviceGroup, DeviceVersionChange, EnrolmentToken
 
 
-class EnrolmentRefused(ServiceError):
-    status_code = 403
+class EnrolmentRefused(PermissionDenied):
     code = "enrolment_refused"
 
 
-class DeviceUnauthenticated(ServiceError):
-    status_code = 401
+class DeviceUnauthenticated(Unauthenticated):
     code = "unauthenticated"
 
 
@@ -145,11 +143,11 @@ def device_record_check_in(*, device: Device, attributes: dict[str, str], runnin
 # --- groups and pins ----------------------------------------------------------------------
 
 
-class InvalidGroup(ServiceError):
+class InvalidGroup(Invalid):
     code = "invalid_group"
 
 
-class InvalidPin(ServiceError):
+class InvalidPin(Invalid):
     code = "invalid_pin"
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import grpc
 from django.conf import settings
 from django.db import close_old_connections, connection
-from ferry_cloud.api_errors import ServiceError
+from ferry_cloud.errors import DomainError
 from ferry_cloud.release_key import release_public_key
 from fleet.models import Device
 from fleet.services import device_authenticate, device_enrol, device_record_check_in
@@ -21,6 +21,7 @@ from releases.selectors import desired_package_for
 from telemetry.services import IncomingRecord, telemetry_ingest
 
 from deploy.proto import agent_pb2, agent_pb2_grpc
+from gateway.errors import abort_with
 from gateway.hints import HintHub
 
 log = logging.getLogger(__name__)
@@ -36,15 +37,6 @@ def _attributes(message: agent_pb2.DeviceAttributes) -> tuple[dict[str, str], di
     return {k: v for k, v in attributes.items() if v}, dict(message.labels)
 
 
-def _abort_on_service_error(context: grpc.ServicerContext, exc: ServiceError) -> None:
-    code = {
-        401: grpc.StatusCode.UNAUTHENTICATED,
-        403: grpc.StatusCode.PERMISSION_DENIED,
-        404: grpc.StatusCode.NOT_FOUND,
-    }.get(exc.status_code, grpc.StatusCode.INVALID_ARGUMENT)
-    context.abort(code, str(exc))
-
-
 def _device(context: grpc.ServicerContext) -> Device:
     metadata = dict(context.invocation_metadata())
     scheme, _, credential = metadata.get("authorization", "").partition(" ")
@@ -54,8 +46,8 @@ def _device(context: grpc.ServicerContext) -> Device:
         )
     try:
         return device_authenticate(credential=credential)
-    except ServiceError as exc:
-        _abort_on_service_error(context, exc)
+    except DomainError as exc:
+        abort_with(context, exc)
         raise  # unreachable: abort raises
 
 
@@ -70,8 +62,8 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
             enrolment = device_enrol(
                 token=request.token, name=request.name, attributes=attributes, labels=labels
             )
-        except ServiceError as exc:
-            _abort_on_service_error(context, exc)
+        except DomainError as exc:
+            abort_with(context, exc)
         log.info("device %s enrolled as %s", enrolment.device.name, enrolment.device.pk)
         return agent_pb2.EnrolResponse(
             device_id=str(enrolment.device.pk),

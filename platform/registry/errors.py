@@ -1,7 +1,9 @@
-from ferry_cloud.api_errors import Conflict, ServiceError
+"""The registry's own refusals, in the domain error families of ferry_cloud.errors."""
+
+from ferry_cloud.errors import Conflict, Invalid
 
 
-class InvalidUpload(ServiceError):
+class InvalidUpload(Invalid):
     code = "invalid_upload"
 
 

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
-from ferry_cloud.api_errors import Conflict
+from ferry_cloud.errors import Conflict
 from ferry_cloud.release_key import release_private_key
 
 from converter import convert

@@ -8,7 +8,7 @@ from typing import Any
 from accounts.models import Organisation
 from django.core.exceptions import ValidationError
 from django.db.models import Count, QuerySet
-from ferry_cloud.api_errors import NotFound
+from ferry_cloud.errors import NotFound
 from fleet.models import Device, DeviceGroup, DeviceVersionChange
 from registry.models import ModelVersion
 

@@ -10,7 +10,7 @@ from typing import Any
 from accounts.models import Organisation
 from django.db import transaction
 from django.utils import timezone
-from ferry_cloud.api_errors import Conflict, ServiceError
+from ferry_cloud.errors import Conflict, Invalid
 from gateway.hints import fleet_changed
 from registry.models import ModelVersion
 from registry.services import version_mark_released
@@ -29,7 +29,7 @@ GATE_LOOKBACK = timedelta(minutes=15)
 EXTRA_ACTIONS = ("activate",)  # download-only release: let its devices switch to the version now
 
 
-class InvalidRelease(ServiceError):
+class InvalidRelease(Invalid):
     code = "invalid_release"
 
 
