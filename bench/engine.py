@@ -31,7 +31,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+# A device's image sets these for old OpenBLAS builds; they pin OpenBLAS to a kernel set (and
+# cache size) that may not be this CPU's best.  Measure as a device with a current OpenBLAS
+# runs: unset both for this command alone (re-executed before numpy loads OpenBLAS, which reads
+# them once), and say so in the header.  Tests keep them.
+OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+if any(name in os.environ for name in OPENBLAS_OVERRIDES) and "--child" not in sys.argv:
+    _env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_OVERRIDES}
+    _env["FERRY_BENCH_UNSET"] = ",".join(
+        f"{k}={os.environ[k]}" for k in OPENBLAS_OVERRIDES if k in os.environ
+    )
+    os.execve(sys.executable, [sys.executable, *sys.argv], _env)
+
+import numpy as np  # noqa: E402  (after the re-exec above)
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -106,11 +118,11 @@ def child(runtime: str, path: str, feeds_path: str, threads: int) -> None:
         feeds = {name: data[name] for name in data.files}
     stages["rss_feeds"] = _rss_mb()
     start = time.perf_counter()
-    if runtime == "ferry":
+    if runtime in ("ferry", "ferry-numpy"):
         from engine import Session
 
         stages["rss_import"] = _rss_mb()
-        session = Session(path, threads=threads)
+        session = Session(path, threads=threads, jit=runtime == "ferry")
         run = lambda: session.run(feeds)  # noqa: E731
     else:
         import onnxruntime as ort
@@ -129,6 +141,30 @@ def child(runtime: str, path: str, feeds_path: str, threads: int) -> None:
     # file pages the runs first touched: the weights, and library code first used in a run
     stages["rss_runs_file"] = _rss_mb("RssFile") - file_before
     print(json.dumps({"load_s": load, "peak_rss_mb": _peak_rss_mb(), **stages}))
+
+
+def jit_child(cache: str) -> None:
+    """Runs in its own process: compile (or load from ``cache``) every JIT kernel, print seconds."""
+    from engine import jit  # noqa: PLC0415
+
+    print(json.dumps({"jit_load_s": jit.load(cache)}))
+
+
+def jit_compile_times() -> tuple[float, float] | None:
+    """(first-ever compile, warm-cache load) of the JIT kernels, each in a fresh process, or None
+    without numba."""
+    from engine import jit  # noqa: PLC0415
+
+    if not jit.enabled():
+        return None
+    with tempfile.TemporaryDirectory(prefix="ferry-bench-jit-") as cache:
+        times = []
+        for _ in range(2):
+            out = subprocess.run(
+                [sys.executable, __file__, "--jit-child", cache], capture_output=True, text=True, check=True
+            )
+            times.append(json.loads(out.stdout.strip().splitlines()[-1])["jit_load_s"])
+    return times[0], times[1]
 
 
 def _rss_mb(field: str = "VmRSS") -> float:
@@ -212,10 +248,12 @@ def interleave(runners: list[Runner], rounds: int, settle: float = 0.0) -> None:
                 runner.times.append(time.perf_counter() - start)
 
 
-def ferry_runner(name: str, package: Path, feeds: dict, threads: int, rounds: int) -> tuple[Runner, object]:
+def ferry_runner(
+    name: str, package: Path, feeds: dict, threads: int, rounds: int, jit: bool = True
+) -> tuple[Runner, object]:
     from engine import Session
 
-    session = Session(package, threads=threads)
+    session = Session(package, threads=threads, jit=jit)
     return Runner(name, lambda: session.run(feeds), rounds), session
 
 
@@ -254,6 +292,7 @@ def convert_package(onnx_path: Path, out_dir: Path, quantize: str | None = None)
 
 
 def bench_model(name: str, out_dir: Path, rounds: int, ref_rounds: int) -> list[dict]:
+    """Ferry numpy-only and Ferry with its JIT tier beside onnxruntime, 1 and 2 threads."""
     from onnx.reference import ReferenceEvaluator
 
     from engine import Session
@@ -264,24 +303,23 @@ def bench_model(name: str, out_dir: Path, rounds: int, ref_rounds: int) -> list[
     variants = [("fp32", package)]
     if name == "gpt_decoder_step":
         variants.append(("int8", convert_package(onnx_path, out_dir, "int8")))
-    ferry1, _ = ferry_runner("ferry1", package, feeds, 1, rounds)
-    ferry2, _ = ferry_runner("ferry2", package, feeds, 2, rounds)
     ort1, ort_session = ort_runner("ort1", onnx_path, feeds, 1, rounds)
     ort2, _ = ort_runner("ort2", onnx_path, feeds, 2, rounds)
     reference = ReferenceEvaluator(str(onnx_path))
     ref = Runner("ref", one_blas_thread(lambda: reference.run(None, feeds)), ref_rounds)
-    one_thread = [ferry1, ort1, ref]
-    extra = {}
-    for label, pkg in variants[1:]:
-        if pkg is not None:
-            runner, _ = ferry_runner(f"ferry1-{label}", pkg, feeds, 1, rounds)
-            one_thread.append(runner)
-            extra[label] = (runner, pkg)
+    ferry: dict[tuple[str, str, int], Runner] = {}
+    for label, pkg in variants:
+        for tier in ("numpy", "jit"):
+            for threads in (1, 2):
+                if pkg is not None:
+                    ferry[label, tier, threads], _ = ferry_runner(
+                        f"{label}-{tier}{threads}", pkg, feeds, threads, rounds, jit=tier == "jit"
+                    )
     # 1-thread and 2-thread runtimes in separate phases, with a pause before each 2-thread
-    # run: idle pool threads of a 2-thread session (onnxruntime's and OpenBLAS's) spin for
+    # run: idle pool threads of a 2-thread session (onnxruntime's, OpenBLAS's, numba's) spin for
     # a while after each run and would starve whatever runs next on a 2-core machine.
-    interleave(one_thread, rounds)
-    interleave([ferry2, ort2], rounds, settle=0.05)
+    interleave([*(r for k, r in ferry.items() if k[2] == 1), ort1, ref], rounds)
+    interleave([*(r for k, r in ferry.items() if k[2] == 2), ort2], rounds, settle=0.05)
 
     expected = ort_session.run(None, feeds)
     gflop = flops(onnx_path) / 1e9
@@ -291,26 +329,30 @@ def bench_model(name: str, out_dir: Path, rounds: int, ref_rounds: int) -> list[
         if pkg is None:
             rows.append({"model": name, "variant": label, "missing": True})
             continue
-        runner = ferry1 if label == "fp32" else extra[label][0]
         got = Session(pkg, threads=1).run(feeds)
         diff = max(
             float(np.max(np.abs(got[key].astype(np.float64) - want))) / max(1.0, float(np.max(np.abs(want))))
             for key, want in zip(got, expected, strict=True)
         )
         fresh = in_fresh_process("ferry", pkg, feeds)
+        fresh_numpy = in_fresh_process("ferry-numpy", pkg, feeds)
+        jit1 = ferry[label, "jit", 1]
         rows.append(
             {
                 "model": name,
                 "variant": label,
-                "ferry1": (runner.median_ms(), runner.min_ms()),
+                "numpy1": ferry[label, "numpy", 1].median_ms(),
+                "jit1": (jit1.median_ms(), jit1.min_ms()),
                 "ort1": (ort1.median_ms(), ort1.min_ms()),
-                "ferry2_min": ferry2.min_ms() if label == "fp32" else None,
+                "numpy2_min": ferry[label, "numpy", 2].min_ms(),
+                "jit2_min": ferry[label, "jit", 2].min_ms(),
                 "ort2_min": ort2.min_ms(),
                 "ref": ref.median_ms(),
-                "gflops": gflop / (runner.median_ms() / 1e3),
+                "gflops": gflop / (jit1.median_ms() / 1e3),
                 "ort_gflops": gflop / (ort1.median_ms() / 1e3),
                 "load": (fresh["load_s"] * 1e3, ort_fresh["load_s"] * 1e3),
                 "rss": (fresh["peak_rss_mb"], ort_fresh["peak_rss_mb"]),
+                "rss_numpy": fresh_numpy["peak_rss_mb"],
                 "rss_stages": {k: v for k, v in fresh.items() if k.startswith("rss_")},
                 "rel_diff": diff,
             }
@@ -320,25 +362,35 @@ def bench_model(name: str, out_dir: Path, rounds: int, ref_rounds: int) -> list[
 
 def print_table(rows: list[dict]) -> None:
     head = (
-        f"{'model':<22}{'ferry1 med/min':>16}{'ort1 med/min':>15}{'ratio':>7}{'f2min':>8}{'o2min':>8}"
-        f"{'ratio2':>7}{'x ref f/o':>10}{'GF/s f/o':>11}{'load ms f/o':>13}{'RSS MB f/o':>12}{'rel diff':>10}"
+        f"{'model':<20}{'np1':>7}{'jit1 med/min':>14}{'ort1 med/min':>14}{'np/o':>6}{'jit/o':>6}"
+        f"{'np2':>7}{'jit2':>7}{'ort2':>7}{'jit/o2':>7}{'x ref':>7}{'GF/s j/o':>10}{'load j/o':>11}"
+        f"{'RSS np/jit/ort':>16}{'rel diff':>9}"
     )
     print(head)
     print("-" * len(head))
     for r in rows:
         label = r["model"] + ("" if r["variant"] == "fp32" else f" {r['variant']}")
         if r.get("missing"):
-            print(f"{label:<22}  not converted")
+            print(f"{label:<20}  not converted")
             continue
-        f1, o1 = r["ferry1"], r["ort1"]
-        f2 = f"{r['ferry2_min']:8.1f}" if r["ferry2_min"] is not None else f"{'-':>8}"
-        ratio2 = f"{r['ferry2_min'] / r['ort2_min']:7.2f}" if r["ferry2_min"] is not None else f"{'-':>7}"
+        j1, o1 = r["jit1"], r["ort1"]
         print(
-            f"{label:<22}{f1[0]:8.1f}/{f1[1]:<7.1f}{o1[0]:7.1f}/{o1[1]:<7.1f}{f1[0] / o1[0]:7.2f}"
-            f"{f2}{r['ort2_min']:8.1f}{ratio2}{r['ref'] / f1[0]:6.0f}/{r['ref'] / o1[0]:<4.0f}"
-            f"{r['gflops']:6.0f}/{r['ort_gflops']:<4.0f}{r['load'][0]:7.0f}/{r['load'][1]:<5.0f}"
-            f"{r['rss'][0]:6.0f}/{r['rss'][1]:<5.0f}{r['rel_diff']:10.1e}"
+            f"{label:<20}{r['numpy1']:7.1f}{j1[0]:7.1f}/{j1[1]:<6.1f}{o1[0]:7.1f}/{o1[1]:<6.1f}"
+            f"{r['numpy1'] / o1[0]:6.2f}{j1[0] / o1[0]:6.2f}"
+            f"{r['numpy2_min']:7.1f}{r['jit2_min']:7.1f}{r['ort2_min']:7.1f}"
+            f"{r['jit2_min'] / r['ort2_min']:7.2f}"
+            f"{r['ref'] / j1[0]:7.0f}{r['gflops']:5.0f}/{r['ort_gflops']:<4.0f}"
+            f"{r['load'][0]:6.0f}/{r['load'][1]:<4.0f}"
+            f"{r['rss_numpy']:6.0f}/{r['rss'][0]:.0f}/{r['rss'][1]:<4.0f}{r['rel_diff']:9.1e}"
         )
+    fp32 = [r for r in rows if r["variant"] == "fp32" and not r.get("missing")]
+    if fp32:
+        for key, label in (("numpy1", "numpy 1t"), ("jit1", "JIT 1t")):
+            ratios = [(r[key] if key == "numpy1" else r[key][0]) / r["ort1"][0] for r in fp32]
+            print(f"geomean Ferry {label} / onnxruntime: {statistics.geometric_mean(ratios):.2f}")
+        for key, label in (("numpy2_min", "numpy 2t"), ("jit2_min", "JIT 2t")):
+            ratios = [r[key] / r["ort2_min"] for r in fp32]
+            print(f"geomean Ferry {label} / onnxruntime (minimums): {statistics.geometric_mean(ratios):.2f}")
     for note in variant_notes(rows):
         print(note)
 
@@ -352,7 +404,9 @@ def variant_notes(rows: list[dict]) -> list[str]:
         if r["variant"] == "fp32" or r.get("missing") or base is None:
             continue
         notes.append(
-            f"{r['model']} {r['variant']}: {r['ferry1'][0] / r['ort1'][0]:.2f}x onnxruntime fp32 time, "
+            f"{r['model']} {r['variant']}: JIT {r['jit1'][0] / r['ort1'][0]:.2f}x onnxruntime fp32 time, "
+            f"{base['jit1'][0] / r['jit1'][0]:.2f}x faster than Ferry fp32 (numpy-only "
+            f"{base['numpy1'] / r['numpy1']:.2f}x), "
             f"peak RSS {r['rss'][0]:.0f} MB = {100 * r['rss'][0] / base['rss'][0]:.0f}% of Ferry fp32's"
         )
         notes.extend(f"  {label}: {_rss_growth(row)}" for label, row in (("fp32", base), (r["variant"], r)))
@@ -394,6 +448,14 @@ def _numpy_simd() -> str:
     return f"numpy SIMD {found[-1] if found else ' '.join(umath.__cpu_baseline__)}; Ferry's {forms}"
 
 
+def _jit_note(times: tuple[float, float] | None) -> str:
+    if times is None:
+        return "no JIT tier (numba not installed): the jit columns are numpy-only too"
+    import numba  # noqa: PLC0415
+
+    return f"numba {numba.__version__} (first compile {times[0]:.1f} s, warm-cache load {times[1]:.2f} s)"
+
+
 def _cpu() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -414,12 +476,17 @@ def main() -> None:
     parser.add_argument(
         "--child", nargs=4, metavar=("RUNTIME", "PATH", "FEEDS", "THREADS"), help=argparse.SUPPRESS
     )
+    parser.add_argument("--jit-child", metavar="CACHE", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.jit_child:
+        jit_child(args.jit_child)
+        return
     if args.child:
         runtime, path, feeds_path, threads = args.child
         child(runtime, path, feeds_path, int(threads))
         return
     compile_engine()
+    jit_times = jit_compile_times()
     rows = []
     with tempfile.TemporaryDirectory(prefix="ferry-bench-") as tmp:
         for name in args.models.split(","):
@@ -427,12 +494,15 @@ def main() -> None:
             rows += bench_model(name, Path(tmp), args.rounds, args.ref_rounds)
     import onnxruntime
 
+    unset = os.environ.get("FERRY_BENCH_UNSET")
     print(
         f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_cpu()}, "
+        f"{'unset for this run: ' + unset if unset else 'OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE not set'}; "
+        f"{_jit_note(jit_times)}; "
         f"numpy {np.__version__} on {_blas()} ({_numpy_simd()}), onnxruntime {onnxruntime.__version__}; "
-        "times in ms; "
-        "ratio = Ferry/onnxruntime (1 thread, medians); f2min/o2min = 2-thread minimums; "
-        "x ref f/o = times faster than ReferenceEvaluator (1 BLAS thread) for Ferry / onnxruntime; "
+        "times in ms; np = Ferry numpy-only, jit = Ferry with its JIT tier, ort = onnxruntime; "
+        "1 = 1 thread (medians, and minimums), 2 = 2-thread minimums; np/o, jit/o = Ferry/onnxruntime; "
+        "x ref = times faster than ReferenceEvaluator (1 BLAS thread) for Ferry JIT; "
         "rel diff = max abs difference to onnxruntime "
         "/ max(1, max |onnxruntime|); load, RSS = median of 3 fresh processes (peak RSS)\n"
     )

@@ -47,23 +47,27 @@ NUMPY: dict[str, Provider] = {
 }
 
 
-def ops() -> frozenset[str]:
-    """The ops that have more than one candidate kernel in this process (worth measuring)."""
+def ops(use_jit: bool = True) -> frozenset[str]:
+    """The ops that may have more than one candidate kernel (worth measuring); JIT ones only
+    when ``use_jit`` and numba is there."""
     found = set(NUMPY)
-    for module in jit.loaded():
+    for module in jit.loaded() if use_jit else []:
         found.update(module.CANDIDATES)
     return frozenset(found)
 
 
-def candidates(op: str, attrs: dict[str, Any], shapes: Shapes, default: Kernel | None = None) -> list[Kernel]:
-    """Every kernel that can run this node, the unsearched one first, then JIT ones (if any)."""
+def candidates(
+    op: str, attrs: dict[str, Any], shapes: Shapes, default: Kernel | None = None, use_jit: bool = True
+) -> list[Kernel]:
+    """Every kernel that can run this node, the unsearched one first, then JIT ones (if any and
+    ``use_jit``)."""
     if op in NUMPY:
         found = NUMPY[op](attrs, shapes)
     elif default is not None:
         found = [default]
     else:
         found = [REGISTRY[op]] if op in REGISTRY else []
-    if not found or (op not in NUMPY and found[0] is not REGISTRY.get(op)):
+    if not use_jit or not found or (op not in NUMPY and found[0] is not REGISTRY.get(op)):
         return found
     return found + jit_candidates(op, attrs, shapes)
 

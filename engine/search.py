@@ -50,7 +50,7 @@ def cache_dir() -> Path:
         return Path(tempfile.gettempdir()) / "ferry-kernels"
 
 
-def device_fingerprint(threads: int) -> str:
+def device_fingerprint(threads: int, use_jit: bool = True) -> str:
     """What makes timings comparable: CPU, its flags, numpy and BLAS build, thread count, and the
     JIT tier (numba's version, or none): changing any of them re-measures."""
     from threadpoolctl import threadpool_info  # noqa: PLC0415 - only needed when searching
@@ -62,7 +62,15 @@ def device_fingerprint(threads: int) -> str:
     except OSError:
         cpu = platform.processor()
     blas = [(p.get("internal_api"), p.get("architecture"), p.get("version")) for p in threadpool_info()]
-    machine = [platform.machine(), cpu, np.__version__, blas, threads, os.cpu_count(), jit.fingerprint()]
+    machine = [
+        platform.machine(),
+        cpu,
+        np.__version__,
+        blas,
+        threads,
+        os.cpu_count(),
+        jit.fingerprint() if use_jit else "numpy-only",
+    ]
     text = json.dumps(machine, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -70,9 +78,10 @@ def device_fingerprint(threads: int) -> str:
 class KernelSearch:
     """Kernel choices for one model on this device, measured once and cached on disk."""
 
-    def __init__(self, model_digest: str, threads: int) -> None:
+    def __init__(self, model_digest: str, threads: int, use_jit: bool = True) -> None:
         self.threads = threads
-        self.path = cache_dir() / f"{model_digest[:24]}-{device_fingerprint(threads)[:24]}.json"
+        self.use_jit = use_jit and jit.enabled()
+        self.path = cache_dir() / f"{model_digest[:24]}-{device_fingerprint(threads, self.use_jit)[:24]}.json"
         self.choices: dict[str, str] = self._load()
         self._dirty = False
 
@@ -84,7 +93,7 @@ class KernelSearch:
         return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
     def handles(self, op: str) -> bool:
-        return enabled() and op in kernels.ops()
+        return enabled() and op in kernels.ops(self.use_jit)
 
     def choose(
         self,
@@ -103,7 +112,9 @@ class KernelSearch:
         ``static[i]`` says whether input i is fixed for the plan (only those may be pre-packed);
         ``default`` is the kernel the node runs unsearched (the first run's).
         """
-        candidates = [k for k in kernels.candidates(op, attrs, shapes, default) if _packable(k, static)]
+        candidates = [
+            k for k in kernels.candidates(op, attrs, shapes, default, self.use_jit) if _packable(k, static)
+        ]
         if not candidates and default is not None:
             return default, ""
         if len(candidates) == 1:
@@ -132,7 +143,7 @@ class KernelSearch:
         name = self.choices.get(_key(node, shapes))
         if name is None or not self.handles(op):
             return None
-        for kernel in kernels.candidates(op, attrs, shapes, default):
+        for kernel in kernels.candidates(op, attrs, shapes, default, self.use_jit):
             if kernel_name(kernel) == name:
                 return None if hasattr(kernel, "pack") else kernel
         return None

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from engine import debug, jit, planner
+from engine import debug, planner
+from engine import jit as jit_tier
 from engine.allocator import tune_malloc
 from engine.errors import EngineError, InputError, NodeExecutionError, PackageError
 from engine.format import read_package, release_pages
@@ -66,11 +67,15 @@ class Session:
     """A loaded model.  Not thread-safe: use one Session per thread.
 
     ``threads`` caps the BLAS thread pool during runs (default: every core), and the JIT
-    kernels' threads.  Creating a Session compiles the JIT kernels (or loads them from numba's
-    on-disk cache, see ``engine.jit``) when numba is installed, so no run pays for that.
+    kernels' threads.  ``jit`` (default: whether numba is installed and ``FERRY_JIT`` is not
+    0) lets the kernel search consider JIT kernels; ``jit=False`` runs numpy kernels only.
+    Creating a Session with the JIT tier compiles its kernels (or loads them from numba's
+    on-disk cache, see ``engine.jit``), so no run pays for that.
     """
 
-    def __init__(self, path: str | os.PathLike[str], threads: int | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], threads: int | None = None, jit: bool | None = None
+    ) -> None:
         if threads is None:
             threads = os.cpu_count() or 1
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
@@ -93,8 +98,10 @@ class Session:
         self._check_specs_match_graph()
         self._plans = PlanCache()
         self._records: dict[Signature, Record] = {}  # first runs awaiting their plan
-        self._search = KernelSearch(_digest(package.manifest, package.graph), threads)
-        jit.load()
+        self.jit = jit_tier.enabled() if jit is None else bool(jit) and jit_tier.enabled()
+        self._search = KernelSearch(_digest(package.manifest, package.graph), threads, self.jit)
+        if self.jit:
+            jit_tier.load()
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, inputs={[s.name for s in self.inputs]}, threads={self.threads})"
@@ -150,7 +157,7 @@ class Session:
         # buffers shared between values holds for every later run of the signature
         arrays = {name: _c_order(np.asarray(value)) for name, value in feeds.items()}
         plan = self._plans.get(signature)
-        with _threadpools().limit(limits=self.threads), jit.thread_limit(self.threads):
+        with _threadpools().limit(limits=self.threads), jit_tier.thread_limit(self.threads):
             if plan is None and signature in self._records and not debug.enabled():
                 # Second run of a signature: plan now (search, packing), so the first result
                 # comes as fast as a plain run and the planning cost lands on the next one.
