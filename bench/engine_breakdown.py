@@ -1,10 +1,11 @@
 """Where each runtime spends a model's time: Ferry's per-node profile beside onnxruntime's, by op;
 and what each of Ferry's math forms (engine.ops.fastmath) costs in the whole model here.
 
-    .venv/bin/python bench/engine_breakdown.py [--models vit_tiny,bert_encoder] [--runs 20]
+    .venv/bin/python bench/engine_breakdown.py [--models vit_tiny,bert_encoder] [--runs 20] [--tiers numpy,jit]
 
 For each benchmark model (bench/models.py) this converts the ONNX file to a Ferry package,
-then, at one thread, sums ``Session.profile`` times per (op, kernel) for Ferry and
+then, at one thread, sums ``Session.profile`` times per (op, kernel) for Ferry (numpy-only, and
+with its JIT tier where numba is installed: JIT kernels are named ``*_jit*``) and
 onnxruntime's own profiler (``enable_profiling``) per op type, over the same number of runs
 of the same feeds, and prints the two lists side by side with their totals.  The op names
 differ (Ferry's FusedMatMul is a GEMM, its bias and activation; onnxruntime fuses its own
@@ -44,9 +45,10 @@ from engine.ops import fastmath  # noqa: E402
 TOP = 10  # rows per runtime
 
 
-def ferry_breakdown(package: Path, feeds: dict, runs: int) -> dict[str, float]:
-    """Median ms per run of each (op, kernel), summed over the nodes that ran it."""
-    session = Session(package, threads=1)
+def ferry_breakdown(package: Path, feeds: dict, runs: int, jit: bool = True) -> dict[str, float]:
+    """Median ms per run of each (op, kernel), summed over the nodes that ran it; ``jit=False``:
+    Ferry numpy-only."""
+    session = Session(package, threads=1, jit=jit)
     for _ in range(3):  # record, plan, search: the profile shows what later runs do
         session.run(feeds)
     profiles = [session.profile(feeds) for _ in range(runs)]
@@ -206,6 +208,7 @@ def main() -> None:
     )
     parser.add_argument("--models", default="vit_tiny,bert_encoder")
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--tiers", default="numpy,jit", help="Ferry's kernel tiers to profile (numpy, jit)")
     args = parser.parse_args()
     helpers = _engine_bench()
     forms = []
@@ -214,9 +217,10 @@ def main() -> None:
             onnx_path = models.ALL[name]()
             feeds = helpers.feeds_for(onnx_path)
             package = helpers.convert_package(onnx_path, Path(tmp))
-            print_side_by_side(
-                name, ferry_breakdown(package, feeds, args.runs), ort_breakdown(onnx_path, feeds, args.runs)
-            )
+            ort = ort_breakdown(onnx_path, feeds, args.runs)
+            for tier in args.tiers.split(","):
+                ferry = ferry_breakdown(package, feeds, args.runs, jit=tier == "jit")
+                print_side_by_side(f"{name} [Ferry {tier}]", ferry, ort)
             if _uses_math_forms(package):
                 forms.append((name, forms_ab(package, feeds, 2 * args.runs)))
         print()
