@@ -4,6 +4,8 @@ domain errors rise."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import grpc
 from ferry_cloud.errors import Conflict, DomainError, Invalid, NotFound, PermissionDenied, Unauthenticated
 
@@ -27,3 +29,45 @@ def status_for(exc: DomainError) -> grpc.StatusCode:
 def abort_with(context: grpc.ServicerContext, exc: DomainError) -> None:
     """End the call with the error's status and message (context.abort raises)."""
     context.abort(status_for(exc), str(exc))
+
+
+class DomainErrorInterceptor(grpc.ServerInterceptor):
+    """Turns a DomainError raised anywhere in a call (streams included) into its status."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _unary(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _streaming(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler  # no client-streaming methods in the contract
+
+
+def _unary(behaviour: Callable) -> Callable:
+    def wrapped(request, context):
+        try:
+            return behaviour(request, context)
+        except DomainError as exc:
+            abort_with(context, exc)
+
+    return wrapped
+
+
+def _streaming(behaviour: Callable) -> Callable:
+    def wrapped(request, context) -> Iterator:
+        try:
+            yield from behaviour(request, context)
+        except DomainError as exc:
+            abort_with(context, exc)
+
+    return wrapped

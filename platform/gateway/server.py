@@ -10,6 +10,7 @@ from django.db import close_old_connections
 from grpc_health.v1 import health_pb2_grpc
 
 from deploy.proto import agent_pb2_grpc
+from gateway.errors import DomainErrorInterceptor
 from gateway.health import GatewayHealth
 from gateway.hints import HintHub
 from gateway.interceptors import ObservabilityInterceptor
@@ -74,7 +75,7 @@ def build_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers + hub.max_watchers),
         # outermost first: the metrics and the log line cover the connection release too
-        interceptors=[ObservabilityInterceptor(), ReleaseDatabaseConnections()],
+        interceptors=[ObservabilityInterceptor(), DomainErrorInterceptor(), ReleaseDatabaseConnections()],
     )
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayServicer(hub), server)
     health_pb2_grpc.add_HealthServicer_to_server((health or GatewayHealth()).servicer, server)

@@ -1,4 +1,7 @@
-"""The agents' gRPC door: authenticate, then hand over to fleet/releases/telemetry services."""
+"""The agents' gRPC door: authenticate, then hand over to fleet/releases/telemetry services.
+
+Domain errors the services raise are left to rise: gateway.errors.DomainErrorInterceptor
+(installed by gateway.server) turns them into gRPC statuses for every method."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ from collections.abc import Iterator
 import grpc
 from django.conf import settings
 from django.db import close_old_connections, connection
-from ferry_cloud.errors import DomainError
 from ferry_cloud.release_key import release_public_key
 from fleet.models import Device
 from fleet.services import device_authenticate, device_enrol, device_record_check_in
@@ -21,7 +23,6 @@ from releases.selectors import desired_package_for
 from telemetry.services import IncomingRecord, telemetry_ingest
 
 from deploy.proto import agent_pb2, agent_pb2_grpc
-from gateway.errors import abort_with
 from gateway.hints import HintHub
 
 log = logging.getLogger(__name__)
@@ -44,11 +45,7 @@ def _device(context: grpc.ServicerContext) -> Device:
         context.abort(
             grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization: Bearer <credential>' metadata"
         )
-    try:
-        return device_authenticate(credential=credential)
-    except DomainError as exc:
-        abort_with(context, exc)
-        raise  # unreachable: abort raises
+    return device_authenticate(credential=credential)  # refusals: gateway.errors' interceptor
 
 
 class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
@@ -58,12 +55,7 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
     def Enrol(self, request, context):
         close_old_connections()
         attributes, labels = _attributes(request.attributes)
-        try:
-            enrolment = device_enrol(
-                token=request.token, name=request.name, attributes=attributes, labels=labels
-            )
-        except DomainError as exc:
-            abort_with(context, exc)
+        enrolment = device_enrol(token=request.token, name=request.name, attributes=attributes, labels=labels)
         log.info("device %s enrolled as %s", enrolment.device.name, enrolment.device.pk)
         return agent_pb2.EnrolResponse(
             device_id=str(enrolment.device.pk),
