@@ -1,7 +1,8 @@
 """Where each runtime spends a model's time: Ferry's per-node profile beside onnxruntime's, by op;
 and what each of Ferry's math forms (engine.ops.fastmath) costs in the whole model here.
 
-    .venv/bin/python bench/engine_breakdown.py [--models vit_tiny,bert_encoder] [--runs 20] [--tiers numpy,jit]
+    .venv/bin/python bench/engine_breakdown.py [--models vit_tiny,bert_encoder] [--runs 20]
+        [--tiers numpy,jit]
 
 For each benchmark model (bench/models.py) this converts the ONNX file to a Ferry package,
 then, at one thread, sums ``Session.profile`` times per (op, kernel) for Ferry (numpy-only, and
