@@ -1,0 +1,1 @@
+"""The package container: one library for writing, reading, signing, verifying and unpacking."""

@@ -1,0 +1,227 @@
+"""Ed25519 signatures over a package's manifest.
+
+The manifest lists every other file of the package with its sha256 and size, so
+signing its exact bytes signs the whole package.  The signature travels inside the
+archive as ``manifest.sig``, the member right after ``manifest.json``, so a device
+can check it before it reads (let alone unpacks) anything else.
+
+The envelope also carries claims the control plane makes about this package, signed
+with it: a release ``counter`` that only goes up across the organisation (a device
+refuses a package older than what it runs), the ``device_class`` it is meant for
+("*" for any) and a ``rollback`` flag.  The signed message is the manifest's sha256
+plus those claims, so a rollback re-signs an old package without touching its files.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from deploy.errors import SignatureError, UnsafeArchiveError
+
+MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"
+ALGORITHM = "ed25519"
+ANY_DEVICE_CLASS = "*"
+SIGNED_MESSAGE_PREFIX = b"ferry-package-v1\n"
+
+
+@dataclass(frozen=True)
+class SignedClaims:
+    """What the control plane vouches for beside the manifest's bytes."""
+
+    counter: int = 0
+    device_class: str = ANY_DEVICE_CLASS
+    rollback: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.counter, int) or isinstance(self.counter, bool) or self.counter < 0:
+            raise SignatureError(f"the release counter must be a non-negative integer, not {self.counter!r}")
+        if not isinstance(self.device_class, str) or not self.device_class or "\n" in self.device_class:
+            raise SignatureError(
+                f"the device class must be a non-empty single-line string, not {self.device_class!r}"
+            )
+        if not isinstance(self.rollback, bool):
+            raise SignatureError(f"the rollback flag must be a boolean, not {self.rollback!r}")
+
+    def matches(self, device_class: str) -> bool:
+        return self.device_class in (ANY_DEVICE_CLASS, device_class)
+
+
+@dataclass(frozen=True)
+class VerifiedManifest:
+    manifest: dict
+    claims: SignedClaims
+    key_id: str
+
+
+def signed_message(manifest: bytes, claims: SignedClaims) -> bytes:
+    """The exact bytes the release key signs: manifest digest and every claim, unambiguously."""
+    return (
+        SIGNED_MESSAGE_PREFIX
+        + json.dumps(
+            {
+                "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
+                "counter": claims.counter,
+                "device_class": claims.device_class,
+                "rollback": claims.rollback,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
+    )
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    private_key: bytes  # raw 32 bytes
+    public_key: bytes  # raw 32 bytes
+
+
+def generate_keypair() -> KeyPair:
+    private = Ed25519PrivateKey.generate()
+    return KeyPair(
+        private_key=private.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        ),
+        public_key=public_key_of(private),
+    )
+
+
+def public_key_of(private: Ed25519PrivateKey | bytes) -> bytes:
+    if isinstance(private, bytes):
+        private = Ed25519PrivateKey.from_private_bytes(private)
+    return private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id(public_key: bytes) -> str:
+    """A short, stable name for a public key (shown in logs and signatures)."""
+    return hashlib.sha256(public_key).hexdigest()[:16]
+
+
+def sign_manifest(manifest: bytes, private_key: bytes, claims: SignedClaims = SignedClaims()) -> bytes:
+    """The manifest.sig bytes for these manifest bytes and claims (Ed25519 is deterministic)."""
+    private = Ed25519PrivateKey.from_private_bytes(private_key)
+    signature = private.sign(signed_message(manifest, claims))
+    body = {
+        "algorithm": ALGORITHM,
+        "key_id": key_id(public_key_of(private)),
+        "signature": base64.b64encode(signature).decode(),
+        "counter": claims.counter,
+        "device_class": claims.device_class,
+        "rollback": claims.rollback,
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _parse_envelope(signature_file: bytes) -> tuple[dict, bytes, SignedClaims]:
+    try:
+        body = json.loads(signature_file)
+        signature = base64.b64decode(body["signature"], validate=True)
+        algorithm = body["algorithm"]
+        claims = SignedClaims(
+            counter=body["counter"], device_class=body["device_class"], rollback=body["rollback"]
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SignatureError(f"{SIGNATURE} is malformed ({type(exc).__name__}: {exc})") from exc
+    if algorithm != ALGORITHM:
+        raise SignatureError(f"{SIGNATURE} uses {algorithm!r}; only {ALGORITHM} is accepted")
+    return body, signature, claims
+
+
+def verify_envelope(manifest: bytes, signature_file: bytes, public_key: bytes) -> VerifiedManifest:
+    """Check manifest.sig against the trusted key; return the manifest and the signed claims."""
+    body, signature, claims = _parse_envelope(signature_file)
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, signed_message(manifest, claims))
+    except InvalidSignature:
+        raise SignatureError(
+            f"manifest signature does not verify against the trusted release key {key_id(public_key)} "
+            f"(signed by key {body.get('key_id', '?')}, or the manifest or its claims were altered)"
+        ) from None
+    try:
+        parsed = json.loads(manifest)
+    except ValueError as exc:
+        raise SignatureError(f"{MANIFEST} is signed but is not valid JSON ({exc})") from exc
+    return VerifiedManifest(manifest=parsed, claims=claims, key_id=key_id(public_key))
+
+
+def verify_manifest(manifest: bytes, signature_file: bytes, public_key: bytes) -> dict:
+    """Check manifest.sig against the trusted key; return the parsed manifest or raise SignatureError."""
+    return verify_envelope(manifest, signature_file, public_key).manifest
+
+
+def read_claims(archive: str | os.PathLike[str], public_key: bytes) -> VerifiedManifest:
+    """Verify only the first two members (manifest and signature) and return the signed claims."""
+    with tarfile.open(archive, mode="r|") as tar:
+        manifest = _first_small(tar, MANIFEST)
+        return verify_envelope(manifest, _first_small(tar, SIGNATURE), public_key)
+
+
+def _first_small(tar: tarfile.TarFile, expected: str, limit: int = 1 << 20) -> bytes:
+    member = tar.next()
+    if member is None or member.name != expected or not member.isfile():
+        found = "nothing" if member is None else repr(member.name)
+        raise SignatureError(f"expected {expected} here, found {found}: the package is not signed")
+    if member.size > limit:
+        raise UnsafeArchiveError(f"{expected} is {member.size} bytes, over the {limit} limit")
+    return tar.extractfile(member).read()
+
+
+def _deterministic_info(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.uid, info.gid = size, 0, 0o644, 0, 0
+    info.uname = info.gname = ""
+    return info
+
+
+def sign_package(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    private_key: bytes,
+    claims: SignedClaims = SignedClaims(),
+) -> str:
+    """Copy the package at src to dst with manifest.sig (re)placed right after the manifest.
+
+    src may be unsigned or already signed (a rollback re-signs an old package with new
+    claims; its files are copied untouched).  Returns the sha256 of the signed archive.
+    The output is byte-for-byte the same for the same input, key and claims, so
+    re-running a crashed job gives the same package.
+    """
+    with tarfile.open(src, mode="r:") as tar:
+        members = [m for m in tar.getmembers() if m.name != SIGNATURE]
+        if not members or members[0].name != MANIFEST or not members[0].isfile():
+            raise UnsafeArchiveError(f"{src}: the first member must be {MANIFEST}")
+        manifest = tar.extractfile(members[0]).read()
+        signature = sign_manifest(manifest, private_key, claims)
+        dst = Path(dst)
+        tmp = dst.with_name(dst.name + ".tmp")
+        with open(tmp, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as out:
+            out.addfile(_deterministic_info(MANIFEST, len(manifest)), io.BytesIO(manifest))
+            out.addfile(_deterministic_info(SIGNATURE, len(signature)), io.BytesIO(signature))
+            for member in members[1:]:
+                if not member.isfile():
+                    raise UnsafeArchiveError(f"{src}: member {member.name!r} is not a regular file")
+                out.addfile(_deterministic_info(member.name, member.size), tar.extractfile(member))
+    with open(tmp, "rb+") as raw:
+        os.fsync(raw.fileno())
+    os.replace(tmp, dst)
+    return file_sha256(dst)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
