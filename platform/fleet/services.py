@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 from ferry_cloud.errors import Invalid, PermissionDenied, Unauthenticated
-from gateway.hints import fleet_changed
+from ferry_cloud.events import FleetChanged, publish
 from registry.models import ModelVersion
 
 from deploy.errors import PolicyError
@@ -223,7 +223,7 @@ def device_group_create(
     )
     if device_ids:
         group.members.set(_devices_of(organisation, device_ids))
-    fleet_changed(organisation_id=organisation.pk)
+    publish(FleetChanged(organisation_id=organisation.pk))
     return group
 
 
@@ -263,7 +263,7 @@ def device_group_update(*, group: DeviceGroup, **changes) -> DeviceGroup:
                     "A dynamic group's members come from its filter; change the filter instead."
                 )
             method(*_devices_of(group.organisation, changes[key]))
-    fleet_changed(organisation_id=group.organisation_id)
+    publish(FleetChanged(organisation_id=group.organisation_id))
     return group
 
 
@@ -279,12 +279,12 @@ def device_group_delete(*, group: DeviceGroup) -> None:
             f"Group {group.name} is targeted by a release; abort or finish that release first."
         )
     group.delete()
-    fleet_changed(organisation_id=group.organisation_id)
+    publish(FleetChanged(organisation_id=group.organisation_id))
 
 
 def device_pin(*, device: Device, version_id) -> Device:
     """Pin the device to a version (None unpins): it runs that version whatever the releases say."""
     device.pinned_version = _version_of(device.organisation, version_id)
     device.save(update_fields=["pinned_version"])
-    fleet_changed(organisation_id=device.organisation_id)
+    publish(FleetChanged(organisation_id=device.organisation_id))
     return device

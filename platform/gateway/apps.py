@@ -5,13 +5,17 @@ class GatewayConfig(AppConfig):
     name = "gateway"
 
     def ready(self) -> None:
-        # Bridge release writes to WatchHints: whichever process saves a release (web, worker,
-        # shell) announces it, so agents connected to any gateway replica check in at once.
         from django.db.models.signals import post_delete, post_save
+        from ferry_cloud import events
         from releases.models import Release
 
-        from gateway.hints import fleet_changed
+        from gateway.hints import fleet_changed, hint_fleet_changed
 
+        # Services announce fleet changes as domain events; in every process that writes (web,
+        # worker, shell) the gateway turns them into WatchHints for agents on any replica.
+        events.subscribe(events.FleetChanged, hint_fleet_changed)
+
+        # Every saved or deleted Release row hints too, the admin's and a shell's included.
         def announce(sender, instance: Release, **kwargs) -> None:
             fleet_changed(organisation_id=instance.organisation_id)
 

@@ -21,28 +21,36 @@ from collections import defaultdict
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Max
+from ferry_cloud.events import FleetChanged
 
 log = logging.getLogger(__name__)
 CHANNEL = "ferry:fleet-changed"
 
 
-def fleet_changed(*, organisation_id: int) -> None:
-    """Announce that what some devices of this organisation should run may have changed.
+def hint_fleet_changed(event: FleetChanged) -> None:
+    """The gateway's subscriber to the domain's FleetChanged (GatewayConfig.ready registers it).
 
-    Published after the surrounding transaction commits, so an agent that checks in on
-    the hint sees the change.  Without Redis the gateway's poll finds it on its own.
+    ferry_cloud.events runs it after the change commits, so an agent that checks in on the
+    hint sees the change.  Without Redis the gateway's poll finds it on its own.
     """
+    _publish(event.organisation_id)
+
+
+def fleet_changed(*, organisation_id: int) -> None:
+    """The same hint for any saved or deleted Release row, the admin's and a shell's included
+    (GatewayConfig.ready's post_save bridge), published after the surrounding transaction commits."""
+    if _redis_url():
+        transaction.on_commit(lambda: _publish(organisation_id))
+
+
+def _publish(organisation_id: int) -> None:
     url = _redis_url()
     if not url:
         return
-
-    def publish() -> None:
-        try:
-            _redis_client(url).publish(CHANNEL, str(organisation_id))
-        except Exception as exc:  # redis raises several types; a lost hint only delays devices
-            log.warning("could not publish a fleet-changed hint: %s", exc)
-
-    transaction.on_commit(publish)
+    try:
+        _redis_client(url).publish(CHANNEL, str(organisation_id))
+    except Exception as exc:  # redis raises several types; a lost hint only delays devices
+        log.warning("could not publish a fleet-changed hint: %s", exc)
 
 
 def _redis_url() -> str:

@@ -11,7 +11,7 @@ from accounts.models import Organisation
 from django.db import transaction
 from django.utils import timezone
 from ferry_cloud.errors import Conflict, Invalid
-from gateway.hints import fleet_changed
+from ferry_cloud.events import FleetChanged, publish
 from registry.models import ModelVersion
 from registry.services import version_mark_released
 from telemetry.selectors import release_cohort_figures
@@ -163,7 +163,7 @@ def release_transition(
         release.phase_started_at = timezone.now()
         fields.append("phase_started_at")
     release.save(update_fields=sorted(set(fields)))
-    fleet_changed(organisation_id=release.organisation_id)
+    publish(FleetChanged(organisation_id=release.organisation_id))
     return release
 
 
@@ -189,7 +189,7 @@ def _activate(release: Release, *, actor, reason: str, expected_revision: int | 
     release.download_only = False
     release.revision += 1
     release.save(update_fields=["download_only", "revision", "updated_at"])
-    fleet_changed(organisation_id=release.organisation_id)
+    publish(FleetChanged(organisation_id=release.organisation_id))
     return release
 
 

@@ -1,0 +1,58 @@
+"""Domain events: services say what changed; the doors that care subscribe.
+
+A service calls ``publish(FleetChanged(organisation_id=...))`` and knows nothing of who
+listens (in the spirit of Zulip's send_event). Doors subscribe when their app is ready:
+the gateway's AppConfig registers the hint that wakes connected agents. Subscribers run
+after the surrounding transaction commits, so a rolled-back write announces nothing and a
+listener that reads the database sees the change; outside a transaction they run at once.
+
+No door is imported here (tests/test_architecture.py checks it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FleetChanged:
+    """What some devices of this organisation should run may have changed: a release, a group,
+    a pin. It carries no instruction; the devices' next check-in works out what."""
+
+    organisation_id: int
+
+
+E = TypeVar("E")
+_subscribers: dict[type, list[Callable[[Any], None]]] = defaultdict(list)
+
+
+def subscribe(event_type: type[E], subscriber: Callable[[E], None]) -> None:
+    """Run ``subscriber(event)`` after every published event of that type; subscribing twice is once."""
+    if subscriber not in _subscribers[event_type]:
+        _subscribers[event_type].append(subscriber)
+
+
+def publish(event: object) -> None:
+    """Announce ``event`` to its subscribers once the current transaction commits.
+
+    A subscriber that fails is logged, not raised: the write it announces has happened, and
+    announcements are hints (losing one only delays whoever listens).
+    """
+    for subscriber in list(_subscribers.get(type(event), ())):
+        transaction.on_commit(partial(_deliver, subscriber, event))
+
+
+def _deliver(subscriber: Callable[[Any], None], event: object) -> None:
+    try:
+        subscriber(event)
+    except Exception:
+        log.exception("subscriber %s failed on %r", getattr(subscriber, "__qualname__", subscriber), event)
