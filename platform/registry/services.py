@@ -6,7 +6,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
@@ -138,6 +138,23 @@ def _converter_options(options: dict[str, Any], calibration: Path | None) -> dic
 ENQUEUE_RETRY_DELAYS = (0.1, 0.5)
 
 
+# The job queue port: how a conversion job reaches a worker is the Celery door's business
+# (registry.tasks.send_conversion, registered by RegistryConfig.ready); the services only say when.
+_job_queue: dict[str, Callable[[int], None]] = {}
+
+
+def conversion_queue_register(*, send: Callable[[int], None]) -> None:
+    """Say how to send a conversion job (by id) to a worker; ``send`` raises when it was not sent."""
+    _job_queue["conversion"] = send
+
+
+def _send_conversion(job_id: int) -> None:
+    send = _job_queue.get("conversion")
+    if send is None:
+        raise RuntimeError("no job queue registered for conversions (is the registry app installed?)")
+    send(job_id)
+
+
 def _enqueue_conversion(job_id: int) -> None:
     """Hand the job to a worker; if the broker is down the job stays queued, not lost.
 
@@ -145,11 +162,9 @@ def _enqueue_conversion(job_id: int) -> None:
     FERRY_REQUEUE_INTERVAL_SECONDS (conversion_requeue_stale), so a broker outage or a worker
     killed mid-job only delays the conversion.
     """
-    from registry.tasks import convert_version
-
     for delay in (*ENQUEUE_RETRY_DELAYS, None):
         try:
-            convert_version.delay(job_id)
+            _send_conversion(job_id)
             return
         except Exception as exc:  # kombu raises many types; any of them means "not sent"
             if delay is not None:

@@ -14,6 +14,13 @@ def convert_version(self, job_id: int) -> str:
     return conversion_run(job_id=job_id, worker=f"{self.request.hostname}/{os.getpid()}").status
 
 
+def send_conversion(job_id: int) -> None:
+    """The registry's job queue port (RegistryConfig.ready registers it): one message per job.
+
+    ``delay`` is looked up at each call, so a test that patches it is heard."""
+    convert_version.delay(job_id)
+
+
 @worker_ready.connect
 def requeue_stale_jobs(sender=None, **_) -> None:
     """A worker that starts picks up jobs whose message was lost, whose worker stopped beating,
