@@ -19,8 +19,9 @@ from converter.limits import Limits
 from converter.load import LoadedModel, Source, load_model
 from converter.options import ConversionOptions, InvalidOptionsError
 from converter.translate import FerryGraph, translate
+from deploy.package import write_package
 from engine import supported_operators
-from engine.format import write_package
+from engine.format import model_files
 from engine.ops.fused import INTERNAL_OPS as FUSED_OPS
 from engine.ops.quantized import INTERNAL_OPS as QUANTIZED_OPS
 from engine.ops.raster import INTERNAL_OPS as RASTER_OPS
@@ -367,8 +368,7 @@ def _write(
     try:
         write_package(
             path,
-            graph=graph.graph_dict(),
-            tensors={**graph.tensors, **(extra_tensors or {})},
+            files=model_files(graph=graph.graph_dict(), tensors={**graph.tensors, **(extra_tensors or {})}),
             inputs=graph.inputs,
             outputs=graph.outputs,
             metadata=metadata,

@@ -1,6 +1,6 @@
-"""Old import path of deploy.package.verify, kept for callers outside deploy/ (see deploy/package)."""
+"""Old import path of the package library's verify-and-unpack (deploy/package), for outside callers."""
 
-from deploy.package.verify import (  # noqa: F401
+from deploy.package.verify import (
     MAX_ENTRIES,
     MAX_MANIFEST_BYTES,
     MAX_TOTAL_BYTES,
@@ -9,3 +9,13 @@ from deploy.package.verify import (  # noqa: F401
     VerifiedPackage,
     verify_and_unpack,
 )
+
+__all__ = [
+    "MAX_ENTRIES",
+    "MAX_MANIFEST_BYTES",
+    "MAX_TOTAL_BYTES",
+    "ClaimsCheck",
+    "UnpackLimits",
+    "VerifiedPackage",
+    "verify_and_unpack",
+]

@@ -1,14 +1,16 @@
-"""The Ferry package format: what the converter writes and the engine (and agent) read.
+"""The engine's model files: what it loads, and how it lays out its weights.
 
-A package is an uncompressed tar archive (so weights can be memory-mapped in place) with:
+A model is three files: ``manifest.json`` (format version, inputs and outputs, metadata such as
+the self-test vectors, and the files with their sha256 and size), ``graph.json`` (nodes in
+topological order, graph inputs/outputs, and a table of tensors giving each one's dtype, shape
+and byte offset in the weights file) and ``weights.bin`` (the raw little-endian tensors, each
+starting on a 64-byte boundary, memory-mapped).
 
-- ``manifest.json`` — always the first member: format version, model inputs/outputs,
-  and every other file with its sha256 and size, plus free-form ``metadata``
-  (converter options, accuracy report, self-test vectors).
-- ``manifest.sig`` — optional second member, added by ``deploy.signing``; the engine ignores it.
-- ``graph.json`` — nodes in topological order, graph inputs/outputs, and a table of
-  tensors (initializers) giving each one's dtype, shape and byte offset in the weights file.
-- ``weights.bin`` — the raw little-endian tensors, each starting on a 64-byte boundary.
+The package container around them (the tar archive, its deterministic writing, the signature,
+verification and safe unpacking) belongs to ``deploy/package``.  The engine loads an unpacked
+directory.  It also maps the files in place from a ``.ferry`` archive (uncompressed: the standard
+library's tarfile says where each member starts) for tools and tests, and then checks them
+against the manifest's sha256s, since nothing verified that archive before.
 
 Format versions: v1, the first; v2 (2026-11) lets graph.json carry what a v1 engine would
 silently ignore and so compute wrong results with: FusedAttention's ``views``, ``out_view``
@@ -16,10 +18,6 @@ and ``q_log2e``, and FusedConv's fourth input (a residual added before the activ
 The converter writes the newest version; the engine reads every version up to its own, so
 packages already on devices keep loading after an engine update, and refuses newer ones
 with a message saying to update.
-
-An unpacked package is a directory holding the same files.  Archives are written
-byte-for-byte deterministically (sorted keys, fixed mtime/owner/mode), so converting the
-same model twice gives the same bytes.
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ FORMAT = "ferry-package"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
-SIGNATURE = "manifest.sig"
 GRAPH = "graph.json"
 WEIGHTS = "weights.bin"
 ALIGNMENT = 64
@@ -101,51 +98,15 @@ def pack_tensors(tensors: dict[str, np.ndarray]) -> tuple[bytes, dict[str, dict[
     return buf.getvalue(), table
 
 
-def file_entry(path: str, data: bytes) -> dict[str, Any]:
-    return {"path": path, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+def model_files(*, graph: dict[str, Any], tensors: dict[str, np.ndarray]) -> list[tuple[str, bytes]]:
+    """graph.json and weights.bin for a graph and its tensors, as (name, bytes) in manifest order.
 
-
-def build_members(
-    *,
-    graph: dict[str, Any],
-    tensors: dict[str, np.ndarray],
-    inputs: list[dict[str, Any]],
-    outputs: list[dict[str, Any]],
-    metadata: dict[str, Any] | None = None,
-) -> list[tuple[str, bytes]]:
-    """The package's files, manifest first, as (name, bytes) pairs."""
+    ``graph`` holds ``nodes`` (each ``{"name", "op", "inputs", "outputs", "attrs"}``),
+    ``inputs`` and ``outputs`` (lists of value names); its ``tensors`` table is filled in here.
+    The package library (deploy.package.write_package) puts them in a package.
+    """
     weights, table = pack_tensors(tensors)
-    graph_bytes = canonical_json({**graph, "tensors": table})
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "graph": GRAPH,
-        "weights": WEIGHTS,
-        "inputs": inputs,
-        "outputs": outputs,
-        "files": [file_entry(GRAPH, graph_bytes), file_entry(WEIGHTS, weights)],
-        "metadata": metadata or {},
-    }
-    return [(MANIFEST, canonical_json(manifest)), (GRAPH, graph_bytes), (WEIGHTS, weights)]
-
-
-def write_archive(dst: str | os.PathLike[str], members: list[tuple[str, bytes]]) -> None:
-    """Write members to a deterministic tar at dst, atomically (temp file, fsync, rename)."""
-    dst = Path(dst)
-    tmp = dst.with_name(dst.name + ".tmp")
-    with open(tmp, "wb") as raw:
-        with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-            for name, data in members:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                info.mtime = 0
-                info.mode = 0o644
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                tar.addfile(info, io.BytesIO(data))
-        raw.flush()
-        os.fsync(raw.fileno())
-    os.replace(tmp, dst)
+    return [(GRAPH, canonical_json({**graph, "tensors": table})), (WEIGHTS, weights)]
 
 
 def write_package(
@@ -157,18 +118,21 @@ def write_package(
     outputs: list[dict[str, Any]],
     metadata: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write a package file; return its manifest.
+    """Deprecated door for callers that predate deploy/package (tests and benches); new code
+    calls ``deploy.package.write_package(dst, files=model_files(...), ...)``.
 
-    ``graph`` holds ``nodes`` (each ``{"name", "op", "inputs", "outputs", "attrs"}``),
-    ``inputs`` and ``outputs`` (lists of value names); its ``tensors`` table is filled in here.
+    The engine owns no container: this is its only import of code outside engine/, kept until
+    those callers move, done lazily so that loading a model never imports deploy/.
     """
-    members = build_members(graph=graph, tensors=tensors, inputs=inputs, outputs=outputs, metadata=metadata)
-    write_archive(dst, members)
-    return json.loads(members[0][1])
+    from deploy.package import writer  # noqa: PLC0415 - see the docstring
+
+    files = model_files(graph=graph, tensors=tensors)
+    return writer.write_package(dst, files=files, inputs=inputs, outputs=outputs, metadata=metadata)
 
 
 def _open_files(path: Path) -> dict[str, tuple[Path, int, int]]:
-    """Map member name -> (file, offset, size) for an archive or an unpacked directory."""
+    """Map file name -> (file, offset, size) for an unpacked directory, or an archive's members
+    read in place (the engine only locates them; deploy/package owns the container)."""
     if path.is_dir():
         return {p.name: (p, 0, p.stat().st_size) for p in path.iterdir() if p.is_file()}
     try:

@@ -1,4 +1,4 @@
-"""Ed25519 signatures over a package's manifest.
+"""Ed25519 signatures over a package's manifest, and the claims signed with it.
 
 The manifest lists every other file of the package with its sha256 and size, so
 signing its exact bytes signs the whole package.  The signature travels inside the
@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
-import os
-import tarfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from deploy.errors import SignatureError, UnsafeArchiveError
+from deploy.errors import SignatureError
+from deploy.package.digest import bytes_sha256
+from deploy.package.manifest import MANIFEST, SIGNATURE
 
-MANIFEST = "manifest.json"
-SIGNATURE = "manifest.sig"
 ALGORITHM = "ed25519"
 ANY_DEVICE_CLASS = "*"
 SIGNED_MESSAGE_PREFIX = b"ferry-package-v1\n"
@@ -58,6 +54,9 @@ class SignedClaims:
         return self.device_class in (ANY_DEVICE_CLASS, device_class)
 
 
+DEFAULT_CLAIMS = SignedClaims()  # counter 0, any device class, not a rollback
+
+
 @dataclass(frozen=True)
 class VerifiedManifest:
     manifest: dict
@@ -71,7 +70,7 @@ def signed_message(manifest: bytes, claims: SignedClaims) -> bytes:
         SIGNED_MESSAGE_PREFIX
         + json.dumps(
             {
-                "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
+                "manifest_sha256": bytes_sha256(manifest),
                 "counter": claims.counter,
                 "device_class": claims.device_class,
                 "rollback": claims.rollback,
@@ -105,7 +104,8 @@ def public_key_of(private: Ed25519PrivateKey | bytes) -> bytes:
 
 
 def key_id(public_key: bytes) -> str:
-    """A short, stable name for a public key (shown in logs and signatures)."""
+    """A short, stable name for a public key (shown in logs and signatures).  Not through
+    deploy.package.digest: a key is not package bytes."""
     return hashlib.sha256(public_key).hexdigest()[:16]
 
 
@@ -159,69 +159,3 @@ def verify_envelope(manifest: bytes, signature_file: bytes, public_key: bytes) -
 def verify_manifest(manifest: bytes, signature_file: bytes, public_key: bytes) -> dict:
     """Check manifest.sig against the trusted key; return the parsed manifest or raise SignatureError."""
     return verify_envelope(manifest, signature_file, public_key).manifest
-
-
-def read_claims(archive: str | os.PathLike[str], public_key: bytes) -> VerifiedManifest:
-    """Verify only the first two members (manifest and signature) and return the signed claims."""
-    with tarfile.open(archive, mode="r|") as tar:
-        manifest = _first_small(tar, MANIFEST)
-        return verify_envelope(manifest, _first_small(tar, SIGNATURE), public_key)
-
-
-def _first_small(tar: tarfile.TarFile, expected: str, limit: int = 1 << 20) -> bytes:
-    member = tar.next()
-    if member is None or member.name != expected or not member.isfile():
-        found = "nothing" if member is None else repr(member.name)
-        raise SignatureError(f"expected {expected} here, found {found}: the package is not signed")
-    if member.size > limit:
-        raise UnsafeArchiveError(f"{expected} is {member.size} bytes, over the {limit} limit")
-    return tar.extractfile(member).read()
-
-
-def _deterministic_info(name: str, size: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode, info.uid, info.gid = size, 0, 0o644, 0, 0
-    info.uname = info.gname = ""
-    return info
-
-
-def sign_package(
-    src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
-    private_key: bytes,
-    claims: SignedClaims = SignedClaims(),
-) -> str:
-    """Copy the package at src to dst with manifest.sig (re)placed right after the manifest.
-
-    src may be unsigned or already signed (a rollback re-signs an old package with new
-    claims; its files are copied untouched).  Returns the sha256 of the signed archive.
-    The output is byte-for-byte the same for the same input, key and claims, so
-    re-running a crashed job gives the same package.
-    """
-    with tarfile.open(src, mode="r:") as tar:
-        members = [m for m in tar.getmembers() if m.name != SIGNATURE]
-        if not members or members[0].name != MANIFEST or not members[0].isfile():
-            raise UnsafeArchiveError(f"{src}: the first member must be {MANIFEST}")
-        manifest = tar.extractfile(members[0]).read()
-        signature = sign_manifest(manifest, private_key, claims)
-        dst = Path(dst)
-        tmp = dst.with_name(dst.name + ".tmp")
-        with open(tmp, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as out:
-            out.addfile(_deterministic_info(MANIFEST, len(manifest)), io.BytesIO(manifest))
-            out.addfile(_deterministic_info(SIGNATURE, len(signature)), io.BytesIO(signature))
-            for member in members[1:]:
-                if not member.isfile():
-                    raise UnsafeArchiveError(f"{src}: member {member.name!r} is not a regular file")
-                out.addfile(_deterministic_info(member.name, member.size), tar.extractfile(member))
-    with open(tmp, "rb+") as raw:
-        os.fsync(raw.fileno())
-    os.replace(tmp, dst)
-    return file_sha256(dst)
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

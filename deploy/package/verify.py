@@ -1,24 +1,39 @@
-"""Verify a signed package and unpack it, refusing anything unsafe.
+"""Verify a signed package and unpack it, refusing anything unsafe, in one pass over its bytes.
 
-Order matters: the signature is checked on the manifest before any other member is
-read, and every file is hashed while it streams to disk, so a tampered, oversized or
-hostile archive is refused without ever being trusted.  The caller unpacks into a
-fresh directory and switches to it atomically only after this returns.
+Order matters: the signature is checked on the manifest before any other member is read,
+the claims check (device class, release counter) runs before anything is written but the
+manifest, and every file is hashed while it streams to disk, so a tampered, oversized or
+hostile archive is refused without ever being trusted.  The archive is read once, forward
+only, and each byte of it is hashed at most once (the manifest for the signature, each file
+against its listed sha256).  The caller unpacks into a fresh directory and switches to it
+atomically only after this returns.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
-from deploy.errors import IntegrityError, SignatureError, UnsafeArchiveError
-from deploy.package.signing import MANIFEST, SIGNATURE, SignedClaims, verify_envelope
+from deploy.errors import IntegrityError, UnsafeArchiveError
+from deploy.package import digest
+from deploy.package.manifest import MANIFEST, listed_files
+from deploy.package.reader import MAX_MANIFEST_BYTES, member_reader, open_stream, read_head, safe_name
+from deploy.package.signing import SignedClaims, verify_envelope
+
+__all__ = [
+    "MAX_ENTRIES",
+    "MAX_MANIFEST_BYTES",
+    "MAX_TOTAL_BYTES",
+    "ClaimsCheck",
+    "UnpackLimits",
+    "VerifiedPackage",
+    "verify_and_unpack",
+]
 
 # Called with the verified claims and manifest before any other member is read; raises
 # PackageRejected to refuse (wrong device class, older counter, ...).
@@ -26,7 +41,6 @@ ClaimsCheck = Callable[[SignedClaims, dict[str, Any]], None]
 
 MAX_ENTRIES = 64
 MAX_TOTAL_BYTES = 2 << 30
-MAX_MANIFEST_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -42,39 +56,19 @@ class VerifiedPackage:
     claims: SignedClaims = field(default_factory=SignedClaims)
 
 
-def _safe_name(member: tarfile.TarInfo) -> str:
-    if not member.isfile():
-        raise UnsafeArchiveError(
-            f"member {member.name!r} is not a regular file (links and devices are refused)"
-        )
-    path = PurePosixPath(member.name)
-    if path.is_absolute() or ".." in path.parts or len(path.parts) != 1 or member.name in ("", "."):
-        raise UnsafeArchiveError(f"member {member.name!r} has an unsafe path")
-    return member.name
-
-
-def _read_small(tar: tarfile.TarFile, member: tarfile.TarInfo | None, expected: str) -> bytes:
-    if member is None or member.name != expected:
-        found = "nothing" if member is None else repr(member.name)
-        raise SignatureError(f"expected {expected} here, found {found}: the package is not signed")
-    _safe_name(member)
-    if member.size > MAX_MANIFEST_BYTES:
-        raise UnsafeArchiveError(f"{expected} is {member.size} bytes, over the {MAX_MANIFEST_BYTES} limit")
-    return tar.extractfile(member).read()
-
-
-def _copy_hashed(source, dest: Path, limit: int) -> tuple[str, int]:
-    digest, size = hashlib.sha256(), 0
+def _copy_hashed(source: IO[bytes], dest: Path, limit: int) -> tuple[str, int]:
+    """Copy source to the new file dest, hashing each block as it passes; stop past limit."""
+    hasher, size = digest.sha256(), 0
     with open(dest, "xb") as out:
-        for block in iter(lambda: source.read(1 << 20), b""):
+        for block in iter(lambda: source.read(digest.CHUNK), b""):
             size += len(block)
             if size > limit:
                 raise IntegrityError(f"{dest.name} is larger than the {limit} bytes its manifest signs")
-            digest.update(block)
+            hasher.update(block)
             out.write(block)
         out.flush()
         os.fsync(out.fileno())
-    return digest.hexdigest(), size
+    return hasher.hexdigest(), size
 
 
 def verify_and_unpack(
@@ -92,9 +86,9 @@ def verify_and_unpack(
     dest = Path(dest)
     dest.mkdir(parents=True)
     try:
-        with tarfile.open(archive, mode="r|") as tar:  # streaming: members are read in order, once
-            manifest_bytes = _read_small(tar, tar.next(), MANIFEST)
-            verified = verify_envelope(manifest_bytes, _read_small(tar, tar.next(), SIGNATURE), public_key)
+        with open_stream(archive) as tar:  # streaming: members are read in order, once
+            manifest_bytes, signature = read_head(tar, unpacking=True)
+            verified = verify_envelope(manifest_bytes, signature, public_key)
             if check is not None:
                 check(verified.claims, verified.manifest)
             (dest / MANIFEST).write_bytes(manifest_bytes)
@@ -109,24 +103,28 @@ def verify_and_unpack(
         raise
 
 
-def _unpack_listed(
-    tar: tarfile.TarFile, manifest: dict[str, Any], dest: Path, limits: UnpackLimits
-) -> VerifiedPackage:
-    listed = {entry["path"]: entry for entry in manifest.get("files", [])}
+def _check_listing(listed: dict[str, dict[str, Any]], limits: UnpackLimits) -> None:
     if len(listed) + 2 > limits.max_entries:
         raise UnsafeArchiveError(
             f"the manifest lists {len(listed)} files, over the {limits.max_entries} limit"
         )
     if sum(int(e["size"]) for e in listed.values()) > limits.max_total_bytes:
         raise UnsafeArchiveError(f"the package unpacks to more than {limits.max_total_bytes} bytes")
+
+
+def _unpack_listed(
+    tar: tarfile.TarFile, manifest: dict[str, Any], dest: Path, limits: UnpackLimits
+) -> VerifiedPackage:
+    listed = listed_files(manifest)
+    _check_listing(listed, limits)
     seen: list[str] = []
     while (member := tar.next()) is not None:  # not `for m in tar`: that restarts at the manifest
-        name = _safe_name(member)
+        name = safe_name(member)
         entry = listed.get(name)
         if entry is None or name in seen:
             raise UnsafeArchiveError(f"member {name!r} is not listed in the signed manifest (or repeats)")
-        digest, size = _copy_hashed(tar.extractfile(member), dest / name, int(entry["size"]))
-        if size != entry["size"] or digest != entry["sha256"]:
+        hexdigest, size = _copy_hashed(member_reader(tar, member), dest / name, int(entry["size"]))
+        if size != entry["size"] or hexdigest != entry["sha256"]:
             raise IntegrityError(f"{name} does not match the sha256 and size in the signed manifest")
         seen.append(name)
     missing = sorted(set(listed) - set(seen))
