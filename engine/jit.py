@@ -8,8 +8,8 @@ until a JIT kernel is needed: importing it costs ~0.3 s and ~65 MB of resident L
 Compiling is kept out of the hot path.  Every JIT kernel is compiled for explicit signatures when
 its module is imported, with numba's on-disk cache in a directory the engine is told
 (``set_cache_dir``; the agent passes its state directory) or ``FERRY_JIT_CACHE`` (default
-``~/.cache/ferry/jit``); ``load()`` imports them all, so a package activation (or a benchmark)
-pays the compile, or the cache load, before the first inference.
+``~/.cache/ferry/jit``); ``load()`` imports them (a Session, those its model can use), so a
+package activation pays the compile, or the cache load, before the first inference.
 
 Parallel kernels (``prange``) run only when the caller allows more than one thread
 (``thread_limit``, set by the session from its ``threads``) and no other thread is inside a
@@ -28,13 +28,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-# The modules holding JIT kernels, each beside its numpy twin; each has CANDIDATES (op -> provider).
-MODULES = ("engine.ops.conv.depthwise_jit", "engine.ops.rows_jit", "engine.ops.quantized_jit")
+# The modules holding JIT kernels, each beside its numpy twin, with the ops they have candidates
+# for (each module's CANDIDATES maps op -> provider).  A session loads only the modules its
+# model's nodes can use: a model with none never imports numba (~65 MB of LLVM, ~0.3 s).
+MODULES: dict[str, tuple[str, ...]] = {
+    "engine.ops.conv.depthwise_jit": ("Conv", "FusedConv"),
+    "engine.ops.rows_jit": ("FusedMatMul", "Gelu"),
+    "engine.ops.quantized_jit": ("QMatMul",),
+}
 
 _lock = threading.RLock()
 _parallel = threading.Lock()
@@ -83,16 +89,19 @@ def set_cache_dir(path: str | os.PathLike[str]) -> None:
             _configure_numba()
 
 
-def load(path: str | os.PathLike[str] | None = None) -> float:
-    """Compile (or load from the cache) every JIT kernel now; returns the seconds it took (0 when
-    the JIT tier is off).  Called at package activation so no inference pays for it."""
+def load(path: str | os.PathLike[str] | None = None, ops: Iterable[str] | None = None) -> float:
+    """Compile (or load from the cache) the JIT kernels for ``ops`` (default: all) now; returns
+    the seconds it took (0 when the JIT tier is off).  A Session calls it when it is created
+    (package activation), so no inference pays for it."""
     if path is not None:
         set_cache_dir(path)
     if not enabled():
         return 0.0
+    wanted = None if ops is None else set(ops)
     start = time.perf_counter()
-    for name in MODULES:
-        module(name)
+    for name, handled in MODULES.items():
+        if wanted is None or wanted.intersection(handled):
+            module(name)
     return time.perf_counter() - start
 
 
@@ -107,8 +116,11 @@ def module(name: str) -> ModuleType:
 
 
 def loaded() -> list[ModuleType]:
-    """The JIT kernel modules imported so far (all of them after ``load()``)."""
-    return [module(name) for name in MODULES] if enabled() else []
+    """The JIT kernel modules loaded so far (by ``load`` or ``module``); none when the tier is off."""
+    if not enabled():
+        return []
+    with _lock:
+        return [_loaded[name] for name in MODULES if name in _loaded]
 
 
 def njit(signatures: list[Any] | str, **options: Any) -> Callable[[Callable[..., Any]], Any]:

@@ -101,7 +101,7 @@ class Session:
         self.jit = jit_tier.enabled() if jit is None else bool(jit) and jit_tier.enabled()
         self._search = KernelSearch(_digest(package.manifest, package.graph), threads, self.jit)
         if self.jit:
-            jit_tier.load()
+            jit_tier.load(ops=_jit_ops(self._program))
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, inputs={[s.name for s in self.inputs]}, threads={self.threads})"
@@ -277,6 +277,15 @@ class Session:
             raise PackageError(
                 f"{self.path}: manifest inputs {names} do not match graph inputs {self._program.inputs}"
             )
+
+
+def _jit_ops(program: Program) -> set[str]:
+    """The ops of this model that JIT kernels may serve (a Conv only when grouped: depthwise)."""
+    return {
+        step.op
+        for step in program.steps
+        if step.op not in ("Conv", "FusedConv") or int(step.attrs.get("group", 1)) > 1
+    }
 
 
 def _digest(manifest: dict[str, Any], graph: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ import pytest
 from engine import Session, jit, kernels, search
 from engine.ops import conv
 from engine.ops.registry import REGISTRY, kernel_name
+from engine.program import Program, Step
 from tests.engine.helpers import run_reference, single_node_model, write_model_package
 
 DEPTHWISE = ({"group": 8, "pads": [1, 1, 1, 1]}, [(1, 8, 12, 12), (8, 1, 3, 3)])
@@ -43,6 +44,7 @@ def test_numpy_only_candidates_are_numpy_kernels_with_the_default_first(op, case
     ("op", "case"), [("Conv", DEPTHWISE), ("QMatMul", QMATMUL), ("FusedMatMul", GELU_MATMUL)]
 )
 def test_jit_candidates_come_after_the_numpy_ones_only_with_numba(op, case):
+    jit.load()  # every JIT module (a Session loads only those its model can use)
     attrs, shapes = case
     default = REGISTRY[op] if op != "Conv" else None
     found = kernels.candidates(op, attrs, shapes, default)
@@ -86,6 +88,22 @@ def test_the_jit_cache_directory_is_the_one_the_engine_is_told(tmp_path, monkeyp
         jit._cache_dir = previous
         if previous is not None or jit.enabled():
             jit.set_cache_dir(jit.cache_dir())
+
+
+def test_a_session_loads_only_the_jit_kernels_its_model_can_use():
+    """A model with no depthwise conv, GELU matmul or int8 matmul needs no JIT module (nor numba's
+    memory); a grouped conv needs the depthwise one."""
+    from engine.session import _jit_ops  # noqa: PLC0415 - the session's own choice, tested directly
+
+    def program(*nodes: tuple[str, dict]) -> Program:
+        steps = [
+            Step(f"n{i}", op, REGISTRY.get(op), None, attrs, [], []) for i, (op, attrs) in enumerate(nodes)
+        ]
+        return Program(steps, {}, [], [], 17)
+
+    plain = program(("Conv", {}), ("Relu", {}), ("Gemm", {}))
+    assert not _jit_ops(plain).intersection(*jit.MODULES.values())
+    assert _jit_ops(program(("FusedConv", {"group": 32}), ("QMatMul", {}))) == {"FusedConv", "QMatMul"}
 
 
 def test_a_numpy_only_session_runs_numpy_kernels_and_matches_the_reference(tmp_path):
