@@ -13,8 +13,9 @@ package activation pays the compile, or the cache load, before the first inferen
 
 Parallel kernels (``prange``) run only when the caller allows more than one thread
 (``thread_limit``, set by the session from its ``threads``) and no other thread is inside a
-parallel kernel: numba's fallback thread pool (workqueue, used where OpenMP and TBB are
-missing) aborts the process on concurrent launches, so a busy pool means the serial variant.
+parallel kernel: they run on numba's own thread pool (workqueue, unless NUMBA_THREADING_LAYER
+says otherwise), which aborts the process on concurrent launches, so a busy pool means the
+serial variant.
 """
 
 from __future__ import annotations
@@ -177,3 +178,8 @@ def _configure_numba() -> None:
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     numba.config.CACHE_DIR = str(directory)
+    if not os.environ.get("NUMBA_THREADING_LAYER"):
+        # numba's own pool, not OpenMP's: libgomp's threads spin after each parallel kernel and
+        # starve the OpenBLAS threads of the GEMM that follows on a 2-core machine (MobileNetV2
+        # at 2 threads: 134 ms with OpenMP, 16 with this pool, 24 numpy-only)
+        numba.config.THREADING_LAYER = "workqueue"

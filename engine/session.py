@@ -280,12 +280,17 @@ class Session:
 
 
 def _jit_ops(program: Program) -> set[str]:
-    """The ops of this model that JIT kernels may serve (a Conv only when grouped: depthwise)."""
-    return {
-        step.op
-        for step in program.steps
-        if step.op not in ("Conv", "FusedConv") or int(step.attrs.get("group", 1)) > 1
-    }
+    """The ops of this model that JIT kernels may serve (a Conv only when grouped: depthwise; a
+    FusedMatMul only with a GELU)."""
+    return {step.op for step in program.steps if _jit_may_serve(step)}
+
+
+def _jit_may_serve(step: Step) -> bool:
+    if step.op in ("Conv", "FusedConv"):
+        return int(step.attrs.get("group", 1)) > 1
+    if step.op == "FusedMatMul":
+        return step.attrs.get("activation") == "Gelu"
+    return True
 
 
 def _digest(manifest: dict[str, Any], graph: dict[str, Any]) -> str:
