@@ -15,6 +15,8 @@ def _secret_key() -> str:
     """FERRY_SECRET_KEY, or one generated once per data directory (never a constant in the source)."""
     if key := os.environ.get("FERRY_SECRET_KEY"):
         return key
+    if os.environ.get("FERRY_ENV", "").strip().lower() == "production":
+        return ""  # security.py refuses to start without FERRY_SECRET_KEY; write no file for it
     path = DATA_DIR / "secret_key"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
