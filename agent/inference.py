@@ -252,9 +252,9 @@ class InferenceLoop:
 
 def pipeline_spec(directory: Path) -> dict | None:
     """The package's validated pipeline spec (from its signed manifest), or None."""
-    import json
+    from deploy.package import read_unpacked
 
-    manifest = json.loads((Path(directory) / "manifest.json").read_text())
+    manifest = read_unpacked(directory)
     spec = (manifest.get("metadata") or {}).get("pipeline")
     if spec is None:
         return None

@@ -7,6 +7,13 @@ On-disk layout under the state directory:
   current -> versions/<id>  the active version, switched by an atomic rename
   previous -> versions/<id> what ran before, kept for rollback
 
+Each byte of a package is hashed once per activation: while it is unpacked (deploy.package
+checks the signature first, then hashes every file as it streams to disk).  The download is
+checked for its size only; the archive's own sha256 (the offer's digest) is computed only when
+verification refuses it, to tell bytes damaged on the way (a download error, retried later)
+from a bad package (refused for good).  The engine loads the unpacked directory without
+hashing it again.
+
 numpy and the engine are imported only when a package is checked or loaded, so an idle
 agent with no model stays small.
 """
@@ -25,8 +32,7 @@ from typing import Any
 from agent.errors import ActivationError, DiskFullError, DownloadError, DownloadStalled
 from agent.files import fsync_dir, switch_symlink
 from deploy.errors import PackageRejected
-from deploy.signing import SignedClaims, file_sha256
-from deploy.unpack import ClaimsCheck, verify_and_unpack
+from deploy.package import ClaimsCheck, SignedClaims, file_sha256, read_claims, verify_and_unpack
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +137,10 @@ class Installer:
                         f"at byte {offset} of {offer.package_size} ({os.strerror(exc.errno)})"
                     ) from exc
                 raise
-        if offset != offer.package_size or file_sha256(part) != offer.package_digest:
+        if offset != offer.package_size:
             part.unlink()
-            raise DownloadError(f"package {offer.package_digest[:12]} arrived with the wrong size or digest")
-        return part
+            raise _arrived_wrong(offer)
+        return part  # its digest is checked only if verifying refuses it (see unpack)
 
     def _fetch(self, offer: Offer, part: Path, offset: int) -> int:
         started = window_start = time.monotonic()
@@ -175,15 +181,26 @@ class Installer:
         return self.state_dir / "versions" / f".{offer.version_id}.staging"
 
     def unpack(self, offer: Offer, archive: Path, check: ClaimsCheck | None = None) -> Path:
-        """Verify and unpack into versions/<id>, via a staging directory renamed into place."""
+        """Verify and unpack into versions/<id>, via a staging directory renamed into place.
+
+        A refusal of an archive that is not the offered one (its sha256 differs) is the
+        download's fault: DownloadError, and the archive is deleted for a fresh download.
+        """
+        try:
+            return self._unpack(offer, archive, check)
+        except PackageRejected as refusal:
+            if file_sha256(archive) != offer.package_digest:
+                archive.unlink(missing_ok=True)
+                raise _arrived_wrong(offer) from refusal
+            raise
+
+    def _unpack(self, offer: Offer, archive: Path, check: ClaimsCheck | None) -> Path:
         final = self.state_dir / "versions" / offer.version_id
         staging = self.staging_dir(offer)
         shutil.rmtree(staging, ignore_errors=True)  # a half-unpacked leftover of a crash
         if final.exists():
             # unpacked before (a rollback package of a version kept on disk): check its claims anyway
             if check is not None:
-                from deploy.signing import read_claims
-
                 verified = read_claims(archive, self.public_key)
                 check(verified.claims, verified.manifest)
             return final
@@ -272,6 +289,10 @@ def health_check(directory: Path) -> None:
     except Exception as exc:  # any failure of an untrusted new version is its failure, not the agent's
         raise ActivationError(f"the new version does not load or run: {type(exc).__name__}: {exc}") from exc
     log.info("health check passed in %.1f ms", 1000 * (time.perf_counter() - started))
+
+
+def _arrived_wrong(offer: Offer) -> DownloadError:
+    return DownloadError(f"package {offer.package_digest[:12]} arrived with the wrong size or digest")
 
 
 def claims_check(*, device_class: str, counter_floor: int) -> ClaimsCheck:

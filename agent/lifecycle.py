@@ -10,7 +10,8 @@ resumes where it was:
 
 - downloading: resumable (downloads/<digest>.part); a broken link or a slow one keeps the part.
 - verifying: signature, device class, release counter, every file's sha256 and size, strict
-  unpack into a staging directory renamed into versions/<id>.
+  unpack into a staging directory renamed into versions/<id> (deploy.package, one pass). A
+  refused archive that is not the offered one (its sha256) is a download error, retried.
 - staged: verified and waiting: a download-only offer, or a maintenance window not open yet.
 - switching: `current` is (being) switched to the new version; the health check runs the
   package's self-test. A crash here re-runs the health check on restart; too many crashes
@@ -271,6 +272,9 @@ class Lifecycle:
             self.installer.unpack(offer, self.installer.part_file(offer), check=check_and_remember)
         except PackageRejected as exc:
             self._refuse(offer, "verify", str(exc))
+            return
+        except DownloadError as exc:  # refused, and not the offered bytes: the download's fault
+            self._refuse(offer, "download", str(exc), retry_after=REFUSED_RETRY_SECONDS)
             return
         except FileNotFoundError:
             # the archive is gone (removed by hand, or a crash between unpack and cleanup): fetch again

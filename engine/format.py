@@ -8,7 +8,8 @@ starting on a 64-byte boundary, memory-mapped).
 
 The package container around them (the tar archive, its deterministic writing, the signature,
 verification and safe unpacking) belongs to ``deploy/package``.  The engine loads an unpacked
-directory.  It also maps the files in place from a ``.ferry`` archive (uncompressed: the standard
+directory, which the package library verified while unpacking it, so nothing is hashed again
+there.  It also maps the files in place from a ``.ferry`` archive (uncompressed: the standard
 library's tarfile says where each member starts) for tools and tests, and then checks them
 against the manifest's sha256s, since nothing verified that archive before.
 
@@ -181,11 +182,18 @@ def _check_version(path: Path, manifest: dict[str, Any]) -> None:
         raise PackageError(f"{path}: unknown {FORMAT!r} version {version!r}")
 
 
-def read_package(path: str | os.PathLike[str], *, verify: bool = True) -> Package:
-    """Load a package file or directory; raise PackageError / PackageIntegrityError if it is bad."""
+def read_package(path: str | os.PathLike[str], *, verify: bool | None = None) -> Package:
+    """Load a package file or directory; raise PackageError / PackageIntegrityError if it is bad.
+
+    ``verify`` (default: archives yes, directories no) checks every listed file against the
+    manifest's sha256.  A directory is an unpacked package: deploy/package hashed each of its
+    bytes while unpacking it, and hashing them again at every load would only cost time.
+    """
     path = Path(path)
     if not path.exists():
         raise PackageError(f"{path}: no such package")
+    if verify is None:
+        verify = not path.is_dir()
     files = _open_files(path)
     if MANIFEST not in files:
         raise PackageError(f"{path}: has no {MANIFEST}")

@@ -4,14 +4,17 @@ atomically, health-check, switch back. With real packages and files."""
 from __future__ import annotations
 
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
 
-from agent.errors import ActivationError
-from agent.install import Installer, Offer, health_check
-from deploy.errors import SignatureError
-from deploy.signing import file_sha256, generate_keypair, sign_package
+import engine.format
+from agent.errors import ActivationError, DownloadError
+from agent.inference import InferenceLoop
+from agent.install import Installer, Offer, claims_check, health_check
+from deploy.errors import IntegrityError, SignatureError
+from deploy.package import digest, file_sha256, generate_keypair, sign_package
 from tests.agent.packages import convert_classifier
 
 KEYS = generate_keypair()
@@ -93,3 +96,90 @@ def test_a_slow_download_stops_keeps_its_part_and_resumes(tmp_path: Path):
         assert double.download_offsets == [0, kept]  # resumed, not restarted
     finally:
         server.stop(grace=None)
+
+
+class HashedBytes:
+    """Counts the bytes given to the package library's one sha256 (deploy.package.digest)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._sha256 = digest.sha256
+
+    def sha256(self, data: bytes = b"") -> digest.Digest:
+        counter = self
+
+        class Counting:
+            def __init__(self) -> None:
+                self._inner = counter._sha256()
+                self.update(data)
+
+            def update(self, block: bytes) -> None:
+                counter.total += len(block)
+                self._inner.update(block)
+
+            def hexdigest(self) -> str:
+                return self._inner.hexdigest()
+
+        return Counting()
+
+
+def test_one_activation_hashes_each_byte_of_the_package_once(tmp_path: Path, monkeypatch):
+    """Download, verify and unpack, health check, then the inference loop's load: the manifest
+    and every file are hashed exactly once (while unpacking); neither the whole archive nor
+    the engine's loads of the unpacked directory hash anything."""
+    from agent.client import GatewayClient
+    from agent.install import DownloadRules
+    from tests.agent.double import GatewayDouble, serve
+
+    archive = _signed(tmp_path, "one")
+    hashed = HashedBytes()
+    monkeypatch.setattr(digest, "sha256", hashed.sha256)
+    engine_hashes: list[object] = []
+    real_engine_sha256 = engine.format._sha256
+    monkeypatch.setattr(
+        engine.format, "_sha256", lambda loc: engine_hashes.append(loc) or real_engine_sha256(loc)
+    )
+    double = GatewayDouble(KEYS.public_key)
+    server, port = serve(double)
+    loop = InferenceLoop()
+    loop.start()
+    try:
+        double.publish(archive, "v1", hint=False)
+        client = GatewayClient(f"127.0.0.1:{port}", credential="device-1.secret")
+        installer = Installer(tmp_path / "state", client, KEYS.public_key, DownloadRules(reserve_bytes=0))
+        offer = _offer("v1", archive)
+        hashed.total = 0  # what making the offer took is not the device's
+        part = installer.download(offer)
+        directory = installer.unpack(offer, part, check=claims_check(device_class="pi4", counter_floor=0))
+        health_check(directory)
+        loop.load(directory, "v1")
+    finally:
+        loop.stop()
+        server.stop(grace=None)
+    unpacked = {p.name: p.stat().st_size for p in directory.iterdir()}
+    assert sorted(unpacked) == ["graph.json", "manifest.json", "weights.bin"]
+    assert hashed.total == sum(unpacked.values())  # each byte once: no archive digest, no re-hash
+    assert hashed.total < archive.stat().st_size  # the tar headers and the signature: not at all
+    assert engine_hashes == []
+
+
+def test_a_refused_archive_that_is_not_the_offered_one_is_a_download_error(tmp_path: Path):
+    """The archive's digest is only taken when verifying refuses it: bytes damaged on the way
+    are the download's fault (retried later), and the damaged file is deleted."""
+    installer = Installer(tmp_path / "state", client=None, public_key=KEYS.public_key)
+    archive = _signed(tmp_path, "one")
+    offer = _offer("v1", archive)
+    data = bytearray(archive.read_bytes())
+    with tarfile.open(archive) as tar:
+        weights = tar.getmember("weights.bin")
+    data[weights.offset_data + weights.size - 1] ^= 0x01
+    damaged = tmp_path / "damaged.ferry"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(DownloadError, match="arrived with the wrong size or digest"):
+        installer.unpack(offer, damaged)
+    assert not damaged.exists()
+    assert not installer.staging_dir(offer).exists()
+    # the same bytes offered under their own digest are a bad package, refused for good
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="weights.bin does not match the sha256 and size"):
+        installer.unpack(_offer("v1", damaged), damaged)
