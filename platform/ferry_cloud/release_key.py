@@ -11,7 +11,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from deploy.signing import generate_keypair, public_key_of
+from deploy.package import generate_keypair, public_key_of
 
 
 def release_private_key() -> bytes:

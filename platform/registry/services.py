@@ -22,7 +22,7 @@ from ferry_cloud.release_key import release_private_key
 
 from converter import convert
 from converter.errors import ConversionError
-from deploy.signing import ANY_DEVICE_CLASS, SignedClaims, public_key_of, read_claims, sign_package
+from deploy.package import ANY_DEVICE_CLASS, SignedClaims, public_key_of, read_claims, sign_package
 from registry import storage
 from registry.errors import InvalidUpload, VersionImmutable, VersionNotReady
 from registry.models import Artifact, ConversionJob, Model, ModelVersion, ReleaseCounter
