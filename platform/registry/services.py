@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 import threading
 import time
@@ -344,7 +345,8 @@ def conversion_run(*, job_id: int, worker: str = "") -> ConversionJob:
                     suffix=".ferry",
                 )
     except ConversionError as exc:
-        return _conversion_fail(job_id, str(exc))
+        # The converter names the files it read; here they are the worker's temporary copies.
+        return _conversion_fail(job_id, _without_server_paths(str(exc), version.label))
     with transaction.atomic():
         ModelVersion.objects.filter(pk=version.pk).update(
             package=package, report=report.to_dict(), status=ModelVersion.Status.READY
@@ -354,6 +356,14 @@ def conversion_run(*, job_id: int, worker: str = "") -> ConversionJob:
         )
     _job_log(job_id, f"package {package.sha256[:12]} stored ({package.size} bytes)", 1.0)
     return ConversionJob.objects.get(pk=job_id)
+
+
+def _without_server_paths(message: str, label: str) -> str:
+    """The error with the worker's temporary file paths replaced by what the user uploaded."""
+    temp = re.escape(tempfile.gettempdir().rstrip("/"))
+    message = re.sub(temp + r"/[^\s:'\"]+\.onnx", f"the uploaded model ({label})", message)
+    message = re.sub(temp + r"/[^\s:'\"]+\.npz", "the calibration file", message)
+    return re.sub(temp + r"/[^\s:'\"]+", "a temporary file", message)
 
 
 def _accuracy_line(report: dict[str, Any]) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import tempfile
+
 from django.core.files.storage import default_storage
 from registry.models import Artifact, ConversionJob, ModelVersion
 from registry.services import conversion_run
@@ -68,6 +71,9 @@ def test_malformed_onnx_fails_the_job_with_a_readable_error(api):
     assert body["job"]["status"] == "failed"
     assert body["job"]["error"]
     assert "Traceback" not in body["job"]["error"]
+    # no server path: the worker's temporary copy is named as what the user uploaded
+    assert body["job"]["error"].startswith("the uploaded model (v1): not an ONNX model"), body["job"]["error"]
+    assert tempfile.gettempdir() not in json.dumps(body)
     assert Artifact.objects.filter(kind=Artifact.Kind.PACKAGE).count() == 0
 
 
