@@ -8,7 +8,8 @@ import numpy as np
 
 from converter import convert
 from converter.samples import build_image_classifier
-from engine.format import read_package, write_package
+from deploy.package import write_package
+from engine.format import model_files, read_package
 
 
 def convert_classifier(path: Path, seed: int = 0, *, break_selftest: bool = False) -> Path:
@@ -23,8 +24,7 @@ def convert_classifier(path: Path, seed: int = 0, *, break_selftest: bool = Fals
         graph = {k: v for k, v in package.graph.items() if k != "tensors"}
         write_package(
             path,
-            graph=graph,
-            tensors=tensors,
+            files=model_files(graph=graph, tensors=tensors),
             inputs=package.manifest["inputs"],
             outputs=package.manifest["outputs"],
             metadata=package.manifest["metadata"],

@@ -11,22 +11,29 @@ import numpy as np
 import pytest
 
 from deploy.errors import IntegrityError, PackageRejected, SignatureError, UnsafeArchiveError
-from deploy.signing import SignedClaims, generate_keypair, read_claims, sign_package
-from deploy.unpack import UnpackLimits, verify_and_unpack
-from engine.format import write_package
+from deploy.package import (
+    SignedClaims,
+    UnpackLimits,
+    generate_keypair,
+    read_claims,
+    sign_package,
+    verify_and_unpack,
+    write_package,
+)
+from engine.format import model_files
 
 KEYS = generate_keypair()
 
 
 def _unsigned(path: Path) -> Path:
+    graph = {
+        "nodes": [{"name": "r", "op": "Relu", "inputs": ["x"], "outputs": ["y"], "attrs": {}}],
+        "inputs": ["x"],
+        "outputs": ["y"],
+    }
     write_package(
         path,
-        graph={
-            "nodes": [{"name": "r", "op": "Relu", "inputs": ["x"], "outputs": ["y"], "attrs": {}}],
-            "inputs": ["x"],
-            "outputs": ["y"],
-        },
-        tensors={"w": np.arange(16, dtype=np.float32)},
+        files=model_files(graph=graph, tensors={"w": np.arange(16, dtype=np.float32)}),
         inputs=[{"name": "x", "dtype": "float32", "shape": [1, 4]}],
         outputs=[{"name": "y", "dtype": "float32", "shape": [1, 4]}],
     )
