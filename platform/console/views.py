@@ -8,7 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
-from ferry_cloud.errors import DomainError
+from ferry_cloud.errors import DomainError, NotFound
 from fleet.selectors import (
     device_get,
     device_group_get,
@@ -31,8 +31,11 @@ def _organisation(request):
     return organisation_for_user(user=request.user)
 
 
-def _forbidden(request, exc: DomainError):
-    return render(request, "console/error.html", {"message": str(exc)}, status=403)
+def _error_page(request, exc: DomainError):
+    """The console's mapping of a refusal that leaves nothing to show (the others become
+    messages on the page the person came from): 404 for what is not found, 403 otherwise."""
+    status = 404 if isinstance(exc, NotFound) else 403
+    return render(request, "console/error.html", {"message": str(exc)}, status=status)
 
 
 @login_required
@@ -40,7 +43,7 @@ def dashboard(request):
     try:
         org = _organisation(request)
     except DomainError as exc:
-        return _forbidden(request, exc)
+        return _error_page(request, exc)
     context = {
         "organisation": org,
         "versions": _ready_versions(org),
@@ -86,7 +89,7 @@ def release_detail(request, release_id: str):
         org = _organisation(request)
         release = release_get(organisation=org, release_id=release_id)
     except DomainError as exc:
-        return _forbidden(request, exc)
+        return _error_page(request, exc)
     phases = release_phases(release)
     context = {
         "organisation": org,
@@ -138,7 +141,7 @@ def release_new(request):
     try:
         org = _organisation(request)
     except DomainError as exc:
-        return _forbidden(request, exc)
+        return _error_page(request, exc)
     groups = device_group_list(organisation=org)
     form = ReleaseForm(request.POST or None, versions=_ready_versions(org), groups=groups)
     if request.method == "POST" and form.is_valid():
@@ -162,7 +165,7 @@ def groups(request):
     try:
         org = _organisation(request)
     except DomainError as exc:
-        return _forbidden(request, exc)
+        return _error_page(request, exc)
     form = GroupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
