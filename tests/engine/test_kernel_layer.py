@@ -91,8 +91,8 @@ def test_the_jit_cache_directory_is_the_one_the_engine_is_told(tmp_path, monkeyp
 
 
 def test_a_session_loads_only_the_jit_kernels_its_model_can_use():
-    """A model with no depthwise conv, GELU matmul or int8 matmul needs no JIT module (nor numba's
-    memory); a grouped conv needs the depthwise one."""
+    """A model with no depthwise conv or int8 matmul needs no JIT module (nor numba's memory); a
+    grouped conv needs the depthwise one; GELU's rides along only where numba is loaded anyway."""
     from engine.session import _jit_ops  # noqa: PLC0415 - the session's own choice, tested directly
 
     def program(*nodes: tuple[str, dict]) -> Program:
@@ -104,6 +104,9 @@ def test_a_session_loads_only_the_jit_kernels_its_model_can_use():
     plain = program(("Conv", {}), ("Relu", {}), ("Gemm", {}))
     assert not _jit_ops(plain).intersection(*jit.MODULES.values())
     assert _jit_ops(program(("FusedConv", {"group": 32}), ("QMatMul", {}))) == {"FusedConv", "QMatMul"}
+    gelu = ("FusedMatMul", {"activation": "Gelu"})
+    assert _jit_ops(program(gelu, ("LayerNormalization", {}))) == set()  # GELU alone: not worth numba
+    assert _jit_ops(program(gelu, ("QMatMul", {}))) == {"FusedMatMul", "QMatMul"}
 
 
 def test_a_numpy_only_session_runs_numpy_kernels_and_matches_the_reference(tmp_path):
