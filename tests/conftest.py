@@ -14,6 +14,13 @@ import time
 from urllib.parse import urlparse
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# CI draws the same examples on every run (seeded from each test's name), so a red run is the
+# change's doing and can be replayed; runs elsewhere keep exploring new examples.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 
 def _listening(host: str, port: int) -> bool:

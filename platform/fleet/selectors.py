@@ -12,8 +12,12 @@ from fleet.models import Device, DeviceGroup
 
 
 def device_list(*, organisation: Organisation) -> QuerySet[Device]:
-    return Device.objects.filter(organisation=organisation).select_related(
-        "running_version__model", "pinned_version__model"
+    """The organisation's devices with their versions and, as ``telemetry_count``, how many
+    telemetry records each has stored (counted in the same query)."""
+    return (
+        Device.objects.filter(organisation=organisation)
+        .select_related("running_version__model", "pinned_version__model")
+        .annotate(telemetry_count=Count("telemetry"))
     )
 
 
@@ -59,15 +63,52 @@ def device_get(*, organisation: Organisation, device_id) -> Device:
 def devices_matching(*, organisation_id, filter_text: str) -> list[str]:
     """Ids of the organisation's live devices the filter selects now; PolicyError if it is malformed."""
     matches = Filter.parse(filter_text)
+    return _matching(matches, _live_device_facts(organisation_id))
+
+
+def _live_device_facts(organisation_id) -> list[tuple]:
     devices = Device.objects.filter(organisation_id=organisation_id, revoked_at__isnull=True)
+    return list(devices.values_list("pk", "attributes", "labels"))
+
+
+def _matching(matches: Filter, devices: list[tuple]) -> list[str]:
+    """Ids of the (pk, attributes, labels) rows the parsed filter selects."""
     return [
         str(pk)
-        for pk, attributes, labels in devices.values_list("pk", "attributes", "labels")
+        for pk, attributes, labels in devices
         if matches(
             {str(k): str(v) for k, v in (attributes or {}).items()},
             {str(k): str(v) for k, v in (labels or {}).items()},
         )
     ]
+
+
+def device_group_members(*, groups: list[DeviceGroup]) -> dict:
+    """{group id: member ids} for many groups in two queries: static memberships at once, and the
+    live devices once for every dynamic group's filter."""
+    members: dict = {g.pk: [] for g in groups}
+    static = [g.pk for g in groups if g.kind == DeviceGroup.Kind.STATIC]
+    through = DeviceGroup.members.through.objects.filter(devicegroup_id__in=static)
+    for group_id, device_id in through.values_list("devicegroup_id", "device_id"):
+        members[group_id].append(str(device_id))
+    dynamic = [g for g in groups if g.kind != DeviceGroup.Kind.STATIC]
+    if dynamic:
+        devices = list(
+            Device.objects.filter(
+                organisation_id=dynamic[0].organisation_id, revoked_at__isnull=True
+            ).values_list("pk", "attributes", "labels")
+        )
+        for group in dynamic:
+            matches = Filter.parse(group.filter)
+            members[group.pk] = [
+                str(pk)
+                for pk, attributes, labels in devices
+                if matches(
+                    {str(k): str(v) for k, v in (attributes or {}).items()},
+                    {str(k): str(v) for k, v in (labels or {}).items()},
+                )
+            ]
+    return members
 
 
 def device_group_member_ids(*, group: DeviceGroup) -> list[str]:

@@ -86,7 +86,9 @@ class ReleaseOutput(serializers.ModelSerializer):
         return [p.as_dict() for p in selectors.release_phases(obj)]
 
     def get_devices(self, obj: Release) -> dict[str, int]:
-        return selectors.release_device_counts(release=obj)
+        if "spread" not in self.context:  # one query per answer, however many releases it lists
+            self.context["spread"] = selectors.fleet_version_spread(organisation_id=obj.organisation_id)
+        return selectors.release_device_counts(release=obj, spread=self.context["spread"])
 
     def get_percentage(self, obj: Release) -> float:
         return selectors.release_phases(obj)[obj.current_phase].percentage

@@ -214,12 +214,20 @@ def desired_release_for(device: Device) -> Release | None:
     return desired.release
 
 
-def release_device_counts(*, release: Release) -> dict[str, int]:
-    """How many of the organisation's devices run the release's version, and how many run another."""
+def fleet_version_spread(*, organisation_id) -> dict:
+    """{running version id (or None): live devices running it} for the organisation: one query,
+    shared by every release shown in one answer."""
     rows = (
-        Device.objects.filter(organisation_id=release.organisation_id, revoked_at__isnull=True)
+        Device.objects.filter(organisation_id=organisation_id, revoked_at__isnull=True)
         .values("running_version_id")
         .annotate(n=Count("id"))
     )
-    on_release = sum(r["n"] for r in rows if r["running_version_id"] == release.version_id)
-    return {"on_release_version": on_release, "on_other_versions": sum(r["n"] for r in rows) - on_release}
+    return {r["running_version_id"]: r["n"] for r in rows}
+
+
+def release_device_counts(*, release: Release, spread: dict | None = None) -> dict[str, int]:
+    """How many of the organisation's devices run the release's version, and how many run another."""
+    if spread is None:
+        spread = fleet_version_spread(organisation_id=release.organisation_id)
+    on_release = spread.get(release.version_id, 0)
+    return {"on_release_version": on_release, "on_other_versions": sum(spread.values()) - on_release}
