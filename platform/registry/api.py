@@ -8,6 +8,7 @@ from rest_framework import serializers, status
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
+from converter.options import ACTIVATION_METHODS, BLOCK_SIZES, PRECISIONS
 from registry import selectors, services
 from registry.models import ConversionJob, Model, ModelVersion
 
@@ -81,14 +82,16 @@ class ModelDetailApi(OrganisationApi):
 class VersionInput(serializers.Serializer):
     file = serializers.FileField(help_text="The ONNX model.")
     label = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
-    quantize = serializers.ChoiceField(choices=["fp16", "int8", "int4"], required=False)
-    block_size = serializers.ChoiceField(choices=[32, 64, 128], required=False, help_text="int4 block size.")
+    quantize = serializers.ChoiceField(choices=list(PRECISIONS), required=False)
+    block_size = serializers.ChoiceField(
+        choices=list(BLOCK_SIZES), required=False, help_text="int4 block size."
+    )
     calibration = serializers.FileField(
         required=False,
         help_text="An .npz (numpy.savez) with one array per model input: the inputs of the accuracy report.",
     )
     activations = serializers.ChoiceField(
-        choices=["minmax", "percentile"],
+        choices=list(ACTIVATION_METHODS),
         required=False,
         help_text="Static int8 activations, ranges from the calibration file by this method.",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import tempfile
@@ -23,6 +24,7 @@ from ferry_cloud.release_key import release_private_key
 
 from converter import convert
 from converter.errors import ConversionError
+from converter.options import OPTION_NAMES, ConversionOptions, InvalidOptionsError
 from deploy.package import ANY_DEVICE_CLASS, SignedClaims, public_key_of, read_claims, sign_package
 from registry import storage
 from registry.errors import InvalidUpload, VersionImmutable, VersionNotReady
@@ -30,9 +32,6 @@ from registry.models import Artifact, ConversionJob, Model, ModelVersion, Releas
 
 log = logging.getLogger(__name__)
 
-QUANTIZE_CHOICES = (None, "fp16", "int8", "int4")
-BLOCK_SIZES = (32, 64, 128)
-ACTIVATION_METHODS = ("minmax", "percentile")
 MAX_CALIBRATION_BYTES = 64 * 1024 * 1024
 
 
@@ -78,27 +77,13 @@ def version_upload(
     return version
 
 
-def _check_conversion_options(options: dict[str, Any]) -> None:
-    """The per-version converter options: precision, int4 block size, mixed precision, calibration."""
-    if options.get("quantize") not in QUANTIZE_CHOICES:
-        raise InvalidUpload(
-            f"quantize must be one of fp16, int8, int4 or absent, not {options['quantize']!r}"
-        )
-    if "block_size" in options and options["block_size"] not in BLOCK_SIZES:
-        raise InvalidUpload(f"block_size must be one of {BLOCK_SIZES}, not {options['block_size']!r}")
-    mixed = options.get("keep_float") or options.get("accuracy_budget") is not None
-    if mixed and options.get("quantize") not in ("int8", "int4"):
-        raise InvalidUpload("keep_float and accuracy_budget need quantize int8 or int4.")
-    budget = options.get("accuracy_budget")
-    if budget is not None and not 0.0 < float(budget) <= 1.0:
-        raise InvalidUpload(f"accuracy_budget is a minimum cosine similarity in (0, 1], not {budget!r}")
-    if options.get("activations") is not None:
-        if options["activations"] not in ACTIVATION_METHODS:
-            raise InvalidUpload(
-                f"activations must be one of {ACTIVATION_METHODS}, not {options['activations']!r}"
-            )
-        if options.get("quantize") not in ("int8", "int4") or not options.get("calibration"):
-            raise InvalidUpload("int8 activations need quantize int8 or int4 and a calibration file.")
+def _check_conversion_options(options: dict[str, Any]) -> ConversionOptions:
+    """The per-version converter options, checked by the converter's one options object; the
+    stored calibration reference stands in for the samples (only whether there are some counts)."""
+    try:
+        return ConversionOptions.from_dict({k: v for k, v in options.items() if k in OPTION_NAMES})
+    except InvalidOptionsError as exc:
+        raise InvalidUpload(str(exc), fields={exc.option: [str(exc)]}) from None
 
 
 def calibration_store(*, organisation: Organisation, stream: BinaryIO, size: int) -> dict[str, Any]:
@@ -118,20 +103,9 @@ def calibration_store(*, organisation: Organisation, stream: BinaryIO, size: int
     return {"file": name, "sha256": digest, "size": size}
 
 
-def _converter_options(options: dict[str, Any], calibration: Path | None) -> dict[str, Any]:
-    """A version's stored options as convert() keyword arguments."""
-    keep = options.get("keep_float")
-    if isinstance(keep, str) and keep != "first_last":
-        keep = [name.strip() for name in keep.split(",") if name.strip()]
-    budget = options.get("accuracy_budget")
-    return {
-        "quantize": options.get("quantize"),
-        "block_size": int(options.get("block_size", 32)),
-        "calibration": calibration,
-        "keep_float": keep or None,
-        "accuracy_budget": float(budget) if budget is not None else None,
-        "activations": options.get("activations"),
-    }
+def _converter_options(options: dict[str, Any], calibration: Path | None) -> ConversionOptions:
+    """A version's stored options as convert()'s options, with the calibration samples' local copy."""
+    return dataclasses.replace(_check_conversion_options(options), calibration=calibration)
 
 
 # A broker that refuses one send is often back a moment later (the embedded SQLite broker
@@ -327,7 +301,7 @@ def conversion_run(*, job_id: int, worker: str = "") -> ConversionJob:
             report = convert(
                 src,
                 unsigned,
-                **_converter_options(version.options, samples),
+                options=_converter_options(version.options, samples),
                 progress=lambda fraction, message: _job_log(job_id, message, 0.9 * fraction),
             )
             _job_log(job_id, _accuracy_line(report.to_dict()), 0.9)
