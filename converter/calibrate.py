@@ -17,24 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from converter.errors import ConversionError
 from converter.translate import FerryGraph
 
 METHODS = ("minmax", "percentile")
 PERCENTILE = 99.99
 QUANTIZED_READERS = {"QMatMul": 0, "Conv": 0, "FusedConv": 0}
 Runner = Callable[[FerryGraph, list[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]]
-
-
-def check_method(method: str | None, quantize: str | None, calibration: Any) -> None:
-    if method is None:
-        return
-    if method not in METHODS:
-        raise ConversionError(f"activations={method!r} is not a calibration method; use one of {METHODS}")
-    if quantize not in ("int8", "int4"):
-        raise ConversionError("static int8 activations need quantize='int8' or 'int4' weights")
-    if calibration is None:
-        raise ConversionError("static int8 activations need calibration samples (calibration=...)")
 
 
 def activation_inputs(graph: FerryGraph) -> list[str]:
