@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,6 +73,8 @@ def slim_venv(tmp_path_factory) -> Path:
         timeout=900,
         cwd=venv.parent,
     )
+    # pip builds the local project in place: leave no stale copy of the sources in the tree
+    shutil.rmtree(ROOT / "packaging" / "agent" / "build", ignore_errors=True)
     return venv
 
 
