@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 import grpc
 from ferry_cloud.errors import Conflict, DomainError, Invalid, NotFound, PermissionDenied, Unauthenticated
 
+from gateway.wrapping import wrap_handler
+
 # First match wins; a DomainError of no family here is an invalid argument.
 STATUS_OF: tuple[tuple[type[DomainError], grpc.StatusCode], ...] = (
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
@@ -35,22 +37,7 @@ class DomainErrorInterceptor(grpc.ServerInterceptor):
     """Turns a DomainError raised anywhere in a call (streams included) into its status."""
 
     def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _streaming(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler  # no client-streaming methods in the contract
+        return wrap_handler(continuation(handler_call_details), _unary, _streaming)
 
 
 def _unary(behaviour: Callable) -> Callable:

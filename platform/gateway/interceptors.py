@@ -19,6 +19,7 @@ import structlog
 from ferry_cloud.observability.context import request_id_from
 
 from gateway import metrics
+from gateway.wrapping import wrap_handler
 
 log = structlog.get_logger("ferry.rpc")
 WATCH_HINTS = "WatchHints"
@@ -32,19 +33,7 @@ class ObservabilityInterceptor(grpc.ServerInterceptor):
         if handler is None:
             return None
         call = _Call.start(handler_call_details)
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                call.wrap_unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                call.wrap_stream(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler  # no client-streaming methods in the contract
+        return wrap_handler(handler, call.wrap_unary, call.wrap_stream)
 
 
 class _Call:

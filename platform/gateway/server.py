@@ -15,6 +15,7 @@ from gateway.health import GatewayHealth
 from gateway.hints import HintHub
 from gateway.interceptors import ObservabilityInterceptor
 from gateway.servicer import AgentGatewayServicer
+from gateway.wrapping import wrap_handler
 
 
 class ReleaseDatabaseConnections(grpc.ServerInterceptor):
@@ -22,22 +23,7 @@ class ReleaseDatabaseConnections(grpc.ServerInterceptor):
     past CONN_MAX_AGE (or broken), so gateway threads do not pin database sessions."""
 
     def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _streaming(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return wrap_handler(continuation(handler_call_details), _unary, _streaming)
 
 
 def _unary(behaviour: Callable) -> Callable:
