@@ -15,6 +15,14 @@ class Organisation(models.Model):
 
 class Membership(models.Model):
     class Role(models.TextChoices):
+        """What a member may do; each role may do everything the ones below it may.
+
+        viewer: read only. release_manager (the operator): models, versions, releases and their
+        actions, pins, device groups. admin: also enrolment tokens, device revocation and, when
+        they get doors, members, API tokens and keys. The stored value keeps its first name,
+        ``release_manager``: the docs call it operator, and renaming a stored value buys nothing.
+        """
+
         ADMIN = "admin", "Admin"
         RELEASE_MANAGER = "release_manager", "Release manager"
         VIEWER = "viewer", "Viewer"
@@ -27,3 +35,15 @@ class Membership(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["user", "organisation"], name="one_membership_per_org")
         ]
+
+    def has_role(self, required: str) -> bool:
+        """Whether this member's role is ``required`` or above it."""
+        return ROLE_RANK.get(self.role, -1) >= ROLE_RANK[required]
+
+
+# Lowest first: the ranking has_role compares. An unknown stored value ranks below viewer.
+ROLE_RANK: dict[str, int] = {
+    Membership.Role.VIEWER: 0,
+    Membership.Role.RELEASE_MANAGER: 1,
+    Membership.Role.ADMIN: 2,
+}

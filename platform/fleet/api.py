@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from accounts.api import OrganisationApi
+from accounts.permissions import AdminWrites, OperatorWrites, ReadOnly, ViewerQueries
 from drf_spectacular.utils import extend_schema
 from ferry_cloud.errors import Invalid
 from rest_framework import serializers, status
@@ -28,6 +29,7 @@ class TokenOutput(serializers.Serializer):
 
 
 class EnrolmentTokenCreateApi(OrganisationApi):
+    permission_classes = [AdminWrites]
     @extend_schema(request=TokenInput, responses={201: TokenOutput})
     def post(self, request):
         data = TokenInput(data=request.data)
@@ -75,12 +77,14 @@ class DeviceOutput(serializers.ModelSerializer):
 
 
 class DeviceListApi(OrganisationApi):
+    permission_classes = [ReadOnly]
     @extend_schema(responses=DeviceOutput(many=True))
     def get(self, request):
         return Response(DeviceOutput(selectors.device_list(organisation=self.organisation), many=True).data)
 
 
 class DeviceRevokeApi(OrganisationApi):
+    permission_classes = [AdminWrites]
     @extend_schema(request=None, responses=DeviceOutput)
     def post(self, request, device_id):
         device = selectors.device_get(organisation=self.organisation, device_id=device_id)
@@ -94,6 +98,7 @@ class PinInput(serializers.Serializer):
 
 
 class DevicePinApi(OrganisationApi):
+    permission_classes = [OperatorWrites]
     @extend_schema(request=PinInput, responses=DeviceOutput)
     def post(self, request, device_id):
         """Pin the device to a version (it runs that version whatever the releases say), or unpin it."""
@@ -160,6 +165,7 @@ def _plain(value):
 
 
 class GroupListCreateApi(OrganisationApi):
+    permission_classes = [OperatorWrites]
     @extend_schema(responses=GroupOutput(many=True))
     def get(self, request):
         groups = list(selectors.device_group_list(organisation=self.organisation))
@@ -184,6 +190,7 @@ class GroupListCreateApi(OrganisationApi):
 
 
 class GroupDetailApi(OrganisationApi):
+    permission_classes = [OperatorWrites]
     @extend_schema(responses=GroupOutput)
     def get(self, request, group_id):
         return Response(
@@ -225,6 +232,7 @@ class InvalidFilter(Invalid):
 
 
 class FilterPreviewApi(OrganisationApi):
+    permission_classes = [ViewerQueries]
     @extend_schema(request=FilterPreviewInput, responses=FilterPreviewOutput)
     def post(self, request):
         """Check a filter expression and see which devices it selects now, before releasing to them."""

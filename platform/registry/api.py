@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from accounts.api import OrganisationApi
+from accounts.permissions import OperatorWrites, ReadOnly
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -59,6 +60,7 @@ class ModelInput(serializers.Serializer):
 
 
 class ModelListCreateApi(OrganisationApi):
+    permission_classes = [OperatorWrites]
     @extend_schema(responses=ModelOutput(many=True))
     def get(self, request):
         return Response(ModelOutput(selectors.model_list(organisation=self.organisation), many=True).data)
@@ -72,6 +74,7 @@ class ModelListCreateApi(OrganisationApi):
 
 
 class ModelDetailApi(OrganisationApi):
+    permission_classes = [ReadOnly]
     @extend_schema(responses=ModelOutput)
     def get(self, request, model_id: int):
         return Response(
@@ -109,6 +112,7 @@ class VersionInput(serializers.Serializer):
 
 
 class VersionCreateApi(OrganisationApi):
+    permission_classes = [OperatorWrites]
     parser_classes = [MultiPartParser, FormParser]
 
     @extend_schema(request={"multipart/form-data": VersionInput}, responses={201: VersionOutput})
@@ -132,6 +136,7 @@ class VersionCreateApi(OrganisationApi):
 
 
 class VersionDetailApi(OrganisationApi):
+    permission_classes = [ReadOnly]
     @extend_schema(responses=VersionOutput)
     def get(self, request, version_id):
         version = selectors.version_get(organisation=self.organisation, version_id=version_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from accounts.api import OrganisationApi
+from accounts.permissions import OperatorWrites, ReadOnly
 from drf_spectacular.utils import extend_schema
 from registry.selectors import version_get
 from rest_framework import serializers, status
@@ -170,6 +171,7 @@ def _plain(data):
 
 
 class ReleaseListCreateApi(OrganisationApi):
+    permission_classes = [OperatorWrites]
     @extend_schema(responses=ReleaseOutput(many=True))
     def get(self, request):
         releases = selectors.release_list(organisation=self.organisation).prefetch_related("events__actor")
@@ -199,6 +201,7 @@ class ReleaseListCreateApi(OrganisationApi):
 
 
 class ReleaseDetailApi(OrganisationApi):
+    permission_classes = [ReadOnly]
     @extend_schema(responses=ReleaseOutput)
     def get(self, request, release_id):
         return Response(
@@ -207,6 +210,7 @@ class ReleaseDetailApi(OrganisationApi):
 
 
 class ReleaseActionApi(OrganisationApi):
+    permission_classes = [OperatorWrites]
     @extend_schema(request=ActionInput, responses=ReleaseOutput, operation_id="v1_releases_action")
     def post(self, request, release_id, action: str):
         """start, pause, resume, advance, abort, rollback or activate (download-only releases)."""
@@ -234,6 +238,7 @@ class GateStatusOutput(serializers.Serializer):
 
 
 class ReleaseGateApi(OrganisationApi):
+    permission_classes = [OperatorWrites]
     @extend_schema(request=None, responses=GateStatusOutput)
     def post(self, request, release_id):
         """Evaluate the release's health gate now and act on it, as the periodic task does."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from accounts.api import OrganisationApi
+from accounts.permissions import ReadOnly
 from drf_spectacular.utils import extend_schema
 from fleet.selectors import devices_per_version
 from rest_framework import serializers
@@ -18,6 +19,7 @@ class SummaryOutput(serializers.Serializer):
 
 
 class FleetSummaryApi(OrganisationApi):
+    permission_classes = [ReadOnly]
     @extend_schema(responses=SummaryOutput)
     def get(self, request):
         org = self.organisation
