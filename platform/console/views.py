@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from accounts.selectors import organisation_for_user
+from collections.abc import Callable
+from functools import wraps
+
+from accounts.models import Membership
+from accounts.selectors import membership_for_user, role_require
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
 from ferry_cloud.errors import DomainError, NotFound
 from fleet.selectors import (
     device_get,
@@ -26,9 +30,52 @@ from telemetry.selectors import fleet_rates
 
 from console.forms import GroupForm, ReleaseForm, window_from
 
+Role = Membership.Role
+
+
+def role_required(**roles: str) -> Callable:
+    """The one place a page says who may use it: the role each method needs (get=..., post=...).
+
+    Anonymous people are sent to the login page; a member below the role gets a 403 page saying
+    which role it needs; a method not named is 405 (HEAD follows GET). The membership stays on
+    the request for the view (its organisation) and the templates (which buttons to show).
+    tests/console/test_console_roles.py reads ``required_roles`` off every console URL's view.
+    """
+    required = {method.upper(): role for method, role in roles.items()}
+    if "GET" in required:
+        required.setdefault("HEAD", required["GET"])
+
+    def decorate(view: Callable) -> Callable:
+        @wraps(view)
+        def guarded(request, *args, **kwargs):
+            role = required.get(request.method)
+            if role is None:
+                return HttpResponseNotAllowed(sorted(required))
+            try:
+                request.membership = membership_for_user(user=request.user)
+                role_require(membership=request.membership, role=role)
+            except DomainError as exc:
+                return _error_page(request, exc)
+            return view(request, *args, **kwargs)
+
+        guarded = login_required(guarded)
+        guarded.required_roles = required
+        return guarded
+
+    return decorate
+
 
 def _organisation(request):
-    return organisation_for_user(user=request.user)
+    return request.membership.organisation
+
+
+def _can(request) -> dict[str, bool]:
+    """What the templates may offer this member: viewers get no action buttons at all."""
+    membership = request.membership
+    return {
+        "operate": membership.has_role(Role.RELEASE_MANAGER),
+        "administer": membership.has_role(Role.ADMIN),
+    }
 
 
 def _error_page(request, exc: DomainError):
@@ -38,14 +85,12 @@ def _error_page(request, exc: DomainError):
     return render(request, "console/error.html", {"message": str(exc)}, status=status)
 
 
-@login_required
+@role_required(get=Role.VIEWER)
 def dashboard(request):
-    try:
-        org = _organisation(request)
-    except DomainError as exc:
-        return _error_page(request, exc)
+    org = _organisation(request)
     context = {
         "organisation": org,
+        "can": _can(request),
         "versions": _ready_versions(org),
         "models": model_list(organisation=org),
         "releases": release_list(organisation=org),
@@ -56,13 +101,14 @@ def dashboard(request):
     return render(request, "console/dashboard.html", context)
 
 
-@login_required
-@require_POST
+@role_required(post=Role.RELEASE_MANAGER)
 def release_action(request, release_id: str, action: str):
     back = redirect("console:dashboard")
     try:
-        org = _organisation(request)
-        release = release_get(organisation=org, release_id=release_id)
+        release = release_get(organisation=_organisation(request), release_id=release_id)
+    except DomainError as exc:  # nothing by that id here (another tenant's included): 404
+        return _error_page(request, exc)
+    try:
         if request.POST.get("next") == "detail":
             back = redirect("console:release", release_id=release.pk)
         revision = request.POST.get("expected_revision")
@@ -83,16 +129,17 @@ def release_action(request, release_id: str, action: str):
     return back
 
 
-@login_required
+@role_required(get=Role.VIEWER)
 def release_detail(request, release_id: str):
+    org = _organisation(request)
     try:
-        org = _organisation(request)
         release = release_get(organisation=org, release_id=release_id)
     except DomainError as exc:
         return _error_page(request, exc)
     phases = release_phases(release)
     context = {
         "organisation": org,
+        "can": _can(request),
         "release": release,
         "phases": [
             {
@@ -123,11 +170,13 @@ def _actions_for(state: str, download_only: bool) -> list[str]:
     return actions
 
 
-@login_required
-@require_POST
+@role_required(post=Role.RELEASE_MANAGER)
 def release_gate(request, release_id: str):
     try:
         release = release_get(organisation=_organisation(request), release_id=release_id)
+    except DomainError as exc:
+        return _error_page(request, exc)
+    try:
         status = release_gate_evaluate(release_id=release.pk)
         messages.success(request, f"Gate evaluated: {status['step']} ({status['reason']}).")
     except DomainError as exc:
@@ -136,12 +185,9 @@ def release_gate(request, release_id: str):
     return redirect("console:release", release_id=release_id)
 
 
-@login_required
+@role_required(get=Role.RELEASE_MANAGER, post=Role.RELEASE_MANAGER)
 def release_new(request):
-    try:
-        org = _organisation(request)
-    except DomainError as exc:
-        return _error_page(request, exc)
+    org = _organisation(request)
     groups = device_group_list(organisation=org)
     form = ReleaseForm(request.POST or None, versions=_ready_versions(org), groups=groups)
     if request.method == "POST" and form.is_valid():
@@ -160,12 +206,9 @@ def release_new(request):
     return render(request, "console/release_new.html", {"organisation": org, "form": form})
 
 
-@login_required
+@role_required(get=Role.VIEWER, post=Role.RELEASE_MANAGER)
 def groups(request):
-    try:
-        org = _organisation(request)
-    except DomainError as exc:
-        return _error_page(request, exc)
+    org = _organisation(request)
     form = GroupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -187,7 +230,13 @@ def groups(request):
         {"group": g, "members": len(device_group_member_ids(group=g))}
         for g in device_group_list(organisation=org)
     ]
-    context = {"organisation": org, "form": form, "rows": rows, "versions": _ready_versions(org)}
+    context = {
+        "organisation": org,
+        "can": _can(request),
+        "form": form,
+        "rows": rows,
+        "versions": _ready_versions(org),
+    }
     return render(request, "console/groups.html", context)
 
 
@@ -197,12 +246,14 @@ def _ready_versions(org):
     ).select_related("model")
 
 
-@login_required
-@require_POST
+@role_required(post=Role.RELEASE_MANAGER)
 def group_pin(request, group_id: str):
     """Pin a group's devices to a version (empty: unpin)."""
     try:
         group = device_group_get(organisation=_organisation(request), group_id=group_id)
+    except DomainError as exc:
+        return _error_page(request, exc)
+    try:
         device_group_update(group=group, pinned_version_id=request.POST.get("version") or None)
         messages.success(request, f"Group {group.name}: pin saved.")
     except DomainError as exc:
@@ -210,12 +261,14 @@ def group_pin(request, group_id: str):
     return redirect("console:groups")
 
 
-@login_required
-@require_POST
+@role_required(post=Role.RELEASE_MANAGER)
 def device_pin_view(request, device_id: str):
     """Pin one device to a version (empty: unpin)."""
     try:
         device = device_get(organisation=_organisation(request), device_id=device_id)
+    except DomainError as exc:
+        return _error_page(request, exc)
+    try:
         device_pin(device=device, version_id=request.POST.get("version") or None)
         messages.success(request, f"Device {device.name}: pin saved.")
     except DomainError as exc:
