@@ -2,6 +2,15 @@
 
 Pure arithmetic over plain figures; the control plane gathers the figures from its
 telemetry and the simulation in bench/ makes them up.
+
+The release's cohort is the devices this release selected in the phases reached so far,
+and only their telemetry on the release's version; a selected device that has not reported
+yet is *pending*, not healthy. While no selected device has reported, the gate neither
+passes nor fails: it is pending and the release waits.
+
+Inference error rate = errors / (errors + inferences): the agent's metrics payload counts
+a successful inference in ``inferences`` and a failed one in ``errors`` only (see
+agent/inference.py), so the attempts are their sum.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ class CohortFigures:
     latency_ms_p95: float | None = None  # the median of the devices' p95 figures
     restarts: int = 0
     top1_histogram: Mapping[str, int] = field(default_factory=dict)
+    devices_pending: int = 0  # selected devices with no report in the window yet
+    records_skipped: int = 0  # malformed records left out (a field that is not a number)
 
     @property
     def activation_failure_rate(self) -> float:
@@ -34,7 +45,9 @@ class CohortFigures:
 
     @property
     def error_rate(self) -> float:
-        return self.errors / self.inferences if self.inferences else 0.0
+        """Failed share of attempted inferences: `inferences` counts successes only."""
+        attempts = self.errors + self.inferences
+        return self.errors / attempts if attempts else 0.0
 
 
 @dataclass(frozen=True)
@@ -85,9 +98,15 @@ class GateResult:
     passed: bool
     failures: tuple[str, ...]
     figures: dict
+    pending: bool = False  # no selected device reported yet: neither healthy nor failing
 
     def as_dict(self) -> dict:
-        return {"passed": self.passed, "failures": list(self.failures), "figures": self.figures}
+        return {
+            "passed": self.passed,
+            "pending": self.pending,
+            "failures": list(self.failures),
+            "figures": self.figures,
+        }
 
 
 def drift(release: Mapping[str, int], baseline: Mapping[str, int]) -> float | None:
@@ -109,7 +128,9 @@ def evaluate_gate(
     """Whether the release's devices are as healthy as the thresholds ask.
 
     Ratios against the baseline are skipped while the baseline has no figure (a new
-    fleet, or every device already moved): there is nothing to compare with then.
+    fleet, or every device already moved): there is nothing to compare with then. With no
+    reporting device the result is pending (passed is False, no failure): no data is not
+    evidence of health.
     """
     failures: list[str] = []
     latency_ratio = None
@@ -129,6 +150,8 @@ def evaluate_gate(
             failures.append(f"{name} {value:.4g} > {limit:.4g}")
     figures = {
         "devices_reporting": release.devices_reporting,
+        "devices_pending": release.devices_pending,
+        "records_skipped": release.records_skipped,
         "baseline_devices_reporting": baseline.devices_reporting if baseline else 0,
         "activation_failure_rate": _round(release.activation_failure_rate),
         "error_rate": _round(release.error_rate),
@@ -139,4 +162,7 @@ def evaluate_gate(
         "restarts_per_device": _round(restarts_per_device),
         "drift": _round(drift_value),
     }
-    return GateResult(passed=not failures, failures=tuple(failures), figures=figures)
+    pending = release.devices_reporting == 0
+    return GateResult(
+        passed=not failures and not pending, failures=tuple(failures), figures=figures, pending=pending
+    )

@@ -169,14 +169,21 @@ def next_step(
     gate: GateResult,
     on_failure: str,
 ) -> StepDecision:
-    """What the periodic gate evaluation does with an active release."""
+    """What the periodic gate evaluation does with an active release.
+
+    ``soaked_seconds`` runs from the phase's first device report, not from the phase's start
+    (the control plane measures it so): a phase whose devices have not reported has not
+    soaked. A pending gate (no selected device has reported) waits.
+    """
     if state.status != Status.ACTIVE:
         return StepDecision(Step.WAIT, f"release is {state.status.value}")
     phase = phases[state.phase]
     reporting = gate.figures.get("devices_reporting", 0)
     needed = max(1, phase.min_reporting_devices)
-    if reporting < needed:
-        return StepDecision(Step.WAIT, f"{reporting} of {needed} devices reporting")
+    if reporting < needed or gate.pending:
+        pending = gate.figures.get("devices_pending", 0)
+        suffix = f", {pending} pending" if pending else ""
+        return StepDecision(Step.WAIT, f"{reporting} of {needed} devices reporting{suffix}")
     if not gate.passed:  # enough evidence of harm: act at once, do not wait out the soak
         step = Step.ABORT if on_failure == "abort" else Step.PAUSE
         return StepDecision(step, "health gate failed: " + "; ".join(gate.failures))

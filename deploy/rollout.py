@@ -15,14 +15,34 @@ The order of precedence, documented in the README:
 
 A release covers a device when the device is in its organisation, matches every part of
 its target (device list, groups, filter and labels combine with AND) and its stable
-bucket is below the current phase's percentage. A paused release keeps only the devices
-that already run its version; an aborted or rolled-back one covers the devices it reached
-that still run its version.
+bucket is in the current phase. A paused release keeps only the devices that already run
+its version; an aborted or rolled-back one covers the devices it reached that still run
+its version.
+
+Small fleets: which devices a phase selects. Every device has a stable bucket in [0, 100)
+per release, ``bucket(salt, device id)``. A phase at p % selects the k = ⌈p·N/100⌉ devices
+with the lowest buckets among the N devices that match the target (at least one when
+N ≥ 1), so a 1 % canary of a 3-device fleet is exactly one device, where "bucket < 1" would
+most likely select none. Counting N needs the whole population, which a check-in must not
+read, so the work is split:
+
+- the control plane computes the phase's *threshold* (``selection_threshold``: the k-th
+  smallest bucket of the matching devices) when the phase starts or advances, when a
+  paused release resumes and on every gate evaluation (which also sees devices that
+  enrolled or changed since), and stores it on the release;
+- the per-check-in check (``Target.in_phase``, compiled in ``_compile_covers``) compares the
+  device's bucket with that stored number: one hash and one comparison, as before.
+
+Buckets never change, so for the same population a higher percentage has a higher (or the
+same) threshold: raising p only adds devices. A release without a computed threshold
+(never started, or no matching device yet) falls back to "bucket < p", and a 100 % phase
+takes every matching device, including ones that enrol later.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -69,6 +89,9 @@ class Target:
     filter: Filter | None = None
     # dynamic groups among group_ids: id -> saved filter, so devices that appear later join
     group_filters: Mapping[str, Filter] = field(default_factory=dict)
+    # the phase's highest selected bucket, computed by the control plane from the matching
+    # population (selection_threshold); None: not computed yet, "bucket < percentage" decides
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.percentage <= 100.0:
@@ -76,6 +99,14 @@ class Target:
         stray = set(self.group_filters) - set(self.group_ids)
         if stray:
             raise PolicyError(f"group filters given for groups not in the target: {sorted(stray)}")
+
+    def in_phase(self, device_bucket: float) -> bool:
+        """Whether a matching device with this bucket is in the current phase."""
+        if self.percentage >= 100:
+            return True
+        if self.threshold is None:
+            return device_bucket < self.percentage
+        return device_bucket <= self.threshold
 
     @property
     def specificity(self) -> Specificity:
@@ -130,6 +161,27 @@ def bucket(salt: str, device_id: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64 * 100.0
 
 
+def selected_count(percentage: float, matching: int) -> int:
+    """How many of `matching` devices a phase at `percentage` selects: ⌈p·N/100⌉, at least one
+    when any device matches (and none at 0 %)."""
+    if matching <= 0 or percentage <= 0:
+        return 0
+    # rounded first so float noise (e.g. 3.0000000000000004) does not add a device
+    return min(matching, max(1, math.ceil(round(percentage * matching / 100.0, 9))))
+
+
+def selection_threshold(percentage: float, buckets: Iterable[float]) -> float | None:
+    """The phase's threshold over the matching devices' buckets: the k-th smallest bucket, k =
+    selected_count; None when nothing matches (the check then falls back to bucket < p)."""
+    ordered = sorted(buckets)
+    count = selected_count(percentage, len(ordered))
+    if percentage >= 100:
+        return 100.0
+    if count == 0:
+        return None if not ordered else -1.0  # 0 %: nobody, whatever enrols
+    return ordered[count - 1]
+
+
 def _in_groups(target: Target, device: DeviceFacts) -> bool:
     if target.group_ids & device.group_ids:
         return True
@@ -154,7 +206,7 @@ def includes(policy: ReleasePolicy, device: DeviceFacts) -> bool:
         policy.organisation_id == device.organisation_id
         and policy.target.percentage > 0
         and matches(policy.target, device)
-        and bucket(policy.salt, device.device_id) < policy.target.percentage
+        and policy.target.in_phase(bucket(policy.salt, device.device_id))
     )
 
 
@@ -231,8 +283,12 @@ def _compile_covers(policy: ReleasePolicy) -> Check:
     if target.filter is not None:
         predicate = target.filter.predicate
         tests.append(lambda device: predicate(device.attributes, device.labels))
-    if percentage < 100:
-        tests.append(lambda device: bucket(salt, device.device_id) < percentage)
+    if percentage < 100:  # Target.in_phase, unrolled: one hash and one comparison per check-in
+        threshold = target.threshold
+        if threshold is None:
+            tests.append(lambda device: bucket(salt, device.device_id) < percentage)
+        else:
+            tests.append(lambda device: bucket(salt, device.device_id) <= threshold)
 
     def check(device: DeviceFacts) -> bool:
         if device.organisation_id != organisation:

@@ -154,6 +154,7 @@ policies = st.lists(
             labels=st.dictionaries(st.just("site"), st.sampled_from(["lab", "prod"]), max_size=1),
             percentage=st.floats(0, 100),
             filter=st.sampled_from([None, Filter.parse("hw == a"), Filter.parse("site == lab or hw exists")]),
+            threshold=st.one_of(st.none(), st.floats(-1, 100)),  # a computed phase threshold, or none
         ),
         priority=st.integers(0, 2),
         created_at=st.floats(0, 5),
