@@ -4,7 +4,10 @@ import io
 
 import onnx
 import pytest
+from accounts.api import api_token_issue
+from accounts.models import Membership
 from accounts.services import organisation_ensure, user_ensure_admin
+from django.contrib.auth import get_user_model
 from registry.models import ModelVersion
 from registry.services import conversion_run
 from rest_framework.test import APIClient
@@ -28,6 +31,30 @@ def api(admin) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {admin[1]}")
     return client
+
+
+def member_of(organisation, username: str, role: str) -> tuple[object, str]:
+    """A user of the organisation with that role, and its API token."""
+    user = get_user_model().objects.create_user(username=username, password="correct horse")
+    Membership.objects.create(user=user, organisation=organisation, role=role)
+    return user, api_token_issue(user)
+
+
+@pytest.fixture
+def viewer(org):
+    return member_of(org, "victor", Membership.Role.VIEWER)
+
+
+@pytest.fixture
+def operator(org):
+    """A member with the stored role release_manager, the operator."""
+    return member_of(org, "olga", Membership.Role.RELEASE_MANAGER)
+
+
+@pytest.fixture
+def outsider(db):
+    """An admin of another organisation: every one of Acme's rows must be 404 to them."""
+    return member_of(organisation_ensure(name="Globex"), "mallory", Membership.Role.ADMIN)
 
 
 def onnx_bytes(model: onnx.ModelProto | None = None) -> bytes:
