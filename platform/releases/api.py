@@ -49,7 +49,9 @@ class ReleaseOutput(serializers.ModelSerializer):
     percentage = serializers.SerializerMethodField(
         help_text="The current phase's percentage of matching devices."
     )
-    devices = serializers.SerializerMethodField(help_text="Devices on the release's version and on others.")
+    devices = serializers.SerializerMethodField(
+        help_text="Devices on the release's version and on others, and how many its target matches."
+    )
     events = EventOutput(many=True)
 
     class Meta:
@@ -89,7 +91,9 @@ class ReleaseOutput(serializers.ModelSerializer):
     def get_devices(self, obj: Release) -> dict[str, int]:
         if "spread" not in self.context:  # one query per answer, however many releases it lists
             self.context["spread"] = selectors.fleet_version_spread(organisation_id=obj.organisation_id)
-        return selectors.release_device_counts(release=obj, spread=self.context["spread"])
+        counts = selectors.release_device_counts(release=obj, spread=self.context["spread"])
+        # the target's live matching devices, as of the last start, advance or gate evaluation
+        return {**counts, "matching": obj.matching_devices}
 
     def get_percentage(self, obj: Release) -> float:
         return selectors.release_phases(obj)[obj.current_phase].percentage
@@ -149,6 +153,11 @@ class ReleaseInput(StrictSerializer):
         help_text="Bucketing salt; reuse another release's to keep the same devices first. Default: random.",
     )
     start = serializers.BooleanField(required=False, default=False)
+    allow_empty = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Create the release even if its target matches 0 devices now (devices that enrol later).",
+    )
 
 
 class ActionInput(StrictSerializer):
@@ -195,6 +204,7 @@ class ReleaseListCreateApi(OrganisationApi):
             salt=values.get("salt"),
             actor=request.user,
             start=values["start"],
+            allow_empty=values["allow_empty"],
         )
         release = selectors.release_get(organisation=self.organisation, release_id=release.pk)
         return Response(ReleaseOutput(release).data, status=status.HTTP_201_CREATED)

@@ -34,6 +34,14 @@ class Release(models.Model):
     phases = models.JSONField(default=list, blank=True)
     current_phase = models.PositiveIntegerField(default=0)
     phase_started_at = models.DateTimeField(null=True, blank=True)
+    # the first report of a device this phase selected: the phase's soak clock starts there
+    phase_reporting_since = models.DateTimeField(null=True, blank=True)
+    # the current phase's highest selected bucket over the matching devices (deploy.rollout.
+    # selection_threshold) and the phase it was computed for; null: "bucket < percentage" decides
+    bucket_threshold = models.FloatField(null=True, blank=True)
+    threshold_phase = models.PositiveIntegerField(null=True, blank=True)
+    # devices the target matched when the threshold was last computed (start, advance, gate runs)
+    matching_devices = models.PositiveIntegerField(default=0)
     gate = models.JSONField(default=dict, blank=True)  # deploy.gates.GateThresholds fields
     gate_status = models.JSONField(default=dict, blank=True)  # the last evaluation: step, reason, figures
     download_only = models.BooleanField(default=False)

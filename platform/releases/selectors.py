@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from accounts.models import Organisation
@@ -15,7 +15,17 @@ from registry.models import ModelVersion
 from deploy.errors import PolicyError
 from deploy.filters import Filter
 from deploy.phases import ROLLING_BACK, Phase, phases_from
-from deploy.rollout import Decision, DeviceFacts, PolicySet, ReleasePolicy, Target, VersionRef
+from deploy.rollout import (
+    Decision,
+    DeviceFacts,
+    PolicySet,
+    ReleasePolicy,
+    Target,
+    VersionRef,
+    bucket,
+    matches,
+    selection_threshold,
+)
 from deploy.windows import MaintenanceWindow
 from releases.models import Release
 
@@ -65,13 +75,16 @@ def policy_from_release(release: Release, groups: dict[str, DeviceGroup] | None 
         groups = organisation_groups(organisation_id=release.organisation_id)
     phases = release_phases(release)
     phase = phases[min(release.current_phase, len(phases) - 1)]
+    target = target_from(release.target or {}, groups, float(phase.percentage))
+    if release.bucket_threshold is not None and release.threshold_phase == release.current_phase:
+        target = replace(target, threshold=release.bucket_threshold)  # computed for this phase only
     return ReleasePolicy(
         release_id=str(release.pk),
         organisation_id=str(release.organisation_id),
         version_id=str(release.version_id),
         package_digest=release.version.package.sha256 if release.version.package_id else "",
         salt=release.salt,
-        target=target_from(release.target or {}, groups, float(phase.percentage)),
+        target=target,
         priority=release.priority,
         created_at=release.created_at.timestamp() if release.created_at else 0.0,
         status=release.state,
@@ -231,3 +244,55 @@ def release_device_counts(*, release: Release, spread: dict | None = None) -> di
         spread = fleet_version_spread(organisation_id=release.organisation_id)
     on_release = spread.get(release.version_id, 0)
     return {"on_release_version": on_release, "on_other_versions": sum(spread.values()) - on_release}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Who a release's current phase selects: computed from the whole matching population."""
+
+    matching: dict[str, float]  # {device id: bucket} of the live devices the target matches
+    threshold: float | None  # deploy.rollout.selection_threshold for the current phase
+    selected: frozenset[str]  # the matching devices at or below the threshold
+
+    @property
+    def describe(self) -> dict[str, int]:
+        return {"matching": len(self.matching), "selected": len(self.selected)}
+
+
+def release_matching_buckets(
+    release: Release, groups: dict[str, DeviceGroup] | None = None
+) -> dict[str, float]:
+    """{device id: bucket} of the organisation's live devices the release's target matches
+    (the percentage aside). Two queries: the devices, and the static group memberships."""
+    if groups is None:
+        groups = organisation_groups(organisation_id=release.organisation_id)
+    target = target_from(release.target or {}, groups, 100.0)
+    memberships: dict[str, set[str]] = {}
+    if target.group_ids:
+        through = DeviceGroup.members.through.objects.filter(devicegroup_id__in=target.group_ids)
+        for device_id, group_id in through.values_list("device_id", "devicegroup_id"):
+            memberships.setdefault(str(device_id), set()).add(str(group_id))
+    devices = Device.objects.filter(organisation_id=release.organisation_id, revoked_at__isnull=True)
+    found = {}
+    for pk, attributes, labels in devices.values_list("pk", "attributes", "labels"):
+        facts = DeviceFacts(
+            device_id=str(pk),
+            organisation_id=str(release.organisation_id),
+            attributes={str(k): str(v) for k, v in (attributes or {}).items()},
+            labels={str(k): str(v) for k, v in (labels or {}).items()},
+            group_ids=frozenset(memberships.get(str(pk), ())),
+        )
+        if matches(target, facts):
+            found[facts.device_id] = bucket(release.salt, facts.device_id)
+    return found
+
+
+def release_selection(release: Release, groups: dict[str, DeviceGroup] | None = None) -> Selection:
+    """The current phase's threshold and selected devices, from the matching population now."""
+    matching = release_matching_buckets(release, groups)
+    phases = release_phases(release)
+    percentage = float(phases[min(release.current_phase, len(phases) - 1)].percentage)
+    threshold = selection_threshold(percentage, matching.values())
+    target = Target(percentage=percentage, threshold=threshold)
+    selected = frozenset(d for d, b in matching.items() if percentage > 0 and target.in_phase(b))
+    return Selection(matching, threshold, selected)

@@ -14,13 +14,19 @@ from ferry_cloud.errors import Conflict, Invalid
 from ferry_cloud.events import FleetChanged, publish
 from registry.models import ModelVersion
 from registry.services import version_mark_released
-from telemetry.selectors import release_cohort_figures
+from telemetry.selectors import first_report_at, release_cohort_figures
 
 from deploy.errors import PolicyError
 from deploy.gates import GateThresholds, evaluate_gate
 from deploy.phases import ACTIONS, RolloutState, Status, Step, TransitionRefused, next_step, transition
 from releases.models import Release, ReleaseEvent
-from releases.selectors import organisation_groups, policy_from_release, release_phases
+from releases.selectors import (
+    Selection,
+    organisation_groups,
+    policy_from_release,
+    release_phases,
+    release_selection,
+)
 
 log = logging.getLogger(__name__)
 State = Release.State
@@ -48,6 +54,35 @@ def _validate(release: Release) -> None:
         raise InvalidRelease(f"Invalid release: {exc}") from None
 
 
+def describe_target(target: dict[str, Any]) -> str:
+    """The target's parts in words, for messages: which filter matched nothing."""
+    parts = []
+    if target.get("filter"):
+        parts.append(f"filter {target['filter']!r}")
+    if target.get("labels"):
+        parts.append("labels " + ", ".join(f"{k}={v}" for k, v in sorted(target["labels"].items())))
+    if target.get("group_ids"):
+        parts.append(f"group(s) {', '.join(str(g) for g in target['group_ids'])}")
+    if target.get("device_ids"):
+        parts.append(f"{len(target['device_ids'])} listed device id(s)")
+    return " and ".join(parts) or "the whole fleet"
+
+
+def _refresh_selection(release: Release) -> Selection:
+    """Recompute the current phase's threshold from the matching devices now and store it, so
+    each check-in only compares a bucket with it (see deploy/rollout.py)."""
+    selection = release_selection(release)
+    release.bucket_threshold = selection.threshold
+    release.threshold_phase = release.current_phase
+    release.matching_devices = len(selection.matching)
+    Release.objects.filter(pk=release.pk).update(
+        bucket_threshold=release.bucket_threshold,
+        threshold_phase=release.threshold_phase,
+        matching_devices=release.matching_devices,
+    )
+    return selection
+
+
 @transaction.atomic
 def release_create(
     *,
@@ -63,7 +98,13 @@ def release_create(
     salt: str | None = None,
     actor=None,
     start: bool = False,
+    allow_empty: bool = True,
 ) -> Release:
+    """Create (and optionally start) a release.
+
+    ``allow_empty=False`` (the REST API's default) refuses a target that matches no device
+    now; pass True for a target meant for devices that enrol later (e.g. a dynamic group).
+    """
     if version.model.organisation_id != organisation.pk:
         raise InvalidRelease("That version belongs to another organisation.")
     if version.status != ModelVersion.Status.READY:
@@ -86,6 +127,12 @@ def release_create(
         release.salt = salt
     _validate(release)
     release.save()
+    selection = _refresh_selection(release)
+    if not selection.matching and not allow_empty:
+        raise InvalidRelease(
+            f"The target ({describe_target(release.target or {})}) has 0 matching devices. "
+            'Pass "allow_empty": true to create it anyway, e.g. for devices that enrol later.'
+        )
     ReleaseEvent.objects.create(
         release=release,
         action="create",
@@ -134,6 +181,11 @@ def release_transition(
         raise TransitionConflict(str(exc)) from None
     if after == before:
         return release  # already in effect: idempotent
+    if after.status == Status.COMPLETED and not release_selection(release).matching:
+        raise TransitionConflict(
+            "Cannot complete a release with 0 matching devices: it stays active until devices match "
+            f"its target ({describe_target(release.target or {})})."
+        )
     if expected_revision is not None and expected_revision != release.revision:
         last = release.events.order_by("-at", "-id").first()
         who = f" ({last.action} by {last.actor or 'the health gate'})" if last else ""
@@ -162,7 +214,12 @@ def release_transition(
     if action == "resume":  # a paused phase soaks again before the gate may advance it
         release.phase_started_at = timezone.now()
         fields.append("phase_started_at")
+    if "phase_started_at" in fields:  # the new soak clock starts at the phase's first report
+        release.phase_reporting_since = None
+        fields.append("phase_reporting_since")
     release.save(update_fields=sorted(set(fields)))
+    if after.status in (Status.ACTIVE, Status.PAUSED):
+        _refresh_selection(release)
     publish(FleetChanged(organisation_id=release.organisation_id))
     return release
 
@@ -210,14 +267,25 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
         return {"step": "wait", "reason": f"release is {release.state}"}
     phases = release_phases(release)
     thresholds = GateThresholds.from_dict(release.gate)
+    selection = _refresh_selection(release)  # devices that enrolled or changed since join here
     started = release.phase_started_at or release.updated_at
+    reporting_since = _phase_reporting_since(release, selection, started)
     since = max(started, now - GATE_LOOKBACK)
     treated, baseline = release_cohort_figures(
-        organisation_id=release.organisation_id, version_id=str(release.version_id), since=since
+        organisation_id=release.organisation_id,
+        version_id=str(release.version_id),
+        since=since,
+        device_ids=set(selection.selected),
     )
     result = evaluate_gate(thresholds, treated, baseline)
+    result.figures.update(
+        devices_matching=len(selection.matching),
+        devices_selected=len(selection.selected),
+        phase_reporting_since=reporting_since.isoformat() if reporting_since else None,
+    )
+    soaked = (now - reporting_since).total_seconds() if reporting_since else 0.0
     state = RolloutState(Status(release.state), release.current_phase)
-    decision = next_step(phases, state, (now - started).total_seconds(), result, thresholds.on_failure)
+    decision = next_step(phases, state, soaked, result, thresholds.on_failure)
     status = {
         "step": decision.step.value,
         "reason": decision.reason,
@@ -242,12 +310,43 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
     return status
 
 
+def _phase_reporting_since(release: Release, selection: Selection, started):
+    """The first report of a device the phase selected, found once and kept on the release."""
+    if release.phase_reporting_since is not None:
+        return release.phase_reporting_since
+    first = first_report_at(device_ids=selection.selected, version_id=str(release.version_id), since=started)
+    if first is not None:
+        Release.objects.filter(pk=release.pk, phase_reporting_since__isnull=True).update(
+            phase_reporting_since=first
+        )
+    return first
+
+
 def release_gates_evaluate_all() -> list[dict]:
-    """The periodic task's body: every active release, one at a time."""
+    """The periodic task's body: every active release, each in isolation.
+
+    Whatever goes wrong with one release (a malformed policy, a bug, bad data) is logged and
+    recorded in that release's gate_status; the loop goes on with the others, of every tenant.
+    """
     results = []
     for release_id in Release.objects.filter(state=State.ACTIVE).values_list("pk", flat=True):
         try:
             results.append({"release": str(release_id), **release_gate_evaluate(release_id=release_id)})
-        except (PolicyError, Release.DoesNotExist) as exc:
-            log.warning("could not evaluate the gate of release %s: %s", release_id, exc)
+        except Release.DoesNotExist:
+            continue  # deleted meanwhile
+        except Exception as exc:  # noqa: BLE001 - one release's failure must not stop the others
+            log.exception("could not evaluate the gate of release %s", release_id)
+            _record_gate_error(release_id, exc)
     return results
+
+
+def _record_gate_error(release_id, exc: Exception) -> None:
+    status = {
+        "step": "error",
+        "reason": f"gate evaluation failed: {type(exc).__name__}: {exc}"[:500],
+        "evaluated_at": timezone.now().isoformat(),
+    }
+    try:
+        Release.objects.filter(pk=release_id).update(gate_status=status)
+    except Exception:  # noqa: BLE001 - the database itself failed: the log above has it
+        log.exception("could not record the gate error of release %s", release_id)

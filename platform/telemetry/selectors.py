@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from datetime import datetime, timedelta
 from statistics import median
 
 from accounts.models import Organisation
-from django.db.models import Count
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from deploy.gates import CohortFigures
@@ -38,13 +39,39 @@ def record_counts(*, organisation: Organisation) -> dict[str, int]:
     return {str(r["device_id"]): r["n"] for r in rows}
 
 
-def _cohort(metrics: list[tuple[int, dict]], activations: list[dict]) -> CohortFigures:
+_COUNTS = ("inferences", "errors", "restarts")
+
+
+def _number(value: object) -> float | None:
+    """The value as a finite number, or None for anything else (bools, strings, NaN, objects)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _well_formed(payload: dict) -> bool:
+    """Whether every figure the gate reads is absent or a number (one bad field spoils the record)."""
+    for name in (*_COUNTS, "latency_ms_p95"):
+        value = payload.get(name)
+        if value is not None and _number(value) is None:
+            return False
+    histogram = payload.get("top1_histogram")
+    if histogram is None:
+        return True
+    return isinstance(histogram, dict) and all(_number(v) is not None for v in histogram.values())
+
+
+def _cohort(
+    metrics: list[tuple[str, dict]], activations: list[dict], *, selected: int | None = None, skipped: int = 0
+) -> CohortFigures:
+    """Figures of well-formed records; `selected` (the devices the release chose) gives the pending count."""
     latencies = [float(p["latency_ms_p95"]) for _, p in metrics if p.get("latency_ms_p95") is not None]
     histogram: Counter[str] = Counter()
     for _, payload in metrics:
         histogram.update({str(k): int(v) for k, v in (payload.get("top1_histogram") or {}).items()})
+    reporting = len({device for device, _ in metrics})
     return CohortFigures(
-        devices_reporting=len({device for device, _ in metrics}),
+        devices_reporting=reporting,
         activations=len(activations),
         activation_failures=sum(1 for p in activations if not p.get("ok", False)),
         inferences=sum(int(p.get("inferences") or 0) for _, p in metrics),
@@ -52,29 +79,55 @@ def _cohort(metrics: list[tuple[int, dict]], activations: list[dict]) -> CohortF
         latency_ms_p95=median(latencies) if latencies else None,
         restarts=sum(int(p.get("restarts") or 0) for _, p in metrics),  # older agents send none
         top1_histogram=dict(histogram),
+        devices_pending=max(0, selected - reporting) if selected is not None else 0,
+        records_skipped=skipped,
     )
 
 
 def release_cohort_figures(
-    *, organisation_id, version_id: str, since: datetime
+    *, organisation_id, version_id: str, since: datetime, device_ids: set[str] | None = None
 ) -> tuple[CohortFigures, CohortFigures]:
-    """Telemetry received since `since`: the devices running version_id, and the devices on any other version.
+    """Telemetry received since `since`: the release's devices on version_id, and the baseline.
 
-    The second cohort is the baseline a health gate compares with (the previous version).
+    With `device_ids` (the devices the release selected) only their records count for the
+    release, and selected devices without a metrics record are pending; without it every
+    device on version_id counts (the older, organisation-wide reading). The baseline is the
+    devices on any other version (the previous version). A record whose figures are not
+    numbers is skipped and counted (records_skipped), never raised: one device's bad
+    telemetry must not stop the evaluation.
     """
     records = TelemetryRecord.objects.filter(
         device__organisation_id=organisation_id, received_at__gte=since, kind__in=("metrics", "activation")
     ).values_list("device_id", "kind", "version_id", "payload")
-    treated: list[tuple[int, dict]] = []
-    baseline: list[tuple[int, dict]] = []
+    treated: list[tuple[str, dict]] = []
+    baseline: list[tuple[str, dict]] = []
     activations: list[dict] = []
+    skipped = 0
     for device_id, kind, record_version, payload in records.iterator(chunk_size=2000):
-        payload = payload if isinstance(payload, dict) else {}
+        device = str(device_id)
+        mine = device_ids is None or device in device_ids
+        if not isinstance(payload, dict) or not _well_formed(payload):
+            skipped += mine and record_version == version_id
+            continue
         if kind == "activation":
-            if str(payload.get("version_id") or record_version) == version_id:
+            if mine and str(payload.get("version_id") or record_version) == version_id:
                 activations.append(payload)
         elif record_version == version_id:
-            treated.append((device_id, payload))
+            if mine:
+                treated.append((device, payload))
         elif record_version:
-            baseline.append((device_id, payload))
-    return _cohort(treated, activations), _cohort(baseline, [])
+            baseline.append((device, payload))
+    selected = None if device_ids is None else len(device_ids)
+    return _cohort(treated, activations, selected=selected, skipped=skipped), _cohort(baseline, [])
+
+
+def first_report_at(
+    *, device_ids: frozenset[str] | set[str], version_id: str, since: datetime
+) -> datetime | None:
+    """When the first of these devices sent metrics on version_id since `since` (a phase's soak start)."""
+    if not device_ids:
+        return None
+    first = TelemetryRecord.objects.filter(
+        device_id__in=device_ids, version_id=version_id, kind="metrics", received_at__gte=since
+    ).aggregate(first=Min("received_at"))["first"]
+    return first

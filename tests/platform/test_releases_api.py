@@ -6,7 +6,14 @@ from releases.models import Release
 
 
 def _create(api, version, **extra):
-    body = {"name": "r1", "version": str(version.pk), "target": {"labels": {"fleet": "demo"}}, **extra}
+    # no device is enrolled in these tests: the target is explicitly allowed to match none yet
+    body = {
+        "name": "r1",
+        "version": str(version.pk),
+        "target": {"labels": {"fleet": "demo"}},
+        "allow_empty": True,
+        **extra,
+    }
     return api.post("/api/v1/releases/", body, format="json")
 
 

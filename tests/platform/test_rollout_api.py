@@ -61,7 +61,9 @@ def _metrics(device: Device, version: ModelVersion, *, errors: int = 0, p95: flo
 
 
 def _create(api, version, **body):
-    body = {"name": "r", "version": str(version.pk), **body}
+    # most releases here are made before (or without) their devices: the refusal of a target
+    # that matches nothing is tested in test_rollout_truth.py
+    body = {"name": "r", "version": str(version.pk), "allow_empty": True, **body}
     return api.post("/api/v1/releases/", body, format="json")
 
 
@@ -158,7 +160,7 @@ def test_staged_release_advances_through_its_gates_to_completion(api, org, ready
     assert seen_phases == [1, 2, 3]
     on_new = sum(d.running_version_id == second_version.pk for d in Device.objects.all())
     assert on_new == 40
-    assert state["devices"] == {"on_release_version": 40, "on_other_versions": 0}
+    assert state["devices"] == {"on_release_version": 40, "on_other_versions": 0, "matching": 40}
     gate_events = [e for e in state["events"] if e["actor"] is None]
     assert [(e["action"], e["from_phase"], e["to_phase"]) for e in gate_events] == [
         ("advance", 1, 2),
@@ -207,7 +209,8 @@ def test_failing_gate_pauses_by_default(api, org, ready_version, second_version)
     assert Release.objects.get().state == "paused"
 
 
-def test_manual_controls_are_idempotent_and_audited(api, ready_version, second_version):
+def test_manual_controls_are_idempotent_and_audited(api, org, ready_version, second_version):
+    _devices(org, 1, ready_version)  # a release that matches no device never completes
     phases = [{"percentage": 10}, {"percentage": 100, "manual_approval": True}]
     release_id = _create(api, second_version, phases=phases, start=True).json()["id"]
     act = lambda action, **body: api.post(f"/api/v1/releases/{release_id}/{action}/", body, format="json")  # noqa: E731
@@ -340,7 +343,11 @@ def test_gate_waits_for_soak_time(api, org, ready_version, second_version):
         _metrics(d, second_version)
     status = release_gate_evaluate(release_id=release["id"])
     assert status["step"] == "wait" and "soaked" in status["reason"]
-    Release.objects.filter(pk=release["id"]).update(phase_started_at=timezone.now() - timedelta(hours=2))
+    # the soak clock runs from the phase's first device report
+    two_hours_ago = timezone.now() - timedelta(hours=2)
+    Release.objects.filter(pk=release["id"]).update(
+        phase_started_at=two_hours_ago, phase_reporting_since=two_hours_ago
+    )
     assert release_gate_evaluate(release_id=release["id"])["step"] == "complete"
     assert Release.objects.get().state == "completed"
 
