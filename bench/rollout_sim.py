@@ -31,7 +31,15 @@ from bench.rollout_fleet import make_device  # noqa: E402
 from deploy.filters import Filter  # noqa: E402
 from deploy.gates import CohortFigures, GateThresholds, evaluate_gate  # noqa: E402
 from deploy.phases import RolloutState, Status, Step, next_step, phases_from, transition  # noqa: E402
-from deploy.rollout import PolicySet, ReleasePolicy, Target, VersionRef  # noqa: E402
+from deploy.rollout import (  # noqa: E402
+    PolicySet,
+    ReleasePolicy,
+    Target,
+    VersionRef,
+    bucket,
+    matches,
+    selection_threshold,
+)
 
 TICK_SECONDS = 300
 VERSIONS = {"v1": (0.005, 20.0), "v2": (0.005, 19.0), "v3": (0.08, 21.0)}  # error rate, p95 ms
@@ -77,8 +85,9 @@ class Fleet:
                 n = int((mask & (running == v)).sum())
                 if n == 0:
                     continue
-                inferences += 100 * n
-                errors += int(self.np_rng.binomial(100, error_rate, size=n).sum())
+                failed = int(self.np_rng.binomial(100, error_rate, size=n).sum())
+                errors += failed
+                inferences += 100 * n - failed  # as the agent counts: successes only
                 p95.append(self.np_rng.normal(latency, 2.0, size=n))  # each device's p95 figure
             median_p95 = float(np.median(np.concatenate(p95))) if p95 else None
             cohorts.append(
@@ -91,6 +100,11 @@ class Fleet:
                 )
             )
         return cohorts[0], cohorts[1]
+
+    def threshold(self, policy: ReleasePolicy, percentage: float) -> float | None:
+        """The phase's bucket threshold over the matching devices, as the control plane stores it."""
+        buckets = [bucket(policy.salt, f.device_id) for f in self.facts if matches(policy.target, f)]
+        return selection_threshold(percentage, buckets)
 
     def spread(self) -> str:
         values, counts = np.unique(np.array(self.running), return_counts=True)
@@ -117,11 +131,13 @@ def run_release(
         f"{'t (min)':>7} {'phase':>5} {'pct':>5} {'devices per version':<28} {'on rel.':>8} "
         f"{'err rate':>9} {'base err':>9} {'p95 ratio':>9}  step"
     )
+    thresholds_by_phase: dict[int, float | None] = {}
     while True:
         percentage, phase_number = phases[state.phase].percentage, state.phase + 1
-        current = replace(
-            policy, status=state.status.value, target=replace(policy.target, percentage=percentage)
-        )
+        if state.phase not in thresholds_by_phase:  # computed when the phase starts
+            thresholds_by_phase[state.phase] = fleet.threshold(policy, percentage)
+        target = replace(policy.target, percentage=percentage, threshold=thresholds_by_phase[state.phase])
+        current = replace(policy, status=state.status.value, target=target)
         fleet.check_in([current, *others])
         clock[0] += TICK_SECONDS
         treated, baseline = fleet.report(policy.version_id)
