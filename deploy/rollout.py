@@ -34,7 +34,10 @@ read, so the work is split:
   device's bucket with that stored number: one hash and one comparison, as before.
 
 Buckets never change, so for the same population a higher percentage has a higher (or the
-same) threshold: raising p only adds devices. A release without a computed threshold
+same) threshold: raising p only adds devices. When the population changes the threshold
+follows it, except that it never drops below a device the release already reached (selected
+before and running its version): that device keeps the version, so after the fleet grows a
+phase may hold those few devices more than ⌈p·N⌉. A release without a computed threshold
 (never started, or no matching device yet) falls back to "bucket < p", and a 100 % phase
 takes every matching device, including ones that enrol later.
 """
@@ -170,16 +173,23 @@ def selected_count(percentage: float, matching: int) -> int:
     return min(matching, max(1, math.ceil(round(percentage * matching / 100.0, 9))))
 
 
-def selection_threshold(percentage: float, buckets: Iterable[float]) -> float | None:
+def selection_threshold(
+    percentage: float, buckets: Iterable[float], keep: Iterable[float] = ()
+) -> float | None:
     """The phase's threshold over the matching devices' buckets: the k-th smallest bucket, k =
-    selected_count; None when nothing matches (the check then falls back to bucket < p)."""
+    selected_count; None when nothing matches (the check then falls back to bucket < p).
+
+    ``keep``: buckets of devices the release already reached (selected before and running its
+    version); the threshold never drops below them, so a growing fleet does not take the
+    version back from a device that has it.
+    """
     ordered = sorted(buckets)
     count = selected_count(percentage, len(ordered))
     if percentage >= 100:
         return 100.0
     if count == 0:
         return None if not ordered else -1.0  # 0 %: nobody, whatever enrols
-    return ordered[count - 1]
+    return max(ordered[count - 1], max(keep, default=-1.0))
 
 
 def _in_groups(target: Target, device: DeviceFacts) -> bool:

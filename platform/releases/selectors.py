@@ -259,11 +259,12 @@ class Selection:
         return {"matching": len(self.matching), "selected": len(self.selected)}
 
 
-def release_matching_buckets(
+def release_matching_devices(
     release: Release, groups: dict[str, DeviceGroup] | None = None
-) -> dict[str, float]:
-    """{device id: bucket} of the organisation's live devices the release's target matches
-    (the percentage aside). Two queries: the devices, and the static group memberships."""
+) -> dict[str, tuple[float, bool]]:
+    """{device id: (bucket, runs the release's version)} of the organisation's live devices the
+    release's target matches (the percentage aside). Two queries: the devices, and the static
+    group memberships."""
     if groups is None:
         groups = organisation_groups(organisation_id=release.organisation_id)
     target = target_from(release.target or {}, groups, 100.0)
@@ -273,8 +274,9 @@ def release_matching_buckets(
         for device_id, group_id in through.values_list("device_id", "devicegroup_id"):
             memberships.setdefault(str(device_id), set()).add(str(group_id))
     devices = Device.objects.filter(organisation_id=release.organisation_id, revoked_at__isnull=True)
+    rows = devices.values_list("pk", "attributes", "labels", "running_version_id")
     found = {}
-    for pk, attributes, labels in devices.values_list("pk", "attributes", "labels"):
+    for pk, attributes, labels, running in rows:
         facts = DeviceFacts(
             device_id=str(pk),
             organisation_id=str(release.organisation_id),
@@ -283,16 +285,22 @@ def release_matching_buckets(
             group_ids=frozenset(memberships.get(str(pk), ())),
         )
         if matches(target, facts):
-            found[facts.device_id] = bucket(release.salt, facts.device_id)
+            found[facts.device_id] = (bucket(release.salt, facts.device_id), running == release.version_id)
     return found
 
 
 def release_selection(release: Release, groups: dict[str, DeviceGroup] | None = None) -> Selection:
-    """The current phase's threshold and selected devices, from the matching population now."""
-    matching = release_matching_buckets(release, groups)
+    """The current phase's threshold and selected devices, from the matching population now.
+
+    Devices the stored threshold selected that run the release's version stay selected.
+    """
+    found = release_matching_devices(release, groups)
+    matching = {d: b for d, (b, _) in found.items()}
+    previous = release.bucket_threshold
+    reached = [b for b, running in found.values() if running and previous is not None and b <= previous]
     phases = release_phases(release)
     percentage = float(phases[min(release.current_phase, len(phases) - 1)].percentage)
-    threshold = selection_threshold(percentage, matching.values())
+    threshold = selection_threshold(percentage, matching.values(), keep=reached)
     target = Target(percentage=percentage, threshold=threshold)
     selected = frozenset(d for d, b in matching.items() if percentage > 0 and target.in_phase(b))
     return Selection(matching, threshold, selected)

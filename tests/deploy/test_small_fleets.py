@@ -95,3 +95,19 @@ def test_a_gate_with_every_device_pending_waits_and_says_so():
     phases = phases_from([{"percentage": 100, "min_reporting_devices": 0}])
     step = next_step(phases, RolloutState(Status.ACTIVE, 0), 10_000, result, "pause")
     assert step.step == Step.WAIT and "3 pending" in step.reason
+
+
+@given(
+    buckets=st.lists(st.floats(0, 99.99), min_size=1, max_size=40, unique=True),
+    percentage=percentages,
+    reached=st.integers(0, 5),
+)
+def test_a_growing_fleet_never_takes_the_version_back(buckets, percentage, reached):
+    """Devices the release already reached stay at or below the threshold, whatever joins."""
+    keep = sorted(buckets)[-reached:] if reached else []
+    threshold = selection_threshold(percentage, buckets, keep=keep)
+    assert all(b <= threshold for b in keep)
+    selected = [b for b in buckets if b <= threshold]
+    assert len(selected) >= selected_count(percentage, len(buckets))
+    if not keep:
+        assert len(selected) == selected_count(percentage, len(buckets)) or percentage >= 100

@@ -15,6 +15,7 @@ from releases.selectors import desired_package_for
 from releases.services import release_gate_evaluate, release_gates_evaluate_all
 from telemetry.services import IncomingRecord, telemetry_ingest
 
+from deploy.rollout import bucket
 from tests.platform.test_rollout_api import (  # noqa: F401 - second_version is a fixture
     _create,
     _devices,
@@ -141,3 +142,21 @@ def test_a_target_that_matches_nothing_is_refused_unless_allowed(api, org, ready
     assert detail["state"] == "active" and detail["devices"]["matching"] == 0
     preview = api.post("/api/v1/device-filters/preview/", {"filter": "hardware == rpi4"}, format="json")
     assert preview.json()["matching_devices"] == 2
+
+
+def test_a_canary_keeps_the_version_when_the_fleet_grows(api, org, ready_version, second_version):
+    devices = _devices(org, 3, ready_version)
+    phases = [{"percentage": 1, "min_reporting_devices": 50}, {"percentage": 100}]
+    release = _create(api, second_version, phases=phases, start=True).json()
+    canary = _install(devices, second_version)[0]
+    salt = release["salt"]
+    for _ in range(60):  # enrol until a newcomer's bucket is below the canary's
+        newcomer = _devices(org, 1, ready_version)[0]
+        if bucket(salt, str(newcomer.pk)) < bucket(salt, str(canary.pk)):
+            break
+    else:
+        raise AssertionError("no newcomer below the canary")
+    status = release_gate_evaluate(release_id=release["id"])
+    assert status["figures"]["devices_selected"] == 2  # the newcomer (lowest) and the canary kept
+    assert desired_package_for(Device.objects.get(pk=canary.pk)).version == second_version
+    assert desired_package_for(newcomer).version == second_version
