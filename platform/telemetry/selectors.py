@@ -21,8 +21,10 @@ def fleet_rates(*, organisation: Organisation, window_seconds: int = 15) -> dict
     metrics = TelemetryRecord.objects.filter(
         device__organisation=organisation, kind="metrics", received_at__gte=since
     ).values_list("payload", flat=True)
-    inferences = sum(int(p.get("inferences", 0)) for p in metrics)
-    latencies = [float(p["latency_ms_p50"]) for p in metrics if p.get("latency_ms_p50") is not None]
+    # a field that is not a number (a broken or hostile agent) counts as absent, never raises
+    payloads = [p for p in metrics if isinstance(p, dict)]
+    inferences = sum(int(_number(p.get("inferences")) or 0) for p in payloads)
+    latencies = [v for p in payloads if (v := _number(p.get("latency_ms_p50"))) is not None]
     return {
         "window_seconds": window_seconds,
         "inferences_per_second": inferences / window_seconds,

@@ -13,6 +13,7 @@ from fleet.models import Device
 from releases.models import Release
 from releases.selectors import desired_package_for
 from releases.services import release_gate_evaluate, release_gates_evaluate_all
+from telemetry.selectors import fleet_rates
 from telemetry.services import IncomingRecord, telemetry_ingest
 
 from deploy.rollout import bucket
@@ -108,6 +109,7 @@ def test_malformed_telemetry_is_skipped_and_counted(api, org, ready_version, sec
     status = release_gate_evaluate(release_id=release["id"])
     assert status["figures"]["records_skipped"] == 2 and status["figures"]["devices_reporting"] == 2
     assert status["step"] == "complete"
+    assert fleet_rates(organisation=org)["inferences_per_second"] > 0  # the live figures read on too
 
 
 def test_one_broken_release_does_not_stop_the_others(api, org, ready_version, second_version):
