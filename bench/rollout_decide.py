@@ -14,12 +14,19 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.rollout_fleet import make_device, make_releases  # noqa: E402
-from deploy.rollout import PolicySet, covers  # noqa: E402
+from deploy.rollout import PolicySet, ReleasePolicy, covers  # noqa: E402
+
+
+def with_threshold(policy: ReleasePolicy) -> ReleasePolicy:
+    """The release as the control plane serves it once started: with its stored threshold (here the
+    percentage itself, the large-fleet limit of the ⌈p·N⌉-th smallest bucket)."""
+    return replace(policy, target=replace(policy.target, threshold=policy.target.percentage))
 
 
 def naive(device, releases):
@@ -43,7 +50,9 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=20_000)
     args = parser.parse_args()
     rng = random.Random(5)
-    releases = make_releases(args.releases, rng)
+    # started releases carry the phase threshold the control plane computed from the matching
+    # devices (deploy/rollout.py): the check-in compares each bucket with it
+    releases = [with_threshold(r) for r in make_releases(args.releases, rng)]
     devices = [make_device(rng, i) for i in range(args.devices)]
     policy_set = PolicySet(releases)
     for device in devices[:1000]:  # the same answer both ways, and warm caches
