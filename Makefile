@@ -33,9 +33,12 @@ chromium:
 		echo "installing Debian's chromium for the browser tests"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 
+# The whole suite with the engine's JIT tier, then the engine's suite again as a device without
+# numba runs it (numpy kernels only); both share one compile cache.
 test: $(VENV)/.test chromium
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	FERRY_JIT_CACHE=$(CURDIR)/var/jit-cache $(BIN)/python -m pytest
+	FERRY_JIT=0 FERRY_JIT_CACHE=$(CURDIR)/var/jit-cache $(BIN)/python -m pytest -q -p no:cacheprovider tests/engine
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check .

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import socket
 import threading
 import time
@@ -60,6 +61,10 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         config.state_dir.mkdir(parents=True, exist_ok=True)
+        # The engine's JIT kernels compile once per device, at activation (the health check's
+        # Session), into the agent's state, so restarts and the first inference load them warm.
+        # Read by the engine when it first compiles (it is imported lazily, after this).
+        os.environ.setdefault("FERRY_JIT_CACHE", str(config.state_dir / "jit-cache"))
         self.client = GatewayClient(config.gateway)
         self.outbox = Outbox(config.state_dir / "outbox.sqlite", max_records=config.outbox_max_records)
         self.inference = InferenceLoop(rate=config.event_rate, emit=self.outbox.append)

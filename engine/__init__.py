@@ -1,4 +1,4 @@
-"""Ferry's on-device inference engine (numpy only)."""
+"""Ferry's on-device inference engine: numpy kernels everywhere, JIT (numba) kernels where installed."""
 
 from engine.errors import (
     EngineError,
