@@ -331,7 +331,9 @@ def release_gates_evaluate_all() -> list[dict]:
     results = []
     for release_id in Release.objects.filter(state=State.ACTIVE).values_list("pk", flat=True):
         try:
-            results.append({"release": str(release_id), **release_gate_evaluate(release_id=release_id)})
+            with transaction.atomic():  # a savepoint: a failed query cannot poison the next release
+                status = release_gate_evaluate(release_id=release_id)
+            results.append({"release": str(release_id), **status})
         except Release.DoesNotExist:
             continue  # deleted meanwhile
         except Exception as exc:  # noqa: BLE001 - one release's failure must not stop the others
