@@ -2,7 +2,9 @@
 
 A release walks through its phases (e.g. 1% → 10% → 50% → 100%). It leaves a phase
 only when that phase's health gate has passed, the phase has soaked for its minimum
-time and at least its minimum number of devices report; a phase marked
+time (counted from the first report of a device the phase selected, not from the phase's
+start: a phase nobody has reported from has not soaked) and at least its minimum number of
+devices report; a phase marked
 ``manual_approval`` then waits for a person's ``advance``. A failing gate pauses or
 aborts the release, as its thresholds say.
 
