@@ -32,7 +32,7 @@ from gateway import ENROLMENT_TOKEN, BenchGateway, serve  # noqa: E402  (bench/ 
 
 from converter import convert  # noqa: E402
 from converter.samples import build_image_classifier  # noqa: E402
-from deploy.signing import SignedClaims, generate_keypair, sign_package  # noqa: E402
+from deploy.package import SignedClaims, generate_keypair, sign_package  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import grpc
 
+from deploy.package import file_sha256
 from deploy.proto import agent_pb2, agent_pb2_grpc
-from deploy.signing import file_sha256
 
 CREDENTIAL = "bench-device.secret"
 ENROLMENT_TOKEN = "good-token"

@@ -22,7 +22,8 @@ TENSOR_DTYPES = {
 
 @dataclass
 class FerryGraph:
-    """The package contents before writing: what engine.format.write_package takes."""
+    """The package contents before writing: what becomes the engine's model files
+    (engine.format.model_files) and the manifest's inputs, outputs and metadata."""
 
     nodes: list[dict[str, Any]]
     inputs: list[dict[str, Any]]

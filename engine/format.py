@@ -110,27 +110,6 @@ def model_files(*, graph: dict[str, Any], tensors: dict[str, np.ndarray]) -> lis
     return [(GRAPH, canonical_json({**graph, "tensors": table})), (WEIGHTS, weights)]
 
 
-def write_package(
-    dst: str | os.PathLike[str],
-    *,
-    graph: dict[str, Any],
-    tensors: dict[str, np.ndarray],
-    inputs: list[dict[str, Any]],
-    outputs: list[dict[str, Any]],
-    metadata: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Deprecated door for callers that predate deploy/package (tests and benches); new code
-    calls ``deploy.package.write_package(dst, files=model_files(...), ...)``.
-
-    The engine owns no container: this is its only import of code outside engine/, kept until
-    those callers move, done lazily so that loading a model never imports deploy/.
-    """
-    from deploy.package import writer  # noqa: PLC0415 - see the docstring
-
-    files = model_files(graph=graph, tensors=tensors)
-    return writer.write_package(dst, files=files, inputs=inputs, outputs=outputs, metadata=metadata)
-
-
 def _open_files(path: Path) -> dict[str, tuple[Path, int, int]]:
     """Map file name -> (file, offset, size) for an unpacked directory, or an archive's members
     read in place (the engine only locates them; deploy/package owns the container)."""

@@ -51,12 +51,7 @@ DOOR_MODULE_NAMES = ("api", "tasks")  # registry.tasks, accounts.api, ...
 
 # Imports the contract forbids but that are known and owned elsewhere, each with its way out.
 # The last test fails once one is gone, so the list cannot go stale.
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("engine/format.py", "deploy.package"): (
-        "engine.format.write_package: a deprecated, lazy door for tests and benches written before "
-        "deploy/package; remove it when they call deploy.package.write_package"
-    ),
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import grpc
 
+from deploy.package import file_sha256
 from deploy.proto import agent_pb2, agent_pb2_grpc
-from deploy.signing import file_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 CREDENTIAL = "device-1.secret"

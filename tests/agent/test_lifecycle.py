@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy.signing import SignedClaims, generate_keypair, sign_package
-from engine.format import write_package
+from deploy.package import SignedClaims, generate_keypair, sign_package
 from tests.agent.double import AgentProcess, GatewayDouble, read_state, serve, wait_for, whole_version
 from tests.agent.packages import convert_classifier
+from tests.model_packages import write_package
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from ferry_cloud.stack import free_port
 
 from agent.metrics_export import MetricsExporter
-from deploy.signing import generate_keypair
+from deploy.package import generate_keypair
 from tests.agent.double import AgentProcess, GatewayDouble, serve, wait_for
 
 READING = {

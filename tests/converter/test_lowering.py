@@ -17,10 +17,11 @@ from converter.lower import lower_data_movement
 from converter.samples import build_image_classifier
 from converter.translate import translate
 from engine import Session
-from engine.format import read_package, write_package
+from engine.format import read_package
 from engine.ops import CHECKS, REGISTRY
 from tests.converter.models import model
 from tests.engine.test_models import D, attention_block
+from tests.model_packages import write_package
 
 SETTINGS = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -12,9 +12,10 @@ from onnx import helper
 from converter import convert, optimize
 from converter.translate import translate
 from engine import Session
-from engine.format import read_package, write_package
+from engine.format import read_package
 from tests.converter.models import fvalue, model
 from tests.converter.passes.checks import const, rand
+from tests.model_packages import write_package
 
 
 def transformer_block() -> onnx.ModelProto:

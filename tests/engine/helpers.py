@@ -12,8 +12,8 @@ from onnx.reference import ReferenceEvaluator
 
 from converter.translate import node_dict
 from engine import Session
-from engine.format import write_package
 from engine.search import with_packed
+from tests.model_packages import write_package
 
 
 def single_node_model(

@@ -20,6 +20,7 @@ from engine.errors import PackageIntegrityError
 from engine.ops import quantized
 from engine.ops.quantized import block_rows, dequantize, qgather, qmatmul
 from tests.engine.helpers import run_int8_matmul_reference
+from tests.model_packages import write_package
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -219,7 +220,7 @@ def _package(tmp_path: Path, megabytes: int = 0, size: int = 1000) -> Path:
     count = max(size, megabytes * (1 << 20) // 4)
     weights = {"w": np.random.default_rng(0).standard_normal(count).astype(np.float32)}
     path = tmp_path / "p.ferry"
-    fmt.write_package(
+    write_package(
         path,
         graph={"nodes": [], "inputs": [], "outputs": []},
         tensors=weights,

@@ -25,10 +25,11 @@ from engine import (
     jit,
 )
 from engine import session as session_module
-from engine.format import FORMAT_VERSION, read_package, write_package
+from engine.format import FORMAT_VERSION, read_package
 from engine.ops import REGISTRY
 from engine.program import compile_program
 from tests.engine.helpers import write_model_package
+from tests.model_packages import write_package
 
 NODES = ["conv1", "relu1", "pool1", "conv2", "relu2", "gap", "flatten", "fc", "softmax"]
 

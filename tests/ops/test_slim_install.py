@@ -163,7 +163,7 @@ def test_slim_install_holds_the_device_packages_only(slim_venv: Path):
         "        print(info.name)\n",
     ).split()
     assert all("site-packages" in line for line in modules[:3] if line.endswith(".py")), modules[:3]
-    assert "agent.cli" in modules and "deploy.unpack" in modules and "engine.session" in modules
+    assert "agent.cli" in modules and "deploy.package.verify" in modules and "engine.session" in modules
 
     size = _site_packages_bytes(slim_venv)
     print(f"slim install: {size / 1e6:.1f} MB of site-packages")

@@ -15,8 +15,8 @@ from telemetry.models import TelemetryRecord
 
 from agent.client import GatewayClient
 from agent.outbox import OutboxRecord
+from deploy.package import verify_and_unpack
 from deploy.proto import agent_pb2
-from deploy.unpack import verify_and_unpack
 
 ATTRS = agent_pb2.DeviceAttributes(hardware="pi4", os="linux", agent_version="test", labels={"fleet": "demo"})
 

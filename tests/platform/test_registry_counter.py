@@ -10,7 +10,7 @@ from registry.models import ModelVersion
 from registry.services import conversion_run, version_rollback_package
 
 from converter.samples import build_image_classifier
-from deploy.signing import SignedClaims, read_claims
+from deploy.package import SignedClaims, read_claims
 from tests.platform.conftest import onnx_bytes, upload
 
 

@@ -17,7 +17,8 @@ def _tabular_package(tmp_path: Path, pipeline: dict) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     from converter import convert
-    from engine.format import read_package, write_package
+    from engine.format import read_package
+    from tests.model_packages import write_package
 
     rng = np.random.default_rng(0)
     w, b = rng.standard_normal((2, 2)).astype(np.float32), np.zeros(2, np.float32)

@@ -10,7 +10,7 @@ from onnx import numpy_helper
 from converter import optimize
 from converter.translate import translate
 from engine import Session
-from engine.format import write_package
+from tests.model_packages import write_package
 
 RNG = np.random.default_rng(7)
 
