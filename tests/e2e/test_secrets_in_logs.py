@@ -129,7 +129,13 @@ def test_no_secret_appears_in_any_process_log(environment, tmp_path: Path):
         api.call(
             "POST",
             "releases/",
-            json={"name": "v1", "version": version, "target": {"labels": LABELS}, "start": True},
+            json={
+                "name": "v1",
+                "version": version,
+                "target": {"labels": LABELS},
+                "start": True,
+                "allow_empty": True,  # the agent enrols next
+            },
         )
         enrolment_token = api.call("POST", "enrolment-tokens/", json={"labels": LABELS})["token"]
         stack.start_agent(

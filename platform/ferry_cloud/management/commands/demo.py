@@ -147,6 +147,7 @@ def _ensure_release(api: RestClient, version: dict) -> None:
             "version": version["id"],
             "target": {"labels": FLEET_LABELS, "percentage": 100},
             "start": True,
+            "allow_empty": True,  # the demo's agents enrol right after
         },
     )
 
