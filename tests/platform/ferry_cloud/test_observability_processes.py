@@ -26,9 +26,9 @@ from agent.client import GatewayClient
 from agent.outbox import OutboxRecord
 from deploy.proto import agent_pb2
 from tests.platform.conftest import onnx_bytes
-from tests.platform.test_observability import sample, samples
+from tests.platform.ferry_cloud.test_observability import sample, samples
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # a Redis database of these tests' own: other suites' workers must not take our tasks
 BROKER = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/12"
 GATEWAY_SERVICE = "ferry.agent.v1.AgentGateway"

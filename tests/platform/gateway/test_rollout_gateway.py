@@ -7,8 +7,8 @@ from registry.models import ModelVersion
 from releases.services import release_create, release_transition
 
 from deploy.proto import agent_pb2
-from tests.platform.test_gateway import ATTRS, _enrolled, gateway  # noqa: F401
-from tests.platform.test_rollout_api import second_version  # noqa: F401
+from tests.platform.gateway.test_gateway import ATTRS, _enrolled, gateway  # noqa: F401
+from tests.platform.releases.test_rollout_api import second_version  # noqa: F401
 
 
 def test_offer_carries_download_only_window_and_rollback(org, admin, ready_version, second_version, gateway):  # noqa: F811

@@ -17,7 +17,7 @@ from telemetry.selectors import fleet_rates
 from telemetry.services import IncomingRecord, telemetry_ingest
 
 from deploy.rollout import bucket
-from tests.platform.test_rollout_api import (  # noqa: F401 - second_version is a fixture
+from tests.platform.releases.test_rollout_api import (  # noqa: F401 - second_version is a fixture
     _create,
     _devices,
     _install,
