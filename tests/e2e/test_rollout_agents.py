@@ -12,9 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -24,6 +21,7 @@ from ferry_cloud.stack import RestClient, Stack, free_port
 
 from converter.samples import build_image_classifier
 from deploy.rollout import bucket
+from tests.e2e.helpers import own_database, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = {"fleet": "e2e"}
@@ -41,38 +39,19 @@ print(json.dumps({"token": user_ensure_admin(organisation=org, username="admin",
 """
 
 
-def _wait(what: str, check: Callable[[], object], stack: Stack, timeout: float = 40.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stack.check_alive()
-        result = check()
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; logs in {stack.log_dir}")
-
-
 @pytest.fixture
 def environment(tmp_path: Path):
     """A database and a Redis db of its own, local file storage, fast check-ins and gate evaluations."""
-    database = f"ferry_rollout_{uuid.uuid4().hex[:8]}"
-    base_url = os.environ["FERRY_DATABASE_URL"].rsplit("/", 1)[0]
-    with psycopg.connect(base_url + "/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
     redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
-    env = {
-        "FERRY_DATA_DIR": str(tmp_path / "data"),
-        "FERRY_DATABASE_URL": f"{base_url}/{database}",
-        "FERRY_S3_BUCKET": "",
-        "FERRY_CHECKIN_INTERVAL_SECONDS": "2",
-        "FERRY_GATE_INTERVAL_SECONDS": "1",
-        "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
-    }
-    try:
-        yield env
-    finally:
-        with psycopg.connect(base_url + "/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    with own_database("ferry_rollout") as database_url:
+        yield {
+            "FERRY_DATA_DIR": str(tmp_path / "data"),
+            "FERRY_DATABASE_URL": database_url,
+            "FERRY_S3_BUCKET": "",
+            "FERRY_CHECKIN_INTERVAL_SECONDS": "2",
+            "FERRY_GATE_INTERVAL_SECONDS": "1",
+            "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
+        }
 
 
 def _upload(api: RestClient, model_id: int, label: str) -> str:
@@ -124,7 +103,7 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
         api = RestClient(f"http://127.0.0.1:{http_port}", token)
         model = api.call("POST", "models/", json={"name": "classifier"})
         versions = {label: _upload(api, model["id"], label) for label in ("v1", "v2", "v3")}
-        _wait(
+        wait_until(
             "three converted versions",
             lambda: all(api.call("GET", f"versions/{v}/")["status"] == "ready" for v in versions.values()),
             stack,
@@ -154,7 +133,7 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
                 {},
                 extra=["--metrics-interval", "1", "--upload-interval", "1"],
             )
-        running = _wait(
+        running = wait_until(
             "three agents on v1",
             lambda: (r := _running(api)) and len(r) == AGENTS and set(r.values()) == {"v1"} and r,
             stack,
@@ -178,11 +157,11 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
                 "start": True,
             },
         )
-        canary_phase = _wait(
+        canary_phase = wait_until(
             "the canary on v2", lambda: sorted(_running(api).values()) == ["v1", "v1", "v2"], stack
         )
         assert canary_phase
-        done = _wait(
+        done = wait_until(
             "the staged release to complete",
             lambda: (r := api.call("GET", f"releases/{staged['id']}/"))["state"] == "completed" and r,
             stack,
@@ -193,7 +172,7 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
         assert gate_moves == [("advance", 1, 2), ("advance", 2, 2)]
         first = next(e for e in done["events"] if e["actor"] is None)
         assert first["details"]["figures"]["devices_reporting"] == 1  # only the canary had moved
-        _wait("all agents on v2", lambda: set(_running(api).values()) == {"v2"}, stack)
+        wait_until("all agents on v2", lambda: set(_running(api).values()) == {"v2"}, stack)
 
         # a faulty release: its canary cannot meet the latency gate, the gate aborts, the canary goes back
         faulty = api.call(
@@ -215,7 +194,7 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
         # The canary is known from the salt.  Its time on v3 can be shorter than a poll of the API
         # (the gate acts as soon as it reports), so it is read from the version history below.
         canary = _canary(list(running), salt)
-        aborted = _wait(
+        aborted = wait_until(
             "the gate to abort",
             lambda: (r := api.call("GET", f"releases/{faulty['id']}/"))["state"] == "aborted" and r,
             stack,
@@ -223,7 +202,7 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
         abort = aborted["events"][-1]
         assert abort["action"] == "abort" and abort["actor"] is None
         assert "p95 latency ratio" in abort["reason"]
-        _wait("the canary back on v2", lambda: set(_running(api).values()) == {"v2"}, stack)
+        wait_until("the canary back on v2", lambda: set(_running(api).values()) == {"v2"}, stack)
         assert _versions_run(environment, canary) == ["v1", "v2", "v3", "v2"]
         assert all(_versions_run(environment, d) == ["v1", "v2"] for d in running if d != canary)
         state_dir = next(
@@ -231,7 +210,7 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
             for i in range(AGENTS)
             if json.loads((tmp_path / f"agent-{i}" / "credential.json").read_text())["device_id"] == canary
         )
-        _wait(
+        wait_until(
             "the canary's own record of v2",
             lambda: json.loads((state_dir / "running.json").read_text())["version_id"] == versions["v2"],
             stack,

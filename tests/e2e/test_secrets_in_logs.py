@@ -13,17 +13,15 @@ import secrets
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 
-import psycopg
 import pytest
 import redis
 import requests
 from ferry_cloud.stack import RestClient, Stack, free_port
 
 from converter.samples import build_image_classifier
+from tests.e2e.helpers import own_database, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = {"fleet": "secrets"}
@@ -41,42 +39,23 @@ print(json.dumps({"token": token}))
 """
 
 
-def _wait(what: str, check: Callable[[], object], stack: Stack, timeout: float = 90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stack.check_alive()
-        result = check()
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; logs in {stack.log_dir}")
-
-
 @pytest.fixture
 def environment(tmp_path: Path):
     """A database and a Redis database of this test's own, local file storage, verbose logs."""
-    database = f"ferry_secrets_{uuid.uuid4().hex[:8]}"
-    base_url = os.environ["FERRY_DATABASE_URL"].rsplit("/", 1)[0]
-    with psycopg.connect(base_url + "/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
     broker = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/11"
     redis.Redis.from_url(broker).flushdb()
-    env = {
-        "FERRY_DATA_DIR": str(tmp_path / "data"),
-        "FERRY_DATABASE_URL": f"{base_url}/{database}",
-        "REDIS_URL": broker,
-        "FERRY_S3_BUCKET": "",
-        "FERRY_CHECKIN_INTERVAL_SECONDS": "2",
-        "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
-        "FERRY_LOG_FORMAT": "json",
-        "FERRY_LOG_LEVEL": "DEBUG",
-        "ADMIN_PASSWORD": "pw-" + secrets.token_urlsafe(18),
-    }
-    try:
-        yield env
-    finally:
-        with psycopg.connect(base_url + "/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    with own_database("ferry_secrets") as database_url:
+        yield {
+            "FERRY_DATA_DIR": str(tmp_path / "data"),
+            "FERRY_DATABASE_URL": database_url,
+            "REDIS_URL": broker,
+            "FERRY_S3_BUCKET": "",
+            "FERRY_CHECKIN_INTERVAL_SECONDS": "2",
+            "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
+            "FERRY_LOG_FORMAT": "json",
+            "FERRY_LOG_LEVEL": "DEBUG",
+            "ADMIN_PASSWORD": "pw-" + secrets.token_urlsafe(18),
+        }
 
 
 def _console_login(base: str, username: str, password: str) -> int:
@@ -125,7 +104,12 @@ def test_no_secret_appears_in_any_process_log(environment, tmp_path: Path):
         model = api.call("POST", "models/", json={"name": "classifier"})
         files = {"file": ("model.onnx", build_image_classifier().SerializeToString())}
         version = api.call("POST", f"models/{model['id']}/versions/", files=files, data={"label": "v1"})["id"]
-        _wait("the conversion", lambda: api.call("GET", f"versions/{version}/")["status"] == "ready", stack)
+        wait_until(
+            "the conversion",
+            lambda: api.call("GET", f"versions/{version}/")["status"] == "ready",
+            stack,
+            timeout=90,
+        )
         api.call(
             "POST",
             "releases/",
@@ -151,8 +135,8 @@ def test_no_secret_appears_in_any_process_log(environment, tmp_path: Path):
             devices = api.call("GET", "devices/")
             return len(devices) == 1 and (devices[0]["running_version"] or {}).get("label") == "v1"
 
-        _wait("the agent on v1", running_v1, stack)
-        _wait("telemetry", lambda: api.call("GET", "fleet/summary/"), stack)
+        wait_until("the agent on v1", running_v1, stack, timeout=90)
+        wait_until("telemetry", lambda: api.call("GET", "fleet/summary/"), stack, timeout=90)
         time.sleep(3)  # a few more check-ins, uploads and task runs in the logs
     finally:
         stack.stop()

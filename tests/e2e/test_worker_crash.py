@@ -8,13 +8,13 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
 import redis
 from ferry_cloud.stack import Stack
+
+from tests.e2e.helpers import own_database
 
 ROOT = Path(__file__).resolve().parents[2]
 RECOVERY_SECONDS = 30
@@ -86,16 +86,9 @@ def profile(request, tmp_path: Path):
     if request.param == "embedded":
         yield {**env, "FERRY_DATABASE_URL": f"sqlite:///{data / 'ferry.sqlite3'}", "REDIS_URL": ""}
         return
-    database = f"ferry_crash_{uuid.uuid4().hex[:8]}"
-    base_url = os.environ["FERRY_DATABASE_URL"].rsplit("/", 1)[0]
-    with psycopg.connect(base_url + "/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
     redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
-    try:
-        yield {**env, "FERRY_DATABASE_URL": f"{base_url}/{database}"}
-    finally:
-        with psycopg.connect(base_url + "/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    with own_database("ferry_crash") as database_url:
+        yield {**env, "FERRY_DATABASE_URL": database_url}
 
 
 def _wait_job(env: dict[str, str], job: int, done, timeout: float, stack: Stack, what: str) -> dict:
