@@ -22,24 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from converter.errors import ConversionError
 from converter.translate import FerryGraph
 
 QUANTIZE_MODES = (None, "fp16", "int8", "int4")
 BLOCK_SIZES = (32, 64, 128)
 FP16_MAX = float(np.finfo(np.float16).max)
 MIN_ELEMENTS = 64  # smaller weights save nothing worth the error
-
-
-def check_options(quantize: str | None, block_size: int) -> None:
-    if quantize not in QUANTIZE_MODES:
-        raise ConversionError(
-            f"quantize={quantize!r} is not a known mode; use None, 'fp16', 'int8' or 'int4'"
-        )
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ConversionError(f"block_size must be a positive int, got {block_size!r}")
-    if quantize == "int4" and block_size not in BLOCK_SIZES:
-        raise ConversionError(f"block_size must be one of {BLOCK_SIZES} for int4, got {block_size}")
 
 
 def to_fp16(graph: FerryGraph) -> tuple[FerryGraph, list[str]]:
