@@ -149,10 +149,14 @@ def test_a_target_that_matches_nothing_is_refused_unless_allowed(api, org, ready
 def test_a_canary_keeps_the_version_when_the_fleet_grows(api, org, ready_version, second_version):
     devices = _devices(org, 3, ready_version)
     phases = [{"percentage": 1, "min_reporting_devices": 50}, {"percentage": 100}]
-    release = _create(api, second_version, phases=phases, start=True).json()
+    # a salt that puts every one of the three at bucket 20 or above, so each newcomer falls below
+    # the canary with a chance of at least 1 in 5 (a random salt could leave it near 0)
+    salt = next(
+        s for s in (f"grow{i}" for i in range(10_000)) if min(bucket(s, str(d.pk)) for d in devices) >= 20
+    )
+    release = _create(api, second_version, phases=phases, start=True, salt=salt).json()
     canary = _install(devices, second_version)[0]
-    salt = release["salt"]
-    for _ in range(60):  # enrol until a newcomer's bucket is below the canary's
+    for _ in range(100):  # enrol until a newcomer's bucket is below the canary's
         newcomer = _devices(org, 1, ready_version)[0]
         if bucket(salt, str(newcomer.pk)) < bucket(salt, str(canary.pk)):
             break
