@@ -158,6 +158,11 @@ class ReleaseInput(StrictSerializer):
         default=False,
         help_text="Create the release even if its target matches 0 devices now (devices that enrol later).",
     )
+    new_pipeline = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="The release ships a new pipeline: skip the check that the version fits what devices feed.",
+    )
 
 
 class ActionInput(StrictSerializer):
@@ -205,6 +210,7 @@ class ReleaseListCreateApi(OrganisationApi):
             actor=request.user,
             start=values["start"],
             allow_empty=values["allow_empty"],
+            new_pipeline=values["new_pipeline"],
         )
         release = selectors.release_get(organisation=self.organisation, release_id=release.pk)
         return Response(ReleaseOutput(release).data, status=status.HTTP_201_CREATED)

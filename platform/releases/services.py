@@ -19,6 +19,7 @@ from telemetry.selectors import first_report_at, release_cohort_figures
 from deploy.errors import PolicyError
 from deploy.gates import GateThresholds, evaluate_gate
 from deploy.phases import ACTIONS, RolloutState, Status, Step, TransitionRefused, next_step, transition
+from releases.compatibility import require_compatible
 from releases.models import Release, ReleaseEvent
 from releases.selectors import (
     Selection,
@@ -99,11 +100,14 @@ def release_create(
     actor=None,
     start: bool = False,
     allow_empty: bool = True,
+    new_pipeline: bool = False,
 ) -> Release:
     """Create (and optionally start) a release.
 
     ``allow_empty=False`` (the REST API's default) refuses a target that matches no device
     now; pass True for a target meant for devices that enrol later (e.g. a dynamic group).
+    A version whose signature does not fit what the targeted devices run now is refused
+    (IncompatibleVersion) unless ``new_pipeline`` says the release ships what feeds it.
     """
     if version.model.organisation_id != organisation.pk:
         raise InvalidRelease("That version belongs to another organisation.")
@@ -133,6 +137,8 @@ def release_create(
             f"The target ({describe_target(release.target or {})}) has 0 matching devices. "
             'Pass "allow_empty": true to create it anyway, e.g. for devices that enrol later.'
         )
+    if not new_pipeline:
+        require_compatible(version=version, device_ids=list(selection.matching))
     ReleaseEvent.objects.create(
         release=release,
         action="create",
