@@ -119,7 +119,7 @@ def mismatches(contract: Contract, inputs: Signature, outputs: Signature) -> lis
 def pipeline_inputs(pipeline: dict[str, Any] | None, package_inputs: Signature) -> Signature:
     """The inputs a device feeds when it runs this pipeline with a package of these inputs.
 
-    A pipeline with ``features`` feeds one float32 ``[batch, len(values)]`` tensor to the input
+    A pipeline with ``features`` feeds one float32 ``[rows, len(values)]`` tensor to the input
     it names (its first input if unnamed): that tensor replaces the package's own description,
     since it is what really arrives.  Without features the package's inputs stand.
     """
@@ -128,8 +128,9 @@ def pipeline_inputs(pipeline: dict[str, Any] | None, package_inputs: Signature) 
         return list(package_inputs)
     default = package_inputs[0]["name"] if package_inputs else "input"
     name = features.get("input") or default
-    fed = {"name": name, "dtype": "float32", "shape": ["batch", len(features.get("values", []))]}
-    return [fed]
+    batch = (pipeline or {}).get("batch") or {}
+    rows: int | str = 1 if batch.get("size") == 1 else "batch"  # a partial batch runs after max_wait_ms
+    return [{"name": name, "dtype": "float32", "shape": [rows, len(features.get("values", []))]}]
 
 
 def contract_of(manifest_or_report: dict[str, Any]) -> Contract:
