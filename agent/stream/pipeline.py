@@ -206,6 +206,8 @@ class Pipeline:
                 buffer = []
             if not line and self._rows and time.monotonic() - self._first_row_at >= self.max_wait:
                 self.flush()
+            if not line and self.recent is not None:
+                self.recent.save_if_due()
             if stop is not None and stop.is_set():
                 break
         if buffer:

@@ -31,8 +31,9 @@ def ring_path(state_dir: Path) -> Path:
 
 
 def state_dir_of(version_dir: Path) -> Path | None:
-    """The agent's state directory, for a version unpacked at <state>/versions/<id>."""
-    version_dir = Path(version_dir)
+    """The agent's state directory, for a version unpacked at <state>/versions/<id> (or the
+    <state>/current link to it)."""
+    version_dir = Path(version_dir).resolve()
     return version_dir.parent.parent if version_dir.parent.name == "versions" else None
 
 
@@ -76,7 +77,12 @@ class EventRing:
         for line in lines[-self.max_events :]:
             self._append(line.rstrip("\n"))
         self._dirty = True
-        if time.monotonic() - self._saved_at >= self.save_every:
+        self.save_if_due()
+
+    def save_if_due(self) -> None:
+        """Save unsaved lines once save_every has passed since the last save (the pipeline calls
+        this when its source is idle too, so the last events before a quiet spell are kept)."""
+        if self._dirty and time.monotonic() - self._saved_at >= self.save_every:
             self.save()
 
     def save(self) -> None:

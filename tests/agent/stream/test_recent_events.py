@@ -60,8 +60,11 @@ def test_a_running_pipeline_records_the_lines_it_reads(tmp_path: Path):
 
 
 def test_state_dir_of_a_version_directory(tmp_path: Path):
-    assert state_dir_of(tmp_path / "versions" / "abc") == tmp_path
+    assert state_dir_of(tmp_path / "versions" / "abc") == tmp_path.resolve()
     assert state_dir_of(tmp_path / "elsewhere") is None
+    (tmp_path / "versions" / "abc").mkdir(parents=True)
+    (tmp_path / "current").symlink_to("versions/abc")
+    assert state_dir_of(tmp_path / "current") == tmp_path.resolve()
 
 
 # --- the health check -------------------------------------------------------------------------
