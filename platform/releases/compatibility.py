@@ -93,11 +93,16 @@ def compatibility(*, version: ModelVersion, device_ids: list[str]) -> Verdict:
     return Verdict(checked=sum(per_version.values()), incompatible=incompatible)
 
 
-def require_compatible(*, version: ModelVersion, device_ids: list[str]) -> None:
-    """Refuse a version that does not fit what the targeted devices run (a 400 naming it)."""
+def require_compatible(*, version: ModelVersion, device_ids: list[str], new_pipeline: bool = False) -> dict:
+    """Refuse a version that does not fit what the targeted devices run (a 400 naming it),
+    unless the release ships a new pipeline; returns what the release's create event records
+    of an override ({} when there was nothing to override)."""
     verdict = compatibility(version=version, device_ids=device_ids)
-    if not verdict.fits:
+    if verdict.fits:
+        return {}
+    if not new_pipeline:
         raise IncompatibleVersion(
             verdict.message(version)
             + '. If the release ships a new pipeline with the model, pass "new_pipeline": true.'
         )
+    return {"new_pipeline": True, "compatibility": verdict.as_dict()}

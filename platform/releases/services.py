@@ -137,8 +137,9 @@ def release_create(
             f"The target ({describe_target(release.target or {})}) has 0 matching devices. "
             'Pass "allow_empty": true to create it anyway, e.g. for devices that enrol later.'
         )
-    if not new_pipeline:
-        require_compatible(version=version, device_ids=list(selection.matching))
+    override = require_compatible(
+        version=version, device_ids=list(selection.matching), new_pipeline=new_pipeline
+    )
     ReleaseEvent.objects.create(
         release=release,
         action="create",
@@ -147,6 +148,8 @@ def release_create(
         actor=actor,
         from_phase=0,
         to_phase=0,
+        reason="ships a new pipeline: the version does not fit what its devices run now" if override else "",
+        details=override,
     )
     version_mark_released(version=version)
     if start:

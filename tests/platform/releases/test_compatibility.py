@@ -46,6 +46,9 @@ def test_an_incompatible_version_is_refused_naming_the_mismatch_and_the_devices(
     shipped = _create(api, grey, start=True, allow_empty=False, new_pipeline=True)
     assert shipped.status_code == 201, shipped.content
     assert shipped.json()["state"] == "active"
+    created = next(e for e in shipped.json()["events"] if e["action"] == "create")
+    assert "ships a new pipeline" in created["reason"]  # the override is in the audit log
+    assert created["details"]["new_pipeline"] is True and created["details"]["compatibility"]["affected"] == 2
 
 
 def test_a_compatible_version_and_a_target_of_other_devices_pass(api, org, ready_version, second_version):
