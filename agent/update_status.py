@@ -8,7 +8,10 @@ machine-readable; messages are for people and at most ``MAX_MESSAGE`` characters
 
 from __future__ import annotations
 
+import math
+import re
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,9 @@ from agent.install import Offer
 from deploy.proto import agent_pb2
 
 MAX_MESSAGE = 500
+MAX_REASON_CODE = 32
+MAX_COUNTER = 2**63 - 1  # the control plane stores it in a signed 64-bit column
+EARLIEST, LATEST = 946_684_800.0, 7_258_118_400.0  # 2000-01-01 and 2200-01-01: what the gateway accepts
 REPORTED_STATES = (
     "idle",
     "downloading",
@@ -87,11 +93,42 @@ def outcome_from_report(payload: dict[str, Any], offer: Offer | None, counter: i
         return Outcome("running", version_id, release_id, at=now, counter=counter)
     stage = str(payload.get("stage") or "")
     message = str(payload.get("reason") or "")[:MAX_MESSAGE]
-    code = str(payload.get("code") or "") or reason_code(stage, message)
+    code = clean_reason_code(str(payload.get("code") or "")) or reason_code(stage, message)
     state = "rolled_back"  # it was activated and went back
     if payload.get("refused"):  # a download may work next time (it is retried): failed; else final
         state = "failed" if stage == "download" else "refused"
     return Outcome(state, version_id, release_id, code, message, now, counter)
+
+
+def clean_reason_code(code: str) -> str:
+    """A code the gateway accepts (a-z, 0-9, _; at most 32), or "" (the caller derives one)."""
+    code = re.sub(r"[^a-z0-9_]+", "_", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", code).lower()).strip("_")
+    return code[:MAX_REASON_CODE] if code[:1].isalpha() else ""
+
+
+def _uuid_or_empty(value: str) -> str:
+    try:
+        return str(uuid.UUID(value)) if len(value) == 36 else ""
+    except ValueError:
+        return ""
+
+
+def _counter(value: int) -> int:
+    return min(max(0, int(value)), MAX_COUNTER)
+
+
+def _clean(status: agent_pb2.UpdateStatus) -> agent_pb2.UpdateStatus:
+    """What the gateway would refuse, made acceptable here: a refused field would fail the whole
+    check-in, every time, and a device that cannot check in cannot be told anything."""
+    status.version_id = _uuid_or_empty(status.version_id)
+    status.release_id = _uuid_or_empty(status.release_id)
+    if status.state not in REPORTED_STATES or (status.state != "idle" and not status.version_id):
+        status.state, status.version_id, status.release_id = "idle", "", ""
+    status.reason_code = clean_reason_code(status.reason_code)
+    status.message = status.message.replace("\x00", "")[:MAX_MESSAGE]
+    if not (math.isfinite(status.at) and EARLIEST <= status.at <= LATEST):
+        status.at = 0.0  # a device clock that is off (no RTC: 1970) sends no time rather than a wrong one
+    return status
 
 
 class StatusBook:
@@ -105,9 +142,12 @@ class StatusBook:
         if not isinstance(data, dict):
             return None
         try:
-            return Outcome(**{k: data[k] for k in Outcome.__dataclass_fields__ if k in data})
+            outcome = Outcome(**{k: data[k] for k in Outcome.__dataclass_fields__ if k in data})
         except TypeError:
             return None  # an unreadable record is no outcome, not a crash
+        texts = (outcome.state, outcome.version_id, outcome.release_id, outcome.reason_code, outcome.message)
+        numbers_ok = isinstance(outcome.counter, int) and isinstance(outcome.at, int | float)
+        return outcome if numbers_ok and all(isinstance(t, str) for t in texts) else None
 
     def record(self, outcome: Outcome) -> None:
         write_json_atomic(self.path, asdict(outcome))
@@ -124,23 +164,25 @@ def update_status(
 ) -> agent_pb2.UpdateStatus:
     """The UpdateStatus for a check-in: the update in progress, else the latest outcome."""
     if lifecycle_state in IN_PROGRESS and offer is not None:
-        return agent_pb2.UpdateStatus(
+        status = agent_pb2.UpdateStatus(
             state=IN_PROGRESS[lifecycle_state],
             version_id=offer.version_id,
             release_id=offer.release_id,
-            assignment_counter=max(0, int(counter)),
+            assignment_counter=_counter(counter),
             at=float(entered_at),
         )
-    if latest is not None and latest.state in REPORTED_STATES:
-        return agent_pb2.UpdateStatus(
+    elif latest is not None:
+        status = agent_pb2.UpdateStatus(
             state=latest.state,
             version_id=latest.version_id,
             release_id=latest.release_id,
-            assignment_counter=max(0, int(latest.counter)),
+            assignment_counter=_counter(latest.counter),
             reason_code=latest.reason_code,
-            message=latest.message[:MAX_MESSAGE],
+            message=latest.message,
             at=float(latest.at),
         )
-    if running_version:
-        return agent_pb2.UpdateStatus(state="running", version_id=running_version, at=float(entered_at))
-    return agent_pb2.UpdateStatus(state="idle", at=float(entered_at))
+    elif running_version:
+        status = agent_pb2.UpdateStatus(state="running", version_id=running_version, at=float(entered_at))
+    else:
+        status = agent_pb2.UpdateStatus(state="idle", at=float(entered_at))
+    return _clean(status)

@@ -68,5 +68,30 @@ def test_the_status_is_the_update_in_progress_else_the_last_outcome(tmp_path):
     )
     (tmp_path / "update_status.json").write_text('{"bogus": true}')
     assert StatusBook(tmp_path).latest() is None  # an unreadable record is no outcome, not a crash
+    (tmp_path / "update_status.json").write_text('{"state": 1, "version_id": "x", "counter": "many"}')
+    assert StatusBook(tmp_path).latest() is None  # wrong types too
     (tmp_path / "update_status.json").write_text("[]")
     assert StatusBook(tmp_path).latest() is None
+
+
+def test_a_malformed_record_is_cleaned_so_the_check_in_still_goes_through():
+    weird = Outcome(
+        state="refused",
+        version_id=V2,
+        release_id="not-a-uuid",
+        reason_code="SignatureError!",
+        message="nul\x00" + "y" * 900,
+        at=12.0,  # a device without a real-time clock thinks it is 1970
+        counter=2**64,
+    )
+    status = update_status(
+        lifecycle_state="idle", offer=None, counter=0, entered_at=0, running_version="", latest=weird
+    )
+    assert (status.state, status.version_id, status.release_id) == ("refused", V2, "")
+    assert status.reason_code == "signature_error" and "\x00" not in status.message
+    assert len(status.message) == MAX_MESSAGE and status.at == 0.0 and status.assignment_counter == 2**63 - 1
+    broken = Outcome(state="exploded", version_id="../x")
+    status = update_status(
+        lifecycle_state="idle", offer=None, counter=0, entered_at=0, running_version="", latest=broken
+    )
+    assert status.state == "idle" and not status.version_id

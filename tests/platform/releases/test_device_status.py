@@ -241,3 +241,34 @@ def test_the_console_release_page_shows_each_device_escaped(org, admin, viewer, 
     assert "device-state-failed" in section and "disk_space" in section
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in section
     assert hostile not in html and "&lt;img src=x onerror=&quot;alert(2)&quot;&gt;" in section
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    state=st.sampled_from(["idle", "running", "refused", "exploded", ""]),
+    version_id=st.one_of(st.just(UUID), st.text(max_size=40)),
+    release_id=st.one_of(st.just(UUID), st.text(max_size=40)),
+    reason_code=st.text(max_size=60),
+    message=st.text(max_size=900),
+    at=st.floats(allow_nan=True, allow_infinity=True),
+    counter=st.integers(min_value=0, max_value=2**64 - 1),
+)
+def test_whatever_the_agent_recorded_it_sends_what_the_gateway_accepts(
+    state, version_id, release_id, reason_code, message, at, counter
+):
+    from agent.update_status import Outcome, update_status
+
+    latest = Outcome(state, version_id, release_id, reason_code, message, at, counter)
+    status = update_status(
+        lifecycle_state="idle", offer=None, counter=0, entered_at=0.0, running_version="", latest=latest
+    )
+    report = update_report_from(
+        state=status.state,
+        version_id=status.version_id,
+        release_id=status.release_id,
+        assignment_counter=status.assignment_counter,
+        reason_code=status.reason_code,
+        message=status.message,
+        at=status.at,
+    )
+    assert report.state in {state, "idle"}
