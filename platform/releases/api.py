@@ -233,7 +233,9 @@ class DeviceStatusOutput(serializers.Serializer):
     message = serializers.CharField(help_text="The device's own words, at most 500 characters.")
     assignment_counter = serializers.IntegerField()
     reported_at = serializers.DateTimeField(allow_null=True, help_text="When the device entered the state.")
-    updated_at = serializers.DateTimeField(allow_null=True, help_text="When the control plane heard it.")
+    updated_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the control plane last heard a change."
+    )
 
 
 class InvalidStateFilter(Invalid):

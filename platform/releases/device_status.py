@@ -151,10 +151,10 @@ def _upsert(release: Release, device: Device, report: UpdateReport) -> DeviceRel
     if row is None:
         with transaction.atomic():  # a savepoint: a racing insert fails alone
             row = DeviceReleaseStatus.objects.create(release=release, device=device, **values)
-    else:
+    elif any(getattr(row, name) != value for name, value in values.items()):
         for name, value in values.items():
             setattr(row, name, value)
-        row.save()
+        row.save()  # an unchanged report (most check-ins) writes nothing
     if report.state in FAILED_STATES and before != (report.state, report.reason_code):
         ReleaseEvent.objects.create(
             release=release,

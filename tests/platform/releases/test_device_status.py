@@ -121,6 +121,8 @@ def test_a_rolled_back_device_counts_as_a_failure_even_with_healthy_peers(
     client.check_in(ATTRS, str(ready_version.pk), "", update=failed)
     row = DeviceReleaseStatus.objects.get(device_id=device_id)
     assert row.release_id == release.pk and row.state == "rolled_back"
+    client.check_in(ATTRS, str(ready_version.pk), "", update=failed)  # the same report again
+    assert DeviceReleaseStatus.objects.get(pk=row.pk).updated_at == row.updated_at  # nothing written
     assert release_gate_evaluate(release_id=release.pk)["step"] == "abort"
 
 
