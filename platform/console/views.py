@@ -25,7 +25,13 @@ from fleet.services import device_group_create, device_group_update, device_pin
 from registry.models import ModelVersion
 from registry.selectors import model_list, version_get
 from releases.preview import release_target_preview
-from releases.selectors import release_device_counts, release_get, release_list, release_phases
+from releases.selectors import (
+    release_device_counts,
+    release_device_statuses,
+    release_get,
+    release_list,
+    release_phases,
+)
 from releases.services import release_create, release_gate_evaluate, release_transition
 from telemetry.selectors import fleet_rates
 
@@ -152,6 +158,7 @@ def release_detail(request, release_id: str):
             for i, p in enumerate(phases)
         ],
         "counts": release_device_counts(release=release),
+        "device_statuses": release_device_statuses(release=release)[:500],
         "events": release.events.select_related("actor"),
         "gate": release.gate_status,
         "actions": _actions_for(release.state, release.download_only),

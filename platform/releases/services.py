@@ -4,6 +4,7 @@ periodic health-gate evaluation that advances, pauses or aborts releases."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -17,14 +18,24 @@ from registry.services import version_mark_released
 from telemetry.selectors import first_report_at, release_cohort_figures
 
 from deploy.errors import PolicyError
-from deploy.gates import GateThresholds, evaluate_gate
-from deploy.phases import ACTIONS, RolloutState, Status, Step, TransitionRefused, next_step, transition
+from deploy.gates import GateThresholds, evaluate_gate, refusal_failure
+from deploy.phases import (
+    ACTIONS,
+    RolloutState,
+    Status,
+    Step,
+    StepDecision,
+    TransitionRefused,
+    next_step,
+    transition,
+)
 from releases.compatibility import require_compatible
 from releases.models import Release, ReleaseEvent
 from releases.selectors import (
     Selection,
     organisation_groups,
     policy_from_release,
+    release_device_failures,
     release_phases,
     release_selection,
 )
@@ -286,6 +297,7 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
         since=since,
         device_ids=set(selection.selected),
     )
+    treated = _with_refusals(release, selection, treated)
     result = evaluate_gate(thresholds, treated, baseline)
     result.figures.update(
         devices_matching=len(selection.matching),
@@ -295,6 +307,8 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
     soaked = (now - reporting_since).total_seconds() if reporting_since else 0.0
     state = RolloutState(Status(release.state), release.current_phase)
     decision = next_step(phases, state, soaked, result, thresholds.on_failure)
+    if treated.devices_refused:  # a device said it cannot run the release: waiting cannot help
+        decision = StepDecision(Step.ABORT, "health gate failed: " + refusal_failure(treated))
     status = {
         "step": decision.step.value,
         "reason": decision.reason,
@@ -317,6 +331,21 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
         except TransitionConflict as exc:  # a person acted meanwhile: theirs stands
             log.info("gate of release %s: %s", release.pk, exc)
     return status
+
+
+def _with_refusals(release: Release, selection: Selection, figures):
+    """The cohort's figures with the selected devices that refused, failed or rolled back the
+    release (their agents' reports): failures, no longer pending."""
+    reasons = release_device_failures(release=release, device_ids=selection.selected)
+    refused = sum(reasons.values())
+    if not refused:
+        return figures
+    return replace(
+        figures,
+        devices_refused=refused,
+        refusal_reasons=reasons,
+        devices_pending=max(0, figures.devices_pending - refused),
+    )
 
 
 def _phase_reporting_since(release: Release, selection: Selection, started):
