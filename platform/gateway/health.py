@@ -119,6 +119,9 @@ PROBE_ID = "00000000-0000-0000-0000-000000000000"  # no device has it: the probe
 
 if __name__ == "__main__":
     # python -m gateway.health [host:port]: exit 0 when the gateway is SERVING, 1 otherwise
+    import os
     import sys
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")  # the probe reads the PKI files
 
     sys.exit(0 if probe(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:50051") else 1)
