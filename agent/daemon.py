@@ -224,7 +224,8 @@ class Agent:
 
     def _renew_certificate(self) -> None:
         """Renew the client certificate at two thirds of its lifetime; retry sooner on failure."""
-        while not self.stop_event.wait(max(0.0, identity.renewal_due_in(self.identity.certificate_pem))):
+        # at least a second between renewals, whatever lifetime the gateway issues
+        while not self.stop_event.wait(max(1.0, identity.renewal_due_in(self.identity.certificate_pem))):
             try:
                 identity.renew(self.config.state_dir, self.identity, self.client)
             except grpc.RpcError as exc:

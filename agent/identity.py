@@ -23,6 +23,7 @@ from agent.files import read_json, write_atomic, write_json_atomic
 from deploy.proto import agent_pb2
 from deploy.trust.bundle import decode_bundle
 from deploy.trust.certificates import (
+    BACKDATE,
     CertificateError,
     certificate_pem,
     create_csr,
@@ -154,7 +155,8 @@ def save(state_dir: Path, identity: Identity) -> None:
 def renewal_due_in(certificate: bytes, now: datetime | None = None) -> float:
     """Seconds until the certificate reaches RENEW_AT of its lifetime (negative: overdue)."""
     cert = load_certificate(certificate)
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    end = cert.not_valid_after_utc
+    start = min(cert.not_valid_before_utc + BACKDATE, end)  # when it was issued (the CA backdates)
     due = start + (end - start) * RENEW_AT
     return (due - (now or datetime.now(UTC))).total_seconds()
 

@@ -79,6 +79,8 @@ class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
         self.duplicates = 0
         self.download_offsets: list[int] = []
         self.check_ins = 0
+        self.certificate_lifetime = certificates.DEFAULT_CLIENT_LIFETIME
+        self.renewals = 0
         self._watchers: list[queue.Queue] = []
         self._lock = threading.Lock()
 
@@ -125,7 +127,9 @@ class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
         if request.token != "good-token":
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown enrolment token")
         ca, _ = pki()
-        issued = certificates.sign_client_certificate(ca, request.csr, device_id=DEVICE_ID)
+        issued = certificates.sign_client_certificate(
+            ca, request.csr, device_id=DEVICE_ID, lifetime=self.certificate_lifetime
+        )
         grant = agent_pb2.EnrolGrant(
             device_id=DEVICE_ID,
             organisation_id="1",
@@ -138,7 +142,10 @@ class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
     def Renew(self, request, context):
         self._auth(context)
         ca, _ = pki()
-        issued = certificates.sign_client_certificate(ca, request.csr, device_id=DEVICE_ID)
+        issued = certificates.sign_client_certificate(
+            ca, request.csr, device_id=DEVICE_ID, lifetime=self.certificate_lifetime
+        )
+        self.renewals += 1
         return agent_pb2.RenewResponse(
             client_certificate=certificates.certificate_der(issued.certificate_pem)
         )
