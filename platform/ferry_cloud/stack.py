@@ -168,6 +168,9 @@ class Stack:
         self.prepare_pki()  # before any process could race to create it
         self.enrol_port = free_port()
         self.env["FERRY_GATEWAY_ENROL_ADDRESS"] = f"127.0.0.1:{self.enrol_port}"
+        # what the REST API puts in enrolment bundles
+        self.env["FERRY_GATEWAY_PUBLIC_ADDRESS"] = f"127.0.0.1:{gateway_port}"
+        self.env["FERRY_GATEWAY_PUBLIC_ENROL_ADDRESS"] = f"127.0.0.1:{self.enrol_port}"
         web = self.spawn("web", [sys.executable, MANAGE, "runserver", f"127.0.0.1:{http_port}", "--noreload"])
         gateway = self.spawn(
             "gateway", [sys.executable, MANAGE, "gateway", "--address", f"127.0.0.1:{gateway_port}"]

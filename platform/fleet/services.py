@@ -74,6 +74,15 @@ def enrolment_bundle(*, token: str, gateway_address: str, enrol_address: str) ->
     )
 
 
+def enrolment_bundle_for_token(token: str) -> str:
+    """The bundle for token at the gateway's public addresses; "" when they are not configured."""
+    gateway = settings.FERRY_GATEWAY_PUBLIC_ADDRESS
+    enrol = settings.FERRY_GATEWAY_PUBLIC_ENROL_ADDRESS
+    if not gateway or not enrol:
+        return ""
+    return enrolment_bundle(token=token, gateway_address=gateway, enrol_address=enrol)
+
+
 @dataclass(frozen=True)
 class Enrolment:
     device: Device

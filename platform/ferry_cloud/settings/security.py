@@ -118,6 +118,10 @@ FERRY_GATEWAY_TLS_KEY_FILE = Path(os.environ.get("FERRY_GATEWAY_TLS_KEY_FILE", _
 # SANs of the generated dev server certificate (names and IP addresses, comma-separated).
 FERRY_GATEWAY_TLS_NAMES = _hosts(os.environ.get("FERRY_GATEWAY_TLS_NAMES", "localhost,127.0.0.1,::1"))
 FERRY_GATEWAY_ENROL_ADDRESS = os.environ.get("FERRY_GATEWAY_ENROL_ADDRESS", "")
+# What devices dial (host:port of the mutual-TLS and the enrolment port): when set, a new
+# enrolment token comes with its one-line bundle (POST /api/v1/enrolment-tokens/).
+FERRY_GATEWAY_PUBLIC_ADDRESS = os.environ.get("FERRY_GATEWAY_PUBLIC_ADDRESS", "")
+FERRY_GATEWAY_PUBLIC_ENROL_ADDRESS = os.environ.get("FERRY_GATEWAY_PUBLIC_ENROL_ADDRESS", "")
 # Lifetime of a device's client certificate; agents renew at two thirds of it.
 FERRY_DEVICE_CERT_HOURS = float(os.environ.get("FERRY_DEVICE_CERT_HOURS", "24") or 24)
 FERRY_DEVICE_PKI_GENERATE = not PRODUCTION

@@ -22,6 +22,7 @@ from agent.errors import EnrolmentError
 from agent.outbox import OutboxRecord
 from deploy.proto import agent_pb2, agent_pb2_grpc
 from deploy.trust import certificates
+from deploy.trust.bundle import decode_bundle
 from tests.platform.gateway.devices import ATTRS, enrol, served
 
 
@@ -222,3 +223,17 @@ def test_renewal_issues_a_fresh_certificate_for_a_new_key(org, gateway, tmp_path
 def test_the_ca_key_signs_only_what_the_ca_certificate_names():
     ca = device_ca()
     assert certificates.fingerprint(ca.certificate_pem) == certificates.fingerprint(device_ca_certificate())
+
+
+def test_an_operator_pastes_the_apis_bundle_and_the_device_joins(api, org, gateway, settings, tmp_path):
+    """The REST API's token comes with its bundle once the gateway's public addresses are set."""
+    assert api.post("/api/v1/enrolment-tokens/", {}, format="json").json()["bundle"] == ""
+    settings.FERRY_GATEWAY_PUBLIC_ADDRESS = gateway.address
+    settings.FERRY_GATEWAY_PUBLIC_ENROL_ADDRESS = gateway.enrol_address
+    body = api.post("/api/v1/enrolment-tokens/", {"labels": {"site": "lab"}}, format="json").json()
+    bundle = decode_bundle(body["bundle"])
+    assert bundle.token == body["token"] and bundle.ca_pem == device_ca_certificate()
+    device = identity.enrol(body["bundle"], tmp_path / "agent", "pasted", ATTRS)
+    client = identity.load(tmp_path / "agent").client()
+    assert client.check_in(ATTRS, "", "").checkin_interval_seconds > 0
+    assert Device.objects.get(pk=device.device_id).labels["site"] == "lab"
