@@ -26,26 +26,50 @@ class DeviceAttributes(_message.Message):
     def __init__(self, hardware: _Optional[str] = ..., os: _Optional[str] = ..., agent_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class EnrolRequest(_message.Message):
-    __slots__ = ("token", "name", "attributes")
+    __slots__ = ("token", "name", "attributes", "csr")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    CSR_FIELD_NUMBER: _ClassVar[int]
     token: str
     name: str
     attributes: DeviceAttributes
-    def __init__(self, token: _Optional[str] = ..., name: _Optional[str] = ..., attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ...) -> None: ...
+    csr: bytes
+    def __init__(self, token: _Optional[str] = ..., name: _Optional[str] = ..., attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., csr: _Optional[bytes] = ...) -> None: ...
 
-class EnrolResponse(_message.Message):
-    __slots__ = ("device_id", "credential", "release_public_key", "checkin_interval_seconds")
+class EnrolGrant(_message.Message):
+    __slots__ = ("device_id", "organisation_id", "client_certificate", "release_public_keys", "checkin_interval_seconds")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
-    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
-    RELEASE_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    ORGANISATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_PUBLIC_KEYS_FIELD_NUMBER: _ClassVar[int]
     CHECKIN_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     device_id: str
-    credential: str
-    release_public_key: bytes
+    organisation_id: str
+    client_certificate: bytes
+    release_public_keys: _containers.RepeatedScalarFieldContainer[bytes]
     checkin_interval_seconds: int
-    def __init__(self, device_id: _Optional[str] = ..., credential: _Optional[str] = ..., release_public_key: _Optional[bytes] = ..., checkin_interval_seconds: _Optional[int] = ...) -> None: ...
+    def __init__(self, device_id: _Optional[str] = ..., organisation_id: _Optional[str] = ..., client_certificate: _Optional[bytes] = ..., release_public_keys: _Optional[_Iterable[bytes]] = ..., checkin_interval_seconds: _Optional[int] = ...) -> None: ...
+
+class EnrolResponse(_message.Message):
+    __slots__ = ("grant", "signature")
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    grant: bytes
+    signature: bytes
+    def __init__(self, grant: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("csr",)
+    CSR_FIELD_NUMBER: _ClassVar[int]
+    csr: bytes
+    def __init__(self, csr: _Optional[bytes] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ("client_certificate",)
+    CLIENT_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    client_certificate: bytes
+    def __init__(self, client_certificate: _Optional[bytes] = ...) -> None: ...
 
 class CheckInRequest(_message.Message):
     __slots__ = ("attributes", "running_version_id", "running_package_digest", "update")
