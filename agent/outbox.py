@@ -10,12 +10,15 @@ survives the loss of the record that carried an earlier count).
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -27,6 +30,7 @@ CREATE TABLE IF NOT EXISTS records (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta VALUES ('next_seq', 1), ('dropped', 0), ('dropped_total', 0);
+INSERT OR IGNORE INTO meta VALUES ('rejected_total', 0);
 """
 
 
@@ -110,11 +114,28 @@ class Outbox:
             for seq, kind, ts, version, payload in rows
         ]
 
-    def acknowledge(self, seqs: list[int]) -> None:
+    def acknowledge(self, seqs: list[int], rejected: dict[int, str] | None = None) -> None:
+        """Delete the records the gateway stored, and those it refused (seq -> reason).
+
+        A refused record breaks the gateway's schema and would be refused on every re-send,
+        so keeping it would only block the outbox; it is logged, counted and dropped. Only
+        refusals within the batch in flight are believed: a gateway's reply names that batch.
+        """
         with self._lock:
+            low, high = self._in_flight or (0, -1)
             self._in_flight = None
             if seqs:
                 self._db.executemany("DELETE FROM records WHERE seq=?", [(s,) for s in seqs])
+            refused = {seq: reason for seq, reason in (rejected or {}).items() if low <= seq <= high}
+            for seq, reason in sorted(refused.items()):
+                if self._db.execute("DELETE FROM records WHERE seq=?", (seq,)).rowcount:
+                    log.warning("telemetry record %d refused by the gateway and dropped: %r", seq, reason)
+                    self._db.execute("UPDATE meta SET value=value+1 WHERE key='rejected_total'")
+
+    def rejected_total(self) -> int:
+        """Every record the gateway ever refused (reported with each metrics record)."""
+        with self._lock:
+            return self._meta("rejected_total")
 
     def release_in_flight(self) -> None:
         """The upload failed: the batch may be dropped again if the bound needs it."""

@@ -67,3 +67,19 @@ def test_a_failed_upload_releases_its_batch_to_the_bound(tmp_path: Path):
     outbox.append("event", {})
     assert outbox.take_dropped() == 1
     assert [r.seq for r in outbox.batch(10)] == [2, 3]
+
+
+def test_refused_records_are_dropped_counted_and_only_from_the_batch_in_flight(tmp_path: Path, caplog):
+    # a refused record breaks the gateway's schema on every re-send: keeping it would block the outbox
+    outbox = Outbox(tmp_path / "o.sqlite")
+    for i in range(5):
+        outbox.append("metrics", {"i": i})
+    assert [r.seq for r in outbox.batch(3)] == [1, 2, 3]
+    outbox.acknowledge([1, 3], {2: "payload.i must be a whole number", 5: "not in this batch"})
+    assert [r.seq for r in outbox.batch(10)] == [4, 5]  # 5 was not in flight: a reply cannot drop it
+    assert outbox.rejected_total() == 1
+    assert "telemetry record 2 refused by the gateway and dropped" in caplog.text
+    outbox.acknowledge([4, 5], {4: "late refusal of a stored record"})  # already deleted: not counted
+    assert outbox.pending() == 0 and outbox.rejected_total() == 1
+    outbox.close()
+    assert Outbox(tmp_path / "o.sqlite").rejected_total() == 1  # survives a restart
