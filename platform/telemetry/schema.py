@@ -14,7 +14,7 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ferry_cloud.errors import Invalid
@@ -25,7 +25,6 @@ MAX_PAYLOAD_BYTES = 16 * 1024
 MAX_STRING_CHARS = 1024
 MAX_KEY_CHARS = 128
 MAX_DEPTH = 6
-MAX_NODES = 2000  # values in one payload, all levels together
 MAX_SEQ = 2**63 - 1  # the table's BIGINT
 MAX_COUNT = 2**53  # integers every JSON reader (JavaScript included) reads exactly
 MAX_INTEGER = 2**63 - 1
@@ -51,19 +50,25 @@ class ValidRecord:
     timestamp: float
     version_id: str
     payload: dict[str, Any]
+    # the payload as received: stored verbatim (PostgreSQL parses it to the same value), which
+    # saves serialising it again; empty when the record was built in Python
+    payload_json: str = field(default="", repr=False, compare=False)
 
 
 # --- field checks: each returns None when the value fits, else the reason ---------------
+# (type() is, not isinstance: bool is an int subclass and must not pass as a count; and
+# these run for every figure of every record, so the common case returns first)
 def _count(value: Any) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return "must be a whole number"
-    return None if 0 <= value <= MAX_COUNT else f"must be between 0 and {MAX_COUNT}"
+    if type(value) is int and 0 <= value <= MAX_COUNT:
+        return None
+    return "must be a whole number" if type(value) is not int else f"must be between 0 and {MAX_COUNT}"
 
 
 def _amount(value: Any) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return "must be a number"
-    return None if 0 <= value <= 1e15 else "must be between 0 and 1e15"
+    kind = type(value)
+    if (kind is float or kind is int) and 0 <= value <= 1e15:
+        return None
+    return "must be a number" if kind is not float and kind is not int else "must be between 0 and 1e15"
 
 
 def _optional_amount(value: Any) -> str | None:
@@ -92,8 +97,8 @@ def _histogram(value: Any) -> str | None:
     if len(value) > 256:
         return "has more than 256 buckets"
     for bucket, count in value.items():
-        if (reason := _count(count)) is not None:
-            return f"bucket {bucket[:40]!r} {reason}"
+        if type(count) is not int or not 0 <= count <= MAX_COUNT:
+            return f"bucket {bucket[:40]!r} {_count(count)}"
     return None
 
 
@@ -148,54 +153,52 @@ def _refuse_constant(name: str) -> float:
     raise RecordRefused(f"payload_json holds {name}; numbers must be finite")
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise RecordRefused(f"payload_json number {text[:40]} is out of range")
-    return value
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
 
 
 def parse_payload(payload_json: str) -> dict[str, Any]:
     """The payload as a JSON object of finite numbers, or RecordRefused."""
-    if len(payload_json.encode("utf-8", "surrogatepass")) > MAX_PAYLOAD_BYTES:
+    if len(payload_json) > MAX_PAYLOAD_BYTES or len(payload_json.encode()) > MAX_PAYLOAD_BYTES:
         raise RecordRefused(f"payload_json is larger than {MAX_PAYLOAD_BYTES} bytes")
     try:
-        payload = json.loads(payload_json or "{}", parse_constant=_refuse_constant, parse_float=_finite_float)
+        payload = _DECODER.decode(payload_json or "{}")
     except RecordRefused:
         raise
     except (ValueError, RecursionError) as error:
         raise RecordRefused(f"payload_json is not JSON ({str(error)[:80]})") from None
-    if not isinstance(payload, dict):
+    if type(payload) is not dict:
         raise RecordRefused("payload_json must be a JSON object")
-    _check_tree(payload)
+    # protobuf strings are valid UTF-8, so NUL and surrogates can only come from \u escapes:
+    # without one, no string needs the slower check
+    _walk(payload, 1, "payload", "\\u" in payload_json)
     return payload
 
 
-def _check_tree(root: dict[str, Any]) -> None:
-    """Depth, size, string lengths and storable text over the whole payload (iterative)."""
-    stack: list[tuple[Any, int, str]] = [(root, 1, "payload")]
-    nodes = 0
-    while stack:
-        value, depth, where = stack.pop()
-        nodes += 1
-        if nodes > MAX_NODES:
-            raise RecordRefused(f"payload has more than {MAX_NODES} values")
-        if depth > MAX_DEPTH:
-            raise RecordRefused(f"{where} is nested deeper than {MAX_DEPTH} levels")
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if len(key) > MAX_KEY_CHARS or _UNSTORABLE.search(key):
-                    raise RecordRefused(f"{where} has a key longer than {MAX_KEY_CHARS} or unstorable")
-                stack.append((item, depth + 1, f"{where}.{key[:40]}"))
-        elif isinstance(value, list):
-            stack.extend((item, depth + 1, f"{where}[{i}]") for i, item in enumerate(value))
-        elif isinstance(value, str):
+def _walk(container: dict | list, depth: int, where: str, escapes: bool) -> None:
+    """Depth, string lengths, finite numbers and storable text, everywhere in the payload.
+
+    Scalars are checked inline (a function call per value would double the cost of a
+    typical record). The payload's byte limit bounds how many values there are."""
+    if depth > MAX_DEPTH:
+        raise RecordRefused(f"{where[:40]} is nested deeper than {MAX_DEPTH} levels")
+    items = container.items() if type(container) is dict else ((where, item) for item in container)
+    for key, value in items:
+        kind = type(value)
+        if kind is str:
             if len(value) > MAX_STRING_CHARS:
-                raise RecordRefused(f"{where} is longer than {MAX_STRING_CHARS} characters")
-            if _UNSTORABLE.search(value):
-                raise RecordRefused(f"{where} holds a NUL or an unpaired surrogate")
-        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER:
-            raise RecordRefused(f"{where} is an integer beyond 64 bits")
+                raise RecordRefused(f"{key[:40]} is longer than {MAX_STRING_CHARS} characters")
+            if escapes and _UNSTORABLE.search(value):
+                raise RecordRefused(f"{key[:40]} holds a NUL or an unpaired surrogate")
+        elif kind is int:
+            if not -MAX_INTEGER <= value <= MAX_INTEGER:
+                raise RecordRefused(f"{key[:40]} is an integer beyond 64 bits")
+        elif kind is float:
+            if not math.isfinite(value):  # 1e400 parses to inf
+                raise RecordRefused(f"{key[:40]} is a number out of range")
+        elif kind is dict or kind is list:
+            _walk(value, depth + 1, key, escapes)
+        if len(key) > MAX_KEY_CHARS or (escapes and _UNSTORABLE.search(key)):
+            raise RecordRefused(f"{where[:40]} has a key longer than {MAX_KEY_CHARS} or unstorable")
 
 
 # --- one record -------------------------------------------------------------------------
@@ -220,7 +223,7 @@ def validate_record(
     for name, check in fields.items():
         if name in payload and (reason := check(payload[name])) is not None:
             raise RecordRefused(f"payload.{name} {reason}")
-    return ValidRecord(seq, kind, float(timestamp), version_id, payload)
+    return ValidRecord(seq, kind, float(timestamp), version_id, payload, payload_json or "{}")
 
 
 def check_batch(*, records: int, message_bytes: int) -> None:

@@ -73,7 +73,8 @@ def _ingest_by_copy(device: Device, records: list[ValidRecord]) -> set[int]:
         cursor.execute(_CREATE_STAGING)
         with cursor.cursor.copy(_COPY) as copy:
             for r in records:
-                copy.write_row((r.seq, r.kind, r.timestamp, r.version_id, json.dumps(r.payload)))
+                text = r.payload_json or json.dumps(r.payload)
+                copy.write_row((r.seq, r.kind, r.timestamp, r.version_id, text))
         cursor.execute(_MOVE, [device.pk, timezone.now()])
         return {seq for (seq,) in cursor.fetchall()}
 

@@ -11,8 +11,13 @@ from pathlib import Path
 
 from django.db import connection
 from fleet.services import device_enrol, enrolment_token_create
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from telemetry.models import TelemetryRecord
+from telemetry.schema import RecordRefused, validate_record
 from telemetry.services import IncomingRecord, telemetry_ingest
+
+from tests.platform.telemetry.test_schema import payloads
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -69,7 +74,10 @@ import json, sys, time
 import django
 django.setup()
 from fleet.models import Device
+from telemetry.schema import RecordRefused, validate_record
 from telemetry.services import IncomingRecord, telemetry_ingest
+
+from tests.platform.telemetry.test_schema import payloads
 device = Device.objects.get(pk=sys.argv[1])
 time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # both start together
 stored = []
@@ -102,3 +110,43 @@ def test_concurrent_batches_from_two_processes_are_stored_exactly_once(org, tran
     # every seq was stored by exactly one of the two, and each is in the table once
     assert sorted(stored[0] + stored[1]) == list(range(1, 421))
     assert _stored(device) == list(range(1, 421))
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(texts=st.lists(payloads, min_size=1, max_size=5))
+def test_every_record_the_schema_passes_is_stored_as_parsed(org, texts):
+    # the payload text is stored verbatim: PostgreSQL must take all of it, and read it back equal
+    device = _device(org, name="fuzz") if not hasattr(org, "_fuzz") else org._fuzz
+    org._fuzz = device
+    first = (TelemetryRecord.objects.filter(device=device).count() + 1) * 10
+    valid = []
+    for seq, text in enumerate(texts, start=first):
+        try:
+            valid.append(
+                validate_record(
+                    seq=seq, kind="event", timestamp=time.time(), version_id="", payload_json=text
+                )
+            )
+        except RecordRefused:
+            continue
+    result = telemetry_ingest(device=device, records=valid)
+    assert result.stored == [r.seq for r in valid]
+    for record in valid:
+        stored = TelemetryRecord.objects.get(device=device, seq=record.seq).payload
+        assert _as_floats(stored) == _as_floats(record.payload)
+
+
+def _as_floats(value):
+    """jsonb keeps numbers as decimals (4.95e16 reads back as an int): compare them as the readers
+    do, as floats."""
+    if isinstance(value, dict):
+        return {k: _as_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_floats(v) for v in value]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return value
