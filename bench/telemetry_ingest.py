@@ -290,11 +290,17 @@ def _postgres_rows(args, devices, now: float, texts: list[str]) -> list[dict]:
 
 def _print(rows: list[dict], args) -> None:
     print(f"\ntelemetry ingest, {BATCH} records per batch, {args.devices} devices, PostgreSQL")
-    print(f"{'path':38} {'records':>8} {'records/s':>10} {'client CPU µs/record':>21}")
+    print(f"{'path':36} {'records':>8} {'records/s':>10} {'CPU µs/record':>14} {'records/s/core':>15}")
     for r in rows:
-        print(f"{r['name']:38} {r['records']:>8} {r['per_s']:>10,.0f} {r['cpu_us']:>21.1f}")
+        per_core = 1e6 / r["cpu_us"] if r["cpu_us"] else float("inf")
+        print(
+            f"{r['name']:36} {r['records']:>8} {r['per_s']:>10,.0f} {r['cpu_us']:>14.1f} {per_core:>15,.0f}"
+        )
     print(
-        f"\n({os.cpu_count()} CPUs; records/s is wall clock, PostgreSQL's own CPU is not in the last column)"
+        f"\n{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}. records/s: wall clock. CPU: this"
+        " process only (PostgreSQL's backends are not in it); records/s/core = 1e6 / CPU µs, what one"
+        " core of the Ferry process would ingest if PostgreSQL kept up (the gateway row includes the"
+        " client's CPU, in this process)."
     )
 
 
