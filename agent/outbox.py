@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+# half the gateway's 4 MiB message limit (telemetry.schema.MAX_BATCH_BYTES), for protobuf's framing
+BATCH_MAX_BYTES = 2 * 1024 * 1024
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -104,10 +106,19 @@ class Outbox:
         with self._lock:
             return self._meta("dropped_total")
 
-    def batch(self, limit: int = 500) -> list[OutboxRecord]:
-        """The oldest records, marked in flight until acknowledge() or release_in_flight()."""
+    def batch(self, limit: int = 500, max_bytes: int = BATCH_MAX_BYTES) -> list[OutboxRecord]:
+        """The oldest records, marked in flight until acknowledge() or release_in_flight().
+
+        At most ``max_bytes`` of payload (but always one record), so a batch of large records
+        stays under the gateway's message limit instead of being refused whole forever."""
         with self._lock:
             rows = self._db.execute("SELECT * FROM records ORDER BY seq LIMIT ?", (limit,)).fetchall()
+            size = 0
+            for count, row in enumerate(rows):
+                size += len(row[4]) + len(row[3]) + len(row[1]) + 32
+                if size > max_bytes and count:
+                    rows = rows[:count]
+                    break
             self._in_flight = (rows[0][0], rows[-1][0]) if rows else None
         return [
             OutboxRecord(seq, kind, ts, version, json.loads(payload))

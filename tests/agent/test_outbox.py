@@ -83,3 +83,12 @@ def test_refused_records_are_dropped_counted_and_only_from_the_batch_in_flight(t
     assert outbox.pending() == 0 and outbox.rejected_total() == 1
     outbox.close()
     assert Outbox(tmp_path / "o.sqlite").rejected_total() == 1  # survives a restart
+
+
+def test_a_batch_stays_under_the_byte_limit_but_always_holds_one_record(tmp_path: Path):
+    outbox = Outbox(tmp_path / "o.sqlite")
+    for i in range(4):
+        outbox.append("event", {"blob": "x" * 1000, "i": i})
+    assert [r.seq for r in outbox.batch(10, max_bytes=2500)] == [1, 2]
+    assert [r.seq for r in outbox.batch(10, max_bytes=10)] == [1]  # a large record still goes, alone
+    assert len(outbox.batch(10)) == 4
