@@ -12,6 +12,7 @@ urlpatterns = [
     path("groups/<str:group_id>/pin/", views.group_pin, name="group-pin"),
     path("devices/<str:device_id>/pin/", views.device_pin_view, name="device-pin"),
     path("releases/new/", views.release_new, name="release-new"),
+    path("releases/new/preview/", views.release_preview, name="release-preview"),
     path("releases/<str:release_id>/", views.release_detail, name="release"),
     path("releases/<str:release_id>/gate/", views.release_gate, name="release-gate"),
     path("releases/<str:release_id>/<str:action>/", views.release_action, name="release-action"),
