@@ -155,7 +155,7 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
                 rejected.append(agent_pb2.RejectedRecord(seq=r.seq, reason=str(refusal)))
         if rejected:
             log.info(
-                "device %s: %d telemetry records refused, e.g. %s",
+                "device %s: %d telemetry records refused, e.g. %r",
                 device.pk,
                 len(rejected),
                 rejected[0].reason,
