@@ -21,6 +21,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 # half the gateway's 4 MiB message limit (telemetry.schema.MAX_BATCH_BYTES), for protobuf's framing
 BATCH_MAX_BYTES = 2 * 1024 * 1024
+MAX_STRING_CHARS = 1024  # telemetry.schema's limits, which the agent cannot import
+MAX_KEY_CHARS = 128
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -34,6 +36,18 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta VALUES ('next_seq', 1), ('dropped', 0), ('dropped_total', 0);
 INSERT OR IGNORE INTO meta VALUES ('rejected_total', 0);
 """
+
+
+def _fit(value: Any) -> Any:
+    """Long strings clipped to what the gateway's schema accepts: an activation whose reason
+    quotes a long error must still arrive (the schema refuses a string past 1024 characters)."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_STRING_CHARS else value[: MAX_STRING_CHARS - 1] + "…"
+    if isinstance(value, dict):
+        return {str(k)[:MAX_KEY_CHARS]: _fit(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_fit(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -70,7 +84,7 @@ class Outbox:
                 self._db.execute("UPDATE meta SET value=? WHERE key='next_seq'", (seq + 1,))
                 self._db.execute(
                     "INSERT INTO records VALUES (?, ?, ?, ?, ?)",
-                    (seq, kind, time.time(), version_id, json.dumps(payload, sort_keys=True)),
+                    (seq, kind, time.time(), version_id, json.dumps(_fit(payload), sort_keys=True)),
                 )
                 self._drop_oldest_over_bound()
                 self._db.execute("COMMIT")

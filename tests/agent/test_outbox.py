@@ -92,3 +92,13 @@ def test_a_batch_stays_under_the_byte_limit_but_always_holds_one_record(tmp_path
     assert [r.seq for r in outbox.batch(10, max_bytes=2500)] == [1, 2]
     assert [r.seq for r in outbox.batch(10, max_bytes=10)] == [1]  # a large record still goes, alone
     assert len(outbox.batch(10)) == 4
+
+
+def test_long_strings_are_clipped_to_what_the_gateway_accepts(tmp_path: Path):
+    outbox = Outbox(tmp_path / "o.sqlite")
+    outbox.append(
+        "activation", {"ok": False, "reason": "incompatible: " + "x" * 5000, "k" * 300: ["y" * 2000]}
+    )
+    payload = outbox.batch()[0].payload
+    assert len(payload["reason"]) == 1024 and payload["reason"].startswith("incompatible: ")
+    assert payload["k" * 128] == ["y" * 1023 + "…"]
