@@ -328,6 +328,7 @@ class Agent:
         if dropped:
             figures["outbox_dropped"] = dropped
         figures["outbox_dropped_total"] = self.outbox.dropped_total()
+        figures["outbox_rejected_total"] = self.outbox.rejected_total()
         self.outbox.append("metrics", figures, version)
         if self.exporter is not None:
             device_id = getattr(self, "device_id", "")
@@ -343,7 +344,8 @@ class Agent:
             except BaseException:
                 self.outbox.release_in_flight()
                 raise
-            self.outbox.acknowledge(list(ack.stored_seqs) + list(ack.duplicate_seqs))
+            rejected = {r.seq: r.reason for r in ack.rejected}  # never valid: dropped, not re-sent
+            self.outbox.acknowledge(list(ack.stored_seqs) + list(ack.duplicate_seqs), rejected)
             if len(batch) < self.config.upload_batch:
                 return
 

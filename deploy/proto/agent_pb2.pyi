@@ -180,12 +180,22 @@ class TelemetryBatch(_message.Message):
     def __init__(self, records: _Optional[_Iterable[_Union[TelemetryRecord, _Mapping]]] = ...) -> None: ...
 
 class TelemetryAck(_message.Message):
-    __slots__ = ("stored_seqs", "duplicate_seqs")
+    __slots__ = ("stored_seqs", "duplicate_seqs", "rejected")
     STORED_SEQS_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_SEQS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
     stored_seqs: _containers.RepeatedScalarFieldContainer[int]
     duplicate_seqs: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, stored_seqs: _Optional[_Iterable[int]] = ..., duplicate_seqs: _Optional[_Iterable[int]] = ...) -> None: ...
+    rejected: _containers.RepeatedCompositeFieldContainer[RejectedRecord]
+    def __init__(self, stored_seqs: _Optional[_Iterable[int]] = ..., duplicate_seqs: _Optional[_Iterable[int]] = ..., rejected: _Optional[_Iterable[_Union[RejectedRecord, _Mapping]]] = ...) -> None: ...
+
+class RejectedRecord(_message.Message):
+    __slots__ = ("seq", "reason")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    reason: str
+    def __init__(self, seq: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("running_version_id",)

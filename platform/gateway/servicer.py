@@ -8,7 +8,6 @@ Domain errors the services raise are left to rise: gateway.errors.DomainErrorInt
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import time
@@ -30,7 +29,8 @@ from registry import storage
 from registry.models import Artifact
 from releases.device_status import device_status_record, update_report_from
 from releases.selectors import desired_package_for
-from telemetry.services import IncomingRecord, telemetry_ingest
+from telemetry.schema import RecordRefused, check_batch, validate_record
+from telemetry.services import telemetry_ingest
 
 from deploy.proto import agent_pb2, agent_pb2_grpc
 from deploy.trust.certificates import certificate_der, sign
@@ -39,7 +39,6 @@ from gateway.tls import peer_device_id
 
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 256 * 1024
-MAX_BATCH = 1000
 # A watch stream ends after this long; the agent reopens it (keeps dead peers from holding threads).
 WATCH_MAX_SECONDS = 300.0
 WATCH_TICK_SECONDS = 5.0
@@ -162,21 +161,35 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
                 offset += len(data)
 
     def ReportTelemetry(self, request, context):
+        """Store the batch's valid records exactly once; refuse each invalid one with its reason."""
         close_old_connections()
         device = _device(context)
-        if len(request.records) > MAX_BATCH:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"at most {MAX_BATCH} records per batch")
-        records = []
+        check_batch(records=len(request.records), message_bytes=request.ByteSize())  # Invalid: whole call
+        valid, rejected = [], []
         for r in request.records:
             try:
-                payload = json.loads(r.payload_json or "{}")
-            except ValueError:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record {r.seq}: payload_json is not JSON")
-            if not isinstance(payload, dict):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record {r.seq}: payload must be an object")
-            records.append(IncomingRecord(r.seq, r.kind, r.timestamp, r.version_id, payload))
-        result = telemetry_ingest(device=device, records=records)
-        return agent_pb2.TelemetryAck(stored_seqs=result.stored, duplicate_seqs=result.duplicates)
+                valid.append(
+                    validate_record(
+                        seq=r.seq,
+                        kind=r.kind,
+                        timestamp=r.timestamp,
+                        version_id=r.version_id,
+                        payload_json=r.payload_json,
+                    )
+                )
+            except RecordRefused as refusal:
+                rejected.append(agent_pb2.RejectedRecord(seq=r.seq, reason=str(refusal)))
+        if rejected:
+            log.info(
+                "device %s: %d telemetry records refused, e.g. %r",
+                device.pk,
+                len(rejected),
+                rejected[0].reason,
+            )
+        result = telemetry_ingest(device=device, records=valid)  # committed before we acknowledge
+        return agent_pb2.TelemetryAck(
+            stored_seqs=result.stored, duplicate_seqs=result.duplicates, rejected=rejected
+        )
 
     def WatchHints(self, request, context) -> Iterator[agent_pb2.Hint]:
         """Hold the stream open and push a Hint whenever the device's organisation's releases change.
