@@ -273,4 +273,6 @@ def device_pin_view(request, device_id: str):
         messages.success(request, f"Device {device.name}: pin saved.")
     except DomainError as exc:
         messages.error(request, str(exc))
+    if request.POST.get("next") == "device":
+        return redirect("console:device", device_id=device.pk)
     return redirect("console:dashboard")

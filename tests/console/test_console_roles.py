@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 import pytest
 from django.db import transaction
 from django.test import Client
+from fleet.models import Device
 
 from tests.platform.test_roles import ADMIN, OPERATOR, PUBLIC, RANK, VIEWER, Endpoint, endpoints, world  # noqa: F401
 
@@ -26,6 +27,9 @@ DECLARED: dict[str, dict[str, str]] = {
     "console:version": {"GET": VIEWER, "HEAD": VIEWER},
     "console:groups": {"GET": VIEWER, "HEAD": VIEWER, "POST": OPERATOR},
     "console:group-pin": {"POST": OPERATOR},
+    "console:devices": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:devices-bulk": {"POST": OPERATOR},
+    "console:device": {"GET": VIEWER, "HEAD": VIEWER},
     "console:device-pin": {"POST": OPERATOR},
     "console:release-new": {"GET": OPERATOR, "HEAD": OPERATOR, "POST": OPERATOR},
     "console:release": {"GET": VIEWER, "HEAD": VIEWER},
@@ -37,6 +41,7 @@ BODIES: dict[tuple[str, str], dict[str, str]] = {
     ("console:groups", "POST"): {"name": "roles-group", "kind": "static"},
     ("console:group-pin", "POST"): {"version": ""},
     ("console:device-pin", "POST"): {"version": ""},
+    ("console:devices-bulk", "POST"): {"action": "unpin"},
     ("console:release-action", "POST"): {"reason": "roles"},
 }
 
@@ -133,6 +138,8 @@ def _pages(world) -> list[str]:  # noqa: F811
         "/models/",
         f"/models/{values['model_id']}/",
         f"/versions/{values['version_id']}/",
+        "/devices/",
+        f"/devices/{values['device_id']}/",
     ]
 
 
@@ -160,6 +167,19 @@ def test_an_operator_is_shown_the_actions_it_may_use(world, callers):  # noqa: F
     assert "New release" in dashboard and ">Pause</button>" in dashboard and ">Pin</button>" in dashboard
     assert ">Pin</button>" in groups and "Create group</button>" in groups
     assert ">Evaluate now</button>" in release and ">Pause</button>" in release
-    assert (
-        "Release this version</a>" in client.get(f"/versions/{world.values['version_id']}/").content.decode()
-    )
+    version = client.get(f"/versions/{world.values['version_id']}/").content.decode()
+    assert "Release this version</a>" in version
+    devices = client.get("/devices/").content.decode()
+    assert "Review…</button>" in devices and 'value="revoke"' not in devices  # revoking: admins
+    assert "Save pin</button>" in client.get(f"/devices/{world.values['device_id']}/").content.decode()
+
+
+def test_revoking_devices_in_bulk_is_an_admins(world, callers):  # noqa: F811
+    device_id = world.values["device_id"]
+    body = {"action": "revoke", "device": device_id, "confirmed": "yes"}
+    refused = callers["operator"][0].post("/devices/bulk/", body)
+    assert refused.status_code == 403 and "admin role or above" in refused.content.decode()
+    assert Device.objects.get(pk=device_id).revoked_at is None
+    assert 'value="revoke"' in callers["admin"][0].get("/devices/").content.decode()
+    done = callers["admin"][0].post("/devices/bulk/", body)
+    assert done.status_code == 302 and Device.objects.get(pk=device_id).revoked_at is not None
