@@ -42,14 +42,15 @@ def test_a_release_manager_filters_pages_pins_in_bulk_and_unpins_one(
     group = DeviceGroup.objects.create(organisation=org, name="bench", kind="static")
     one = devices[7]
     DeviceVersionChange.objects.create(device=one, from_version=None, to_version=ready_version)
-    TelemetryRecord.objects.create(
-        device=one,
-        seq=1,
-        kind="metrics",
-        timestamp=timezone.now(),
-        version_id=str(ready_version.pk),
-        payload={"inferences": 42, "errors": 1, "latency_ms_p50": 3.25, "latency_ms_p95": 7.5},
-    )
+    for seq, p95 in enumerate([9.0, 12.5, 7.5], start=1):
+        TelemetryRecord.objects.create(
+            device=one,
+            seq=seq,
+            kind="metrics",
+            timestamp=timezone.now(),
+            version_id=str(ready_version.pk),
+            payload={"inferences": 42, "errors": 1, "latency_ms_p50": 3.25, "latency_ms_p95": p95},
+        )
     page = offline_page
     login(page, live_server)
     page.get_by_role("navigation").get_by_role("link", name="Devices").click()
@@ -107,6 +108,10 @@ def test_a_release_manager_filters_pages_pins_in_bulk_and_unpins_one(
     telemetry = page.locator("#telemetry tbody tr").first
     expect(telemetry).to_contain_text("metrics")
     expect(telemetry).to_contain_text("3.25")
+    expect(telemetry).to_contain_text("7.50")  # newest first
+    latency = page.locator("figure.chart").filter(has_text="p95 latency")
+    expect(latency).to_contain_text("latest 7.50, peak 12.50 (last 3 metrics records)")
+    assert len(latency.locator("polyline").get_attribute("points").split()) == 3
     screenshot(page, "device")
     page.get_by_label("Pin to").select_option(str(ready_version.pk))
     page.get_by_role("button", name="Save pin").click()

@@ -25,6 +25,7 @@ from fleet.selectors import (
 from fleet.services import InvalidPin, device_group_update, device_pin, device_revoke
 from telemetry.selectors import device_recent_records
 
+from console.pages.charts import HEIGHT, WIDTH, line
 from console.views import Role, _can, _error_page, _organisation, _ready_versions, role_required
 from deploy.errors import PolicyError
 
@@ -37,6 +38,7 @@ BULK_ACTIONS = {
     "add-to-group": "Add to group",
     "revoke": "Revoke",
 }
+CHARTS = (("p95 latency (ms)", "latency_ms_p95"), ("inferences", "inferences"), ("errors", "errors"))
 FILTER_PARAMS = ("filter", "group", "version", "state", "seen")
 LAST_SEEN_NAMES = {
     "5m": "in the last 5 minutes",
@@ -182,14 +184,20 @@ def device_detail(request, device_id: str):
         device = device_get(organisation=org, device_id=device_id)
     except DomainError as exc:
         return _error_page(request, exc)
+    telemetry = device_recent_records(device=device, limit=60)
+    metrics = [r for r in reversed(telemetry) if r["kind"] == "metrics"]
+    charts = [line(name, [r[key] for r in metrics]) for name, key in CHARTS]
     context = {
         "organisation": org,
         "can": _can(request),
         "device": device,
+        "charts": [c for c in charts if c is not None],
         "state": device_state(device),
         "groups": device.groups.order_by("name"),
         "history": device_version_history(device=device),
-        "telemetry": device_recent_records(device=device),
+        "telemetry": telemetry[:20],
         "versions": _ready_versions(org),
+        "chart_box": f"0 0 {WIDTH} {HEIGHT}",
+        "chart_records": len(metrics),
     }
     return render(request, "console/pages/device.html", context)
