@@ -14,12 +14,13 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from ferry_cloud.errors import DomainError, NotFound
 from fleet.selectors import (
+    device_count,
     device_get,
     device_group_get,
     device_group_list,
     device_group_member_ids,
-    device_list,
     devices_per_version,
+    devices_recently_seen,
 )
 from fleet.services import device_group_create, device_group_update, device_pin
 from registry.models import ModelVersion
@@ -31,6 +32,7 @@ from telemetry.selectors import fleet_rates
 from console.forms import GroupForm, ReleaseForm, window_from
 
 Role = Membership.Role
+DASHBOARD_DEVICES = 20
 
 
 def role_required(**roles: str) -> Callable:
@@ -94,7 +96,9 @@ def dashboard(request):
         "versions": _ready_versions(org),
         "models": model_list(organisation=org),
         "releases": release_list(organisation=org),
-        "devices": device_list(organisation=org),
+        # a glance, not the fleet: the list with filters and pages is the Devices page
+        "devices": devices_recently_seen(organisation=org, limit=DASHBOARD_DEVICES),
+        "device_count": device_count(organisation=org),
         "spread": devices_per_version(organisation=org),
         "rates": fleet_rates(organisation=org),
     }

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from accounts.models import Organisation
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 from ferry_cloud.errors import NotFound
 
@@ -266,3 +266,13 @@ def device_version_history(*, device: Device, limit: int = 50) -> list[DeviceVer
     """The device's latest version changes, newest first."""
     changes = device.version_changes.select_related("from_version__model", "to_version__model")
     return list(changes.order_by("-at", "-id")[:limit])
+
+
+def devices_recently_seen(*, organisation: Organisation, limit: int = 20) -> list[Device]:
+    """The organisation's ``limit`` most recently seen devices (never seen ones last, by name)."""
+    devices = _with_versions(Device.objects.filter(organisation=organisation))
+    return list(devices.order_by(F("last_seen_at").desc(nulls_last=True), "name", "pk")[:limit])
+
+
+def device_count(*, organisation: Organisation) -> int:
+    return Device.objects.filter(organisation=organisation, revoked_at__isnull=True).count()
