@@ -158,9 +158,10 @@ def _cursor_decode(cursor: str) -> tuple[str, str] | None:
     """The (name, id) a cursor stands for, or None for anything that is not one (start over)."""
     try:
         name, pk = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return str(name), str(uuid.UUID(str(pk)))
+        name, pk = str(name), str(uuid.UUID(str(pk)))
     except (ValueError, TypeError):
         return None
+    return None if "\x00" in name else (name, pk)  # no device name holds a NUL (PostgreSQL refuses one)
 
 
 def _narrowed(organisation: Organisation, query: DeviceQuery, groups: dict) -> QuerySet[Device]:

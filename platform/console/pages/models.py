@@ -19,7 +19,7 @@ MODELS_PER_PAGE = 25
 @role_required(get=Role.VIEWER)
 def models_list(request):
     org = _organisation(request)
-    query = request.GET.get("q", "").strip()[:200]
+    query = request.GET.get("q", "").replace("\x00", "").strip()[:200]  # PostgreSQL refuses NULs
     page = Paginator(model_search(organisation=org, query=query), MODELS_PER_PAGE).get_page(
         request.GET.get("page")
     )
