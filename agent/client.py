@@ -28,10 +28,17 @@ class GatewayClient:
         return self._stub.Enrol(request, timeout=CALL_TIMEOUT_SECONDS)
 
     def check_in(
-        self, attributes: agent_pb2.DeviceAttributes, version_id: str, package_digest: str
+        self,
+        attributes: agent_pb2.DeviceAttributes,
+        version_id: str,
+        package_digest: str,
+        update: agent_pb2.UpdateStatus | None = None,
     ) -> agent_pb2.CheckInResponse:
         request = agent_pb2.CheckInRequest(
-            attributes=attributes, running_version_id=version_id, running_package_digest=package_digest
+            attributes=attributes,
+            running_version_id=version_id,
+            running_package_digest=package_digest,
+            update=update,
         )
         return self._stub.CheckIn(request, timeout=CALL_TIMEOUT_SECONDS, metadata=self._metadata())
 

@@ -30,6 +30,7 @@ from agent.metrics import ProcessMeter
 from agent.metrics_export import MetricsExporter
 from agent.outbox import Outbox
 from agent.retry import Backoff
+from agent.update_status import StatusBook, outcome_from_report, update_status
 from deploy.proto import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class Agent:
         self.lifecycle: Lifecycle | None = None
         self.activations = {"ok": 0, "failed": 0}
         self.hints_received = 0
+        self.status_book = StatusBook(config.state_dir)
 
     # --- identity -------------------------------------------------------------------
     @property
@@ -260,16 +262,35 @@ class Agent:
     def check_in(self) -> None:
         running = read_json(self.state_file, {}) or {}
         reply = self.client.check_in(
-            self.attributes(), self.inference.version, running.get("package_digest", "")
+            self.attributes(),
+            self.inference.version,
+            running.get("package_digest", ""),
+            update=self.update_status(),
         )
         self.interval = float(reply.checkin_interval_seconds or self.interval)
         if reply.HasField("desired"):
             self.lifecycle.offer(offer_from(reply.desired))
         self.lifecycle.advance()
 
+    def update_status(self) -> agent_pb2.UpdateStatus:
+        """Where the update stands for the control plane: in progress, or how the last one ended."""
+        update = self.lifecycle.update
+        return update_status(
+            lifecycle_state=update.state,
+            offer=update.current_offer,
+            counter=update.counter,
+            entered_at=update.entered_at,
+            running_version=self.inference.version,
+            latest=self.status_book.latest(),
+        )
+
     # --- telemetry ----------------------------------------------------------------------
     def _report_activation(self, kind: str, payload: dict[str, Any], version_id: str) -> None:
         self.activations["ok" if payload.get("ok") else "failed"] += 1
+        update = self.lifecycle.update  # still on the offer: the lifecycle reports before it moves on
+        outcome = outcome_from_report(payload, update.current_offer, update.counter)
+        if outcome is not None:
+            self.status_book.record(outcome)
         self.outbox.append(kind, payload, version_id)
 
     def record_metrics(self) -> None:

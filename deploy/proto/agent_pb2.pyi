@@ -48,14 +48,34 @@ class EnrolResponse(_message.Message):
     def __init__(self, device_id: _Optional[str] = ..., credential: _Optional[str] = ..., release_public_key: _Optional[bytes] = ..., checkin_interval_seconds: _Optional[int] = ...) -> None: ...
 
 class CheckInRequest(_message.Message):
-    __slots__ = ("attributes", "running_version_id", "running_package_digest")
+    __slots__ = ("attributes", "running_version_id", "running_package_digest", "update")
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_VERSION_ID_FIELD_NUMBER: _ClassVar[int]
     RUNNING_PACKAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
     attributes: DeviceAttributes
     running_version_id: str
     running_package_digest: str
-    def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ...) -> None: ...
+    update: UpdateStatus
+    def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ..., update: _Optional[_Union[UpdateStatus, _Mapping]] = ...) -> None: ...
+
+class UpdateStatus(_message.Message):
+    __slots__ = ("state", "version_id", "release_id", "assignment_counter", "reason_code", "message", "at")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    REASON_CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    version_id: str
+    release_id: str
+    assignment_counter: int
+    reason_code: str
+    message: str
+    at: float
+    def __init__(self, state: _Optional[str] = ..., version_id: _Optional[str] = ..., release_id: _Optional[str] = ..., assignment_counter: _Optional[int] = ..., reason_code: _Optional[str] = ..., message: _Optional[str] = ..., at: _Optional[float] = ...) -> None: ...
 
 class PackageOffer(_message.Message):
     __slots__ = ("release_id", "version_id", "version_label", "model_name", "package_digest", "package_size", "download_only", "rollback", "window")

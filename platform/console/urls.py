@@ -20,6 +20,7 @@ urlpatterns = [
     path("devices/<str:device_id>/", device_pages.device_detail, name="device"),
     path("devices/<str:device_id>/pin/", views.device_pin_view, name="device-pin"),
     path("releases/new/", views.release_new, name="release-new"),
+    path("releases/new/preview/", views.release_preview, name="release-preview"),
     path("releases/<str:release_id>/", views.release_detail, name="release"),
     path("releases/<str:release_id>/gate/", views.release_gate, name="release-gate"),
     path("releases/<str:release_id>/<str:action>/", views.release_action, name="release-action"),

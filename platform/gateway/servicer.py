@@ -19,6 +19,7 @@ from fleet.models import Device
 from fleet.services import device_authenticate, device_enrol, device_record_check_in
 from registry import storage
 from registry.models import Artifact
+from releases.device_status import device_status_record, update_report_from
 from releases.selectors import desired_package_for
 from telemetry.services import IncomingRecord, telemetry_ingest
 
@@ -48,6 +49,23 @@ def _device(context: grpc.ServicerContext) -> Device:
     return device_authenticate(credential=credential)  # refusals: gateway.errors' interceptor
 
 
+def _update_report(request: agent_pb2.CheckInRequest):
+    """The check-in's UpdateStatus, validated (InvalidUpdateStatus -> INVALID_ARGUMENT naming the
+    field); None from an agent that sends none."""
+    if not request.HasField("update"):
+        return None
+    u = request.update
+    return update_report_from(
+        state=u.state,
+        version_id=u.version_id,
+        release_id=u.release_id,
+        assignment_counter=u.assignment_counter,
+        reason_code=u.reason_code,
+        message=u.message,
+        at=u.at,
+    )
+
+
 class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
     def __init__(self, hub: HintHub | None = None) -> None:
         self.hub = hub or HintHub.from_settings()
@@ -67,10 +85,13 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
     def CheckIn(self, request, context):
         close_old_connections()
         device = _device(context)
+        report = _update_report(request)  # checked before anything is stored
         attributes, _ = _attributes(request.attributes)
         device = device_record_check_in(
             device=device, attributes=attributes, running_version_id=request.running_version_id
         )
+        if report is not None:
+            device_status_record(device=device, report=report)
         response = agent_pb2.CheckInResponse(checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS)
         desired = desired_package_for(device)
         if desired is not None:

@@ -32,6 +32,7 @@ DECLARED: dict[str, dict[str, str]] = {
     "console:device": {"GET": VIEWER, "HEAD": VIEWER},
     "console:device-pin": {"POST": OPERATOR},
     "console:release-new": {"GET": OPERATOR, "HEAD": OPERATOR, "POST": OPERATOR},
+    "console:release-preview": {"GET": OPERATOR, "HEAD": OPERATOR},
     "console:release": {"GET": VIEWER, "HEAD": VIEWER},
     "console:release-gate": {"POST": OPERATOR},
     "console:release-action": {"POST": OPERATOR},
