@@ -14,12 +14,13 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from ferry_cloud.errors import DomainError, NotFound
 from fleet.selectors import (
+    device_count,
     device_get,
     device_group_get,
     device_group_list,
     device_group_member_ids,
-    device_list,
     devices_per_version,
+    devices_recently_seen,
 )
 from fleet.services import device_group_create, device_group_update, device_pin
 from registry.models import ModelVersion
@@ -38,6 +39,7 @@ from telemetry.selectors import fleet_rates
 from console.forms import GroupForm, ReleaseForm, TargetPreviewForm, window_from
 
 Role = Membership.Role
+DASHBOARD_DEVICES = 20
 
 
 def role_required(**roles: str) -> Callable:
@@ -101,7 +103,9 @@ def dashboard(request):
         "versions": _ready_versions(org),
         "models": model_list(organisation=org),
         "releases": release_list(organisation=org),
-        "devices": device_list(organisation=org),
+        # a glance, not the fleet: the list with filters and pages is the Devices page
+        "devices": devices_recently_seen(organisation=org, limit=DASHBOARD_DEVICES),
+        "device_count": device_count(organisation=org),
         "spread": devices_per_version(organisation=org),
         "rates": fleet_rates(organisation=org),
     }
@@ -301,4 +305,6 @@ def device_pin_view(request, device_id: str):
         messages.success(request, f"Device {device.name}: pin saved.")
     except DomainError as exc:
         messages.error(request, str(exc))
+    if request.POST.get("next") == "device":
+        return redirect("console:device", device_id=device.pk)
     return redirect("console:dashboard")

@@ -99,6 +99,14 @@ def release_list(*, organisation: Organisation) -> QuerySet[Release]:
     )
 
 
+def releases_by_version(*, version_ids: list) -> dict[str, list[Release]]:
+    """{version id: the releases that shipped it, newest first} for many versions in one query."""
+    shipped: dict[str, list[Release]] = {str(v): [] for v in version_ids}
+    for release in Release.objects.filter(version_id__in=version_ids).order_by("-created_at"):
+        shipped[str(release.version_id)].append(release)
+    return shipped
+
+
 def release_get(*, organisation: Organisation, release_id) -> Release:
     try:
         return release_list(organisation=organisation).get(pk=release_id)

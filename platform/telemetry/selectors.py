@@ -133,3 +133,31 @@ def first_report_at(
         device_id__in=device_ids, version_id=version_id, kind="metrics", received_at__gte=since
     ).aggregate(first=Min("received_at"))["first"]
     return first
+
+
+def device_recent_records(*, device, limit: int = 20) -> list[dict]:
+    """The device's latest records, newest first, with the figures a person reads off them
+    (a figure that is not a number shows as absent)."""
+    records = TelemetryRecord.objects.filter(device=device).order_by("-seq")[:limit]
+    rows = []
+    for record in records:
+        payload = record.payload if isinstance(record.payload, dict) else {}
+        rows.append(
+            {
+                "seq": record.seq,
+                "kind": record.kind,
+                "timestamp": record.timestamp,
+                "version_id": record.version_id,
+                "inferences": _number(payload.get("inferences")),
+                "errors": _number(payload.get("errors")),
+                "latency_ms_p50": _number(payload.get("latency_ms_p50")),
+                "latency_ms_p95": _number(payload.get("latency_ms_p95")),
+                "detail": _detail(payload),
+            }
+        )
+    return rows
+
+
+def _detail(payload: dict) -> str:
+    """What a non-metrics record says in words (an activation's or a refusal's reason)."""
+    return str(payload.get("reason") or payload.get("message") or payload.get("event") or "")[:200]
