@@ -1,0 +1,135 @@
+"""Decode's GEMVs as JIT kernels (numba): int8 per-channel and int4 block-wise weights read as
+stored, one row dot product at a time, never widened as a whole (the numpy twins in gemv.py
+widen a tile to float32 first, a write and a read of four bytes per weight).
+
+int4: with the re-laid nibbles (gemv.py), a block's low nibbles meet x[0:B/2] and its high
+ones x[B/2:B], both contiguous, so the inner loops vectorise (byte -> int32 -> float32).  The
+stored nibble is q + 8; the 8 is taken out once per block with the block's sum of x
+(precomputed once per call) instead of once per weight.  ``fastmath`` lets the row sums
+reassociate (that is what vectorises a float reduction); results differ from the numpy kernel
+by float32 rounding of the sums only (tests/engine/llm/test_gemv.py bounds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numba import prange, types
+
+from engine import jit
+
+_F32, _I64 = types.float32, types.int64
+_X = jit.array(_F32, 1, "C", readonly=True)
+_OUT = jit.array(_F32, 1, "C")
+_INT4 = types.void(
+    _X,
+    jit.array(types.uint8, 2, "C", readonly=True),
+    jit.array(_F32, 2, "C", readonly=True),
+    _I64,
+    _OUT,
+)
+_INT8 = types.void(
+    _X, jit.array(types.int8, 2, "C", readonly=True), jit.array(_F32, 1, "C", readonly=True), _OUT
+)
+_FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"}
+
+
+@jit.njit([types.void(*_INT4.args, jit.array(_F32, 1, "C", readonly=True), _I64)], fastmath=_FAST)
+def _int4_row(x, packed, scale, block, out, xsum, n):  # noqa: ANN001, ANN202
+    half = block // 2
+    acc = np.float32(0.0)
+    for b in range(scale.shape[1]):
+        base = b * half
+        xb = b * block
+        s = np.float32(0.0)
+        for j in range(half):
+            byte = packed[n, base + j]
+            s += np.float32(byte & 15) * x[xb + j] + np.float32(byte >> 4) * x[xb + half + j]
+        acc += (s - np.float32(8.0) * xsum[b]) * scale[n, b]
+    out[n] = acc
+
+
+@jit.njit([types.void(_X, _I64, jit.array(_F32, 1, "C"))])
+def _block_sums(x, block, xsum):  # noqa: ANN001, ANN202
+    for b in range(xsum.shape[0]):
+        s = np.float32(0.0)
+        for j in range(block):
+            s += x[b * block + j]
+        xsum[b] = s
+
+
+@jit.njit([_INT4])
+def _int4_serial(x, packed, scale, block, out):  # noqa: ANN001, ANN202
+    xsum = np.empty(scale.shape[1], np.float32)
+    _block_sums(x, block, xsum)
+    for n in range(packed.shape[0]):
+        _int4_row(x, packed, scale, block, out, xsum, n)
+
+
+@jit.njit([_INT4], parallel=True)
+def _int4_parallel(x, packed, scale, block, out):  # noqa: ANN001, ANN202
+    xsum = np.empty(scale.shape[1], np.float32)
+    _block_sums(x, block, xsum)
+    for n in prange(packed.shape[0]):
+        _int4_row(x, packed, scale, block, out, xsum, n)
+
+
+@jit.njit([types.void(*_INT8.args, _I64)], fastmath=_FAST)
+def _int8_row(x, q, scale, out, n):  # noqa: ANN001, ANN202
+    s = np.float32(0.0)
+    for k in range(q.shape[1]):
+        s += np.float32(q[n, k]) * x[k]
+    out[n] = s * scale[n]
+
+
+@jit.njit([_INT8])
+def _int8_serial(x, q, scale, out):  # noqa: ANN001, ANN202
+    for n in range(q.shape[0]):
+        _int8_row(x, q, scale, out, n)
+
+
+@jit.njit([_INT8], parallel=True)
+def _int8_parallel(x, q, scale, out):  # noqa: ANN001, ANN202
+    for n in prange(q.shape[0]):
+        _int8_row(x, q, scale, out, n)
+
+
+def gemv_int4_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block -> [N]."""
+    x, packed, scale = inputs
+    out = np.empty(packed.shape[0], np.float32)
+    jit.run(
+        _int4_serial,
+        _int4_parallel,
+        np.ascontiguousarray(x, np.float32),
+        packed,
+        scale,
+        int(attrs["block"]),
+        out,
+    )
+    return [out]
+
+
+def gemv_int8_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """inputs: x [K] float32, q [N, K] int8, scale [N] float32 -> [N]."""
+    x, q, scale = inputs
+    out = np.empty(q.shape[0], np.float32)
+    jit.run(_int8_serial, _int8_parallel, np.ascontiguousarray(x, np.float32), q, scale, out)
+    return [out]
+
+
+gemv_int4_jit.jit = True  # type: ignore[attr-defined]
+gemv_int8_jit.jit = True  # type: ignore[attr-defined]
+
+
+def _int4(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Any]:
+    return [gemv_int4_jit]
+
+
+def _int8(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Any]:
+    return [gemv_int8_jit]
+
+
+CANDIDATES = {"LlmGemvInt4": _int4, "LlmGemvInt8": _int8}
