@@ -10,6 +10,7 @@ import pytest
 from engine.llm.checkpoint import load_checkpoint
 from engine.llm.errors import ContextLimitError
 from engine.llm.model import LlmModel, weights_from_checkpoint
+from engine.llm.weights import make_matrix
 from tests.engine.llm.checkpoints import reference_logits, write_checkpoint
 
 PROMPT = [5, 17, 42, 3, 99, 7, 250, 12, 64]
@@ -81,3 +82,29 @@ def test_a_truncated_cache_reuses_its_prefix(tmp_path: Path) -> None:
     reused = model.forward(PROMPT[5:], cache)
     fresh = model.forward(PROMPT, model.new_cache())
     np.testing.assert_allclose(reused, fresh, atol=1e-5)
+
+
+@pytest.mark.parametrize(("precision", "block"), [("int8", 32), ("int4", 32), ("int4", 64), ("fp16", 32)])
+def test_quantized_prefill_and_decode_equal_the_float_forward_of_their_dequantized_weights(
+    tmp_path: Path, precision: str, block: int
+) -> None:
+    """The GEMV kernels (JIT when numba is on) and the tiled GEMMs compute exactly the stored
+    weights' product: only quantization itself changes the logits."""
+    write_checkpoint(tmp_path, "llama")
+    checkpoint = load_checkpoint(tmp_path)
+    weights = weights_from_checkpoint(checkpoint, precision, block)
+    quantized = LlmModel(checkpoint.config, weights)
+    assert weights.layers[0].gate_up.kind == precision and weights.embed.kind == precision
+    dense = weights_from_checkpoint(checkpoint, precision, block)
+    for layer in dense.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            setattr(layer, name, make_matrix(getattr(layer, name).dense(), "fp32"))
+    dense.embed = make_matrix(weights.embed.dense(), "fp32")
+    dense.lm_head = make_matrix(weights.lm_head.dense(), "fp32")
+    floating = LlmModel(checkpoint.config, dense)
+    a, b = quantized.new_cache(), floating.new_cache()
+    np.testing.assert_allclose(quantized.forward(PROMPT, a), floating.forward(PROMPT, b), atol=1e-4, rtol=0)
+    for token in (7, 19, 200, 3):
+        np.testing.assert_allclose(
+            quantized.forward([token], a), floating.forward([token], b), atol=1e-4, rtol=0
+        )
