@@ -30,6 +30,7 @@ WEIGHTS = "weights.bin"
 GENERATION = "generation.json"
 ALIGN = 64
 KIND = "llm"
+ALLOWED_DTYPES = ("<f4", "<f2", "|i1", "|u1")
 
 
 def _matrices(weights: LlmWeights) -> Iterator[tuple[str, Matrix]]:
@@ -92,43 +93,96 @@ def load_weights(directory: str | Path) -> tuple[LlmConfig, LlmWeights, dict[str
         data = np.memmap(directory / WEIGHTS, dtype=np.uint8, mode="r")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{directory}: not a readable Ferry LLM package ({exc})") from exc
+    if not isinstance(index.get("tensors"), dict) or not isinstance(index.get("matrices"), dict):
+        raise CheckpointError(f"{directory / INDEX}: needs 'tensors' and 'matrices' objects")
 
     def tensor(name: str) -> np.ndarray:
         entry = index["tensors"].get(name)
         if entry is None:
             raise CheckpointError(f"{directory / INDEX}: tensor {name!r} is not listed")
-        dtype = np.dtype(entry["dtype"])
-        count = int(np.prod(entry["shape"], dtype=np.int64))
-        end = entry["offset"] + count * dtype.itemsize
+        try:
+            dtype, shape, offset = (
+                np.dtype(entry["dtype"]),
+                [int(d) for d in entry["shape"]],
+                int(entry["offset"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(
+                f"{directory / INDEX}: tensor {name!r} has a malformed entry ({exc})"
+            ) from exc
+        count = int(np.prod(shape, dtype=np.int64))
+        if (
+            offset < 0
+            or offset % dtype.itemsize
+            or min(shape, default=0) < 0
+            or dtype.str not in ALLOWED_DTYPES
+        ):
+            raise CheckpointError(f"{directory / INDEX}: tensor {name!r} has a bad offset, shape or dtype")
+        end = offset + count * dtype.itemsize
         if end > data.size:
             raise CheckpointError(f"{directory / WEIGHTS}: tensor {name!r} runs past the end (truncated?)")
-        return data[entry["offset"] : end].view(dtype).reshape(entry["shape"])
+        return data[offset:end].view(dtype).reshape(shape)
+
+    shapes = matrix_shapes(config)
 
     def matrix(name: str) -> Matrix:
-        spec = index["matrices"][name]
-        parts = ("w",) if spec["kind"] in ("fp32", "fp16") else ("q", "scale")
+        spec = index["matrices"].get(name)
+        if not isinstance(spec, dict) or name not in shapes:
+            raise CheckpointError(f"{directory / INDEX}: matrix {name!r} is missing or unexpected")
+        parts = ("w",) if spec.get("kind") in ("fp32", "fp16") else ("q", "scale")
         arrays = {p: tensor(f"{name}.{p}") for p in parts}
-        return Matrix(spec["kind"], tuple(spec["shape"]), arrays, block=spec["block"])
+        found = Matrix(spec.get("kind"), tuple(spec.get("shape", ())), arrays, block=spec.get("block", 0))
+        try:
+            found.check(name, shapes[name])
+        except ValueError as exc:
+            raise CheckpointError(f"{directory / INDEX}: {exc}") from exc
+        return found
 
-    def optional(name: str) -> np.ndarray | None:
-        return tensor(name) if name in index["tensors"] else None
+    def vector(name: str, size: int, required: bool = True) -> np.ndarray | None:
+        if not required:
+            return None
+        found = tensor(name)
+        if found.shape != (size,) or found.dtype != np.float32:
+            raise CheckpointError(
+                f"{directory / INDEX}: {name} is {found.dtype}{list(found.shape)}, wants float32[{size}]"
+            )
+        return found
+
+    h, qkv_rows = config.hidden_size, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
 
     embed = matrix("embed")
     layers = [
         Layer(
-            input_norm=tensor(f"layers.{i}.input_norm"),
-            post_norm=tensor(f"layers.{i}.post_norm"),
+            input_norm=vector(f"layers.{i}.input_norm", h),
+            post_norm=vector(f"layers.{i}.post_norm", h),
             qkv=matrix(f"layers.{i}.qkv"),
-            qkv_bias=optional(f"layers.{i}.qkv_bias"),
+            qkv_bias=vector(f"layers.{i}.qkv_bias", qkv_rows, config.qkv_bias),
             o=matrix(f"layers.{i}.o"),
-            o_bias=optional(f"layers.{i}.o_bias"),
+            o_bias=vector(f"layers.{i}.o_bias", h, config.o_bias),
             gate_up=matrix(f"layers.{i}.gate_up"),
             down=matrix(f"layers.{i}.down"),
         )
         for i in range(config.num_layers)
     ]
-    head = matrix("lm_head") if "lm_head" in index["matrices"] else embed
-    return config, LlmWeights(embed=embed, lm_head=head, norm=tensor("norm"), layers=layers), index
+    head = embed if config.tie_word_embeddings else matrix("lm_head")
+    return config, LlmWeights(embed=embed, lm_head=head, norm=vector("norm", h), layers=layers), index
+
+
+def matrix_shapes(config: LlmConfig) -> dict[str, tuple[int, int]]:
+    """Every matrix a package of this config holds, by name, as [N, K]."""
+    h, inter = config.hidden_size, config.intermediate_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    shapes = {"embed": (config.vocab_size, h)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head"] = (config.vocab_size, h)
+    for i in range(config.num_layers):
+        shapes |= {
+            f"layers.{i}.qkv": (q + 2 * kv, h),
+            f"layers.{i}.o": (h, q),
+            f"layers.{i}.gate_up": (2 * inter, h),
+            f"layers.{i}.down": (h, inter),
+        }
+    return shapes
 
 
 def load_model(directory: str | Path) -> LlmModel:

@@ -49,6 +49,31 @@ class Matrix:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
+    def check(self, name: str, shape: tuple[int, int]) -> None:
+        """Refuse stored arrays that do not make the [N, K] matrix ``shape`` at this kind: the JIT
+        kernels index without bounds checks, so a malformed package must stop here."""
+        n, k = shape
+        wanted: dict[str, tuple[tuple[int, ...], str]]
+        if self.kind in ("fp32", "fp16"):
+            wanted = {"w": ((n, k), "<f4" if self.kind == "fp32" else "<f2")}
+        elif self.kind == "int8":
+            wanted = {"q": ((n, k), "|i1"), "scale": ((n,), "<f4")}
+        elif self.kind == "int4" and self.block in gemv.BLOCKS and k % self.block == 0:
+            wanted = {"q": ((n, k // 2), "|u1"), "scale": ((n, k // self.block), "<f4")}
+        else:
+            raise ValueError(
+                f"matrix {name}: kind {self.kind!r} with block {self.block} cannot hold {list(shape)}"
+            )
+        if tuple(self.shape) != shape or set(self.arrays) != set(wanted):
+            raise ValueError(
+                f"matrix {name}: holds {sorted(self.arrays)} as {list(self.shape)}, wants {list(shape)}"
+            )
+        for part, (part_shape, dtype) in wanted.items():
+            array = self.arrays[part]
+            if array.shape != part_shape or array.dtype.str != dtype:
+                found = f"{array.dtype.str}{list(array.shape)}"
+                raise ValueError(f"matrix {name}.{part}: {found}, wants {dtype}{list(part_shape)}")
+
     def gemv(self, x: np.ndarray) -> np.ndarray:
         """W @ x for one float32 row x [K] -> [N]."""
         if self.kind in ("fp32", "fp16"):

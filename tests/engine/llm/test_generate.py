@@ -3,13 +3,15 @@ never stream, a seed reproduces, a package round-trips the weights."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from engine.llm.checkpoint import load_checkpoint
-from engine.llm.errors import ContextLimitError, TokenizerError
+from engine.llm.errors import CheckpointError, ContextLimitError, TokenizerError
 from engine.llm.generate import generate
 from engine.llm.model import LlmModel, weights_from_checkpoint
 from engine.llm.package import load_model, serialize
@@ -114,3 +116,37 @@ def test_a_package_maps_the_same_weights(llm: tuple, tmp_path: Path, precision: 
     prompt = [3, 4, 5, 6]
     expected = LlmModel(checkpoint.config, weights).forward(prompt, model.new_cache())
     np.testing.assert_array_equal(loaded.forward(prompt, loaded.new_cache()), expected)
+
+
+def _package(llm: tuple, directory: Path) -> dict:
+    checkpoint = load_checkpoint(llm[2])
+    index, data = serialize(checkpoint.config, weights_from_checkpoint(checkpoint, "int4", 32), "int4", 32)
+    (directory / "weights.bin").write_bytes(data)
+    return json.loads(index)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda i: i["matrices"]["layers.1.down"].update(shape=[64, 48]), "layers.1.down: holds .* wants"),
+        (lambda i: i["matrices"]["layers.0.qkv"].update(block=16), "layers.0.qkv: kind 'int4' with block 16"),
+        (
+            lambda i: i["tensors"]["layers.0.o.scale"].update(shape=[64, 1]),
+            r"layers.0.o.scale: <f4\[64, 1\], wants",
+        ),
+        (lambda i: i["tensors"]["layers.0.o.q"].update(dtype="<f8"), "bad offset, shape or dtype"),
+        (lambda i: i["tensors"]["norm"].update(offset=10**9), "'norm' runs past the end"),
+        (lambda i: i["tensors"]["norm"].update(offset=3), "bad offset"),
+        (lambda i: i["matrices"].pop("embed"), "matrix 'embed' is missing"),
+        (lambda i: i["tensors"].pop("layers.1.qkv_bias"), "'layers.1.qkv_bias' is not listed"),
+        (lambda i: i["config"].update(hidden_size=32), "wants"),
+    ],
+)
+def test_a_malformed_package_index_is_refused_before_any_kernel_runs(
+    llm: tuple, tmp_path: Path, change: Any, message: str
+) -> None:
+    index = _package(llm, tmp_path)
+    change(index)
+    (tmp_path / "llm.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=message):
+        load_model(tmp_path)
