@@ -122,13 +122,32 @@ def child(package: Path, threads: int, prefill: int, decode: int) -> dict:
         for _ in range(decode):
             token = int(np.argmax(model.forward([token], cache)))
         decode_s = time.perf_counter() - start
+        gemv_s = _gemv_seconds(model)
     return {
+        "gemv_ms": gemv_s * 1e3,
+        "other_ms": max(decode_s / decode - gemv_s, 0.0) * 1e3,
         "prefill_tps": prefill / prefill_s,
         "decode_tps": decode / decode_s,
         "rss_mb": _peak_rss_mb(),
         "load_s": load,
         "tier": "jit" if jit.enabled() else "numpy",
     }
+
+
+def _gemv_seconds(model: object) -> float:
+    """One token's GEMVs alone (every matrix once, the LM head included), best of three: the
+    rest of a decode step's time is attention, norms, RoPE and Python."""
+    weights = model.weights  # type: ignore[attr-defined]
+    matrices = [m for layer in weights.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    matrices.append(weights.lm_head)
+    inputs = [np.ones(m.shape[1], np.float32) for m in matrices]
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for matrix, x in zip(matrices, inputs, strict=True):
+            matrix.gemv(x)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def bandwidth(threads: int, megabytes: int = 256) -> float:
@@ -207,13 +226,13 @@ def main() -> None:
     print(f"SmolLM2-135M shapes, random weights; prefill {args.prefill} tokens, decode {args.decode}")
     print("read bandwidth: " + ", ".join(f"{t} thread(s) {gbs:.1f} GB/s" for t, gbs in ceilings.items()))
     header = f"{'runtime':<12}{'weights':<9}{'threads':>8}{'prefill tok/s':>15}{'decode tok/s':>14}"
-    header += f"{'ceiling tok/s':>15}{'peak RSS MB':>13}{'file MB':>9}"
+    header += f"{'ceiling tok/s':>15}{'peak RSS MB':>13}{'file MB':>9}{'GEMV ms/tok':>13}{'other ms/tok':>14}"
     print(header)
     for precision, t, r, size, ceiling in rows:
         runtime = f"ferry-{r['tier']}"
         print(
             f"{runtime:<12}{precision:<9}{t:>8}{r['prefill_tps']:>15.1f}{r['decode_tps']:>14.1f}"
-            f"{ceiling:>15.1f}{r['rss_mb']:>13.0f}{size:>9.1f}"
+            f"{ceiling:>15.1f}{r['rss_mb']:>13.0f}{size:>9.1f}{r['gemv_ms']:>13.1f}{r['other_ms']:>14.1f}"
         )
     print("llama.cpp (q8_0/q4_0 via llama-cpp-python): not built this session (see the module docstring)")
 
