@@ -159,3 +159,24 @@ def test_unsupported_rope_scaling_is_refused_naming_the_field(checkpoint: tuple,
         json.dumps({**config, "rope_scaling": {"type": "yarn", "factor": 4.0}})
     )
     _assert_refused(broken, tmp_path, "rope_scaling.rope_type='yarn' is not supported")
+
+
+def test_a_float16_checkpoint_converts_at_fp32_matching_the_reference(
+    checkpoint: tuple, tmp_path: Path
+) -> None:
+    """Published checkpoints store 16-bit floats: read as stored, widened exactly."""
+    directory, config, tensors = checkpoint
+    half = _copy(directory, tmp_path / "half")
+    for shard in half.glob("*.safetensors"):
+        shard.unlink()
+    write_safetensors(half / "model.safetensors", tensors, dtype="F16")
+    convert_llm(half, tmp_path / "h.ferry", weights="fp32")
+    model = load_model(_unpack(tmp_path / "h.ferry", tmp_path / "unpacked"))
+    rounded = {k: v.astype(np.float16).astype(np.float32) for k, v in tensors.items()}
+    prompt = [1, 50, 99, 7, 140, 3]
+    np.testing.assert_allclose(
+        model.forward(prompt, model.new_cache(), all_logits=True),
+        reference_logits(config, rounded, prompt),
+        atol=1e-4,
+        rtol=0,
+    )
