@@ -8,7 +8,16 @@ stored nibble is q + 8; the 8 is taken out once per block with the block's sum o
 (precomputed once per call) instead of once per weight.  The nibbles are split in float32
 (floor(b / 16), b - 16 * that): exact for 0..255, and twice the lanes of numba's int64 integer
 ops (measured on the 49152 x 576 LM head: 72 ms with 2-D indexing and integer nibbles, 4-7 ms
-like this, on a loaded 2-core machine; four rows at a time was slower).  ``fastmath`` lets the row sums
+like this, on a loaded 2-core machine; four rows at a time was slower).
+
+Where it stands (SmolLM2-135M's 49152 x 576 LM head, 1 thread, best of 15 on a loaded
+machine): int8 2.1 ms = 13.7 GB/s, the read bandwidth, so int8 decode is memory-bound; int4
+3.0 ms = 6 GB/s, compute-bound on the nibble split and the per-block horizontal sums, so int4
+decode is not yet faster than int8.  Tried and slower: 16 rows interleaved per vector
+([N/16, K/2, 16], 15 ms), per-element scales gathered by index (15 ms), a vector accumulator
+across blocks (6 ms), literal trip counts (22 ms).  The next step is integer dot products on
+int8-quantized activations (llama.cpp's q8 x q4), which numba's int64 promotion gets in the way
+of: a kernel outside numba's typing, or a different split.  ``fastmath`` lets the row sums
 reassociate (that is what vectorises a float reduction); results differ from the numpy kernel
 by float32 rounding of the sums only (tests/engine/llm/test_gemv.py bounds it).
 """
