@@ -6,13 +6,15 @@ int4: with the re-laid nibbles (gemv.py), a block's low nibbles meet x[0:B/2] an
 ones x[B/2:B], both contiguous, so the inner loops vectorise (byte -> int32 -> float32).  The
 stored nibble is q + 8; the 8 is taken out once per block with the block's sum of x
 (precomputed once per call) instead of once per weight.  The nibbles are split in float32
-(floor(b / 16), b - 16 * that): exact for 0..255, and twice the lanes of numba's int64 integer
-ops (measured on the 49152 x 576 LM head: 72 ms with 2-D indexing and integer nibbles, 4-7 ms
-like this, on a loaded 2-core machine; four rows at a time was slower).
+(floor(b / 16) is exact for 0..255), with twice the lanes of numba's int64 integer ops, and
+the low nibble is never formed: v * xl + floor(v / 16) * (xh - 16 xl), the second factor
+precomputed per call (measured on the 49152 x 576 LM head: 72 ms with 2-D indexing and
+integer nibbles, 2.9 ms splitting both nibbles in float, 2.4 ms like this; four rows at a time
+was slower).
 
 Where it stands (SmolLM2-135M's 49152 x 576 LM head, 1 thread, best of 15 on a loaded
 machine): int8 2.1 ms = 13.7 GB/s, the read bandwidth, so int8 decode is memory-bound; int4
-3.0 ms = 6 GB/s, compute-bound on the nibble split and the per-block horizontal sums, so int4
+2.4 ms = 7 GB/s, compute-bound on the nibble split and the per-block horizontal sums, so int4
 decode is not yet faster than int8.  Tried and slower: 16 rows interleaved per vector
 ([N/16, K/2, 16], 15 ms), per-element scales gathered by index (15 ms), a vector accumulator
 across blocks (6 ms), literal trip counts (22 ms).  The next step is integer dot products on
@@ -48,13 +50,18 @@ _INT8 = types.void(
 _FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"}
 
 
-@jit.njit([types.void(_X, _I64, jit.array(_F32, 1, "C"))])
-def _block_sums(x, block, xsum):  # noqa: ANN001, ANN202
+@jit.njit([types.void(_X, _I64, jit.array(_F32, 1, "C"), jit.array(_F32, 1, "C"), jit.array(_F32, 1, "C"))])
+def _prepare(x, block, low_x, mixed_x, xsum):  # noqa: ANN001, ANN202
+    """Per call: x's low halves per block, xh - 16 xl beside them, and each block's sum of x."""
+    half = block // 2
     for b in range(xsum.shape[0]):
-        s = np.float32(0.0)
-        for j in range(block):
-            s += x[b * block + j]
-        xsum[b] = s
+        total = np.float32(0.0)
+        for j in range(half):
+            low, high = x[b * block + j], x[b * block + half + j]
+            low_x[b * half + j] = low
+            mixed_x[b * half + j] = high - np.float32(16.0) * low
+            total += low + high
+        xsum[b] = total
 
 
 # The serial and parallel kernels repeat their loops: a helper per row, called or inlined,
@@ -62,21 +69,24 @@ def _block_sums(x, block, xsum):  # noqa: ANN001, ANN202
 @jit.njit([_INT4], fastmath=_FAST)
 def _int4_serial(x, packed, scale, block, out):  # noqa: ANN001, ANN202
     half = block // 2
-    xsum = np.empty(scale.shape[1], np.float32)
-    _block_sums(x, block, xsum)
+    blocks = scale.shape[1]
+    low_x = np.empty(blocks * half, np.float32)
+    mixed_x = np.empty(blocks * half, np.float32)
+    xsum = np.empty(blocks, np.float32)
+    _prepare(x, block, low_x, mixed_x, xsum)
     for n in range(packed.shape[0]):
         row = packed[n]
         acc = np.float32(0.0)
-        for b in range(scale.shape[1]):
+        for b in range(blocks):
             bytes_ = row[b * half : (b + 1) * half]
-            low_x = x[b * block : b * block + half]
-            high_x = x[b * block + half : (b + 1) * block]
+            low = low_x[b * half : (b + 1) * half]
+            mixed = mixed_x[b * half : (b + 1) * half]
             s = np.float32(0.0)
             for j in range(half):
-                # the nibbles in float32: 16 lanes a vector (integer ops would widen to int64, 8 lanes)
+                # byte v = lo + 16 hi: lo * xl + hi * xh = v * xl + floor(v / 16) * (xh - 16 xl),
+                # all in float32 (16 lanes; numba's integer ops would widen to int64, 8 lanes)
                 value = np.float32(bytes_[j])
-                high = np.floor(value * np.float32(0.0625))
-                s += (value - np.float32(16.0) * high) * low_x[j] + high * high_x[j]
+                s += value * low[j] + np.floor(value * np.float32(0.0625)) * mixed[j]
             acc += (s - np.float32(8.0) * xsum[b]) * scale[n, b]
         out[n] = acc
 
@@ -84,21 +94,24 @@ def _int4_serial(x, packed, scale, block, out):  # noqa: ANN001, ANN202
 @jit.njit([_INT4], parallel=True, fastmath=_FAST)
 def _int4_parallel(x, packed, scale, block, out):  # noqa: ANN001, ANN202
     half = block // 2
-    xsum = np.empty(scale.shape[1], np.float32)
-    _block_sums(x, block, xsum)
+    blocks = scale.shape[1]
+    low_x = np.empty(blocks * half, np.float32)
+    mixed_x = np.empty(blocks * half, np.float32)
+    xsum = np.empty(blocks, np.float32)
+    _prepare(x, block, low_x, mixed_x, xsum)
     for n in prange(packed.shape[0]):
         row = packed[n]
         acc = np.float32(0.0)
-        for b in range(scale.shape[1]):
+        for b in range(blocks):
             bytes_ = row[b * half : (b + 1) * half]
-            low_x = x[b * block : b * block + half]
-            high_x = x[b * block + half : (b + 1) * block]
+            low = low_x[b * half : (b + 1) * half]
+            mixed = mixed_x[b * half : (b + 1) * half]
             s = np.float32(0.0)
             for j in range(half):
-                # the nibbles in float32: 16 lanes a vector (as above)
+                # byte v = lo + 16 hi: lo * xl + hi * xh = v * xl + floor(v / 16) * (xh - 16 xl),
+                # all in float32 (as above)
                 value = np.float32(bytes_[j])
-                high = np.floor(value * np.float32(0.0625))
-                s += (value - np.float32(16.0) * high) * low_x[j] + high * high_x[j]
+                s += value * low[j] + np.floor(value * np.float32(0.0625)) * mixed[j]
             acc += (s - np.float32(8.0) * xsum[b]) * scale[n, b]
         out[n] = acc
 
