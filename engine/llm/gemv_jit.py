@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from numba import prange, types
+from numba import types
 
 from engine import jit
 
@@ -64,8 +64,11 @@ def _prepare(x, block, low_x, mixed_x, xsum):  # noqa: ANN001, ANN202
         xsum[b] = total
 
 
-# The serial and parallel kernels repeat their loops: a helper per row, called or inlined,
-# lost the vectorised reduction (2-3x slower).
+# One thread: numba's parallel launches (prange on the workqueue pool) measured 1.6 -> 5.2 ms
+# on the LM head and 21 us -> 4 ms on q/k/v at 2 threads, erratically, so decode at 2 threads
+# ran slower than at 1; the row loops stay serial until a launch costs less than a GEMV.  The
+# row loop is written out in each kernel: a helper per row, called or inlined, lost the
+# vectorised reduction (2-3x slower).
 @jit.njit([_INT4], fastmath=_FAST)
 def _int4_serial(x, packed, scale, block, out):  # noqa: ANN001, ANN202
     half = block // 2
@@ -91,44 +94,9 @@ def _int4_serial(x, packed, scale, block, out):  # noqa: ANN001, ANN202
         out[n] = acc
 
 
-@jit.njit([_INT4], parallel=True, fastmath=_FAST)
-def _int4_parallel(x, packed, scale, block, out):  # noqa: ANN001, ANN202
-    half = block // 2
-    blocks = scale.shape[1]
-    low_x = np.empty(blocks * half, np.float32)
-    mixed_x = np.empty(blocks * half, np.float32)
-    xsum = np.empty(blocks, np.float32)
-    _prepare(x, block, low_x, mixed_x, xsum)
-    for n in prange(packed.shape[0]):
-        row = packed[n]
-        acc = np.float32(0.0)
-        for b in range(blocks):
-            bytes_ = row[b * half : (b + 1) * half]
-            low = low_x[b * half : (b + 1) * half]
-            mixed = mixed_x[b * half : (b + 1) * half]
-            s = np.float32(0.0)
-            for j in range(half):
-                # byte v = lo + 16 hi: lo * xl + hi * xh = v * xl + floor(v / 16) * (xh - 16 xl),
-                # all in float32 (as above)
-                value = np.float32(bytes_[j])
-                s += value * low[j] + np.floor(value * np.float32(0.0625)) * mixed[j]
-            acc += (s - np.float32(8.0) * xsum[b]) * scale[n, b]
-        out[n] = acc
-
-
 @jit.njit([_INT8], fastmath=_FAST)
 def _int8_serial(x, q, scale, out):  # noqa: ANN001, ANN202
     for n in range(q.shape[0]):
-        row = q[n]
-        s = np.float32(0.0)
-        for k in range(row.shape[0]):
-            s += np.float32(row[k]) * x[k]
-        out[n] = s * scale[n]
-
-
-@jit.njit([_INT8], parallel=True, fastmath=_FAST)
-def _int8_parallel(x, q, scale, out):  # noqa: ANN001, ANN202
-    for n in prange(q.shape[0]):
         row = q[n]
         s = np.float32(0.0)
         for k in range(row.shape[0]):
@@ -140,15 +108,7 @@ def gemv_int4_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.nd
     """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block -> [N]."""
     x, packed, scale = inputs
     out = np.empty(packed.shape[0], np.float32)
-    jit.run(
-        _int4_serial,
-        _int4_parallel,
-        np.ascontiguousarray(x, np.float32),
-        packed,
-        scale,
-        int(attrs["block"]),
-        out,
-    )
+    _int4_serial(np.ascontiguousarray(x, np.float32), packed, scale, int(attrs["block"]), out)
     return [out]
 
 
@@ -156,7 +116,7 @@ def gemv_int8_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.nd
     """inputs: x [K] float32, q [N, K] int8, scale [N] float32 -> [N]."""
     x, q, scale = inputs
     out = np.empty(q.shape[0], np.float32)
-    jit.run(_int8_serial, _int8_parallel, np.ascontiguousarray(x, np.float32), q, scale, out)
+    _int8_serial(np.ascontiguousarray(x, np.float32), q, scale, out)
     return [out]
 
 
