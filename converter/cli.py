@@ -1,4 +1,6 @@
-"""`ferry convert model.onnx -o model.ferry [--quantize fp16|int8|int4]`: the converter from a shell."""
+"""`ferry convert model.onnx -o model.ferry [--quantize fp16|int8|int4]`: the converter from a shell.
+
+`ferry convert-llm <checkpoint dir> --weights fp16|int8|int4 [--block 32|64]`: converter/llm/cli.py."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from rich.table import Table
 
 from converter.convert import ConversionReport, convert
 from converter.errors import ConversionError
+from converter.llm.cli import add_llm_parser, run_convert_llm
 from converter.options import ACTIVATION_METHODS, DEFAULT_BLOCK_SIZE, PRECISIONS, ConversionOptions
 
 
@@ -49,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         help="minimum cosine similarity of every output vs float32; the worst layers stay float32 to meet it",
     )
     conv.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_llm_parser(commands)
     return parser
 
 
@@ -57,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed its usage message
         return int(exc.code or 0)
+    if args.command == "convert-llm":
+        return run_convert_llm(args)
     return _convert(args)
 
 

@@ -39,11 +39,24 @@ def _attention(attrs: dict[str, Any], shapes: Shapes) -> list[Kernel]:
     return fused.attention_candidates(attrs, shapes)
 
 
+def _llm_gemv(op: str) -> Provider:
+    """The LLM runtime's decode GEMVs over int8/int4 weights (engine/llm/gemv.py's layouts)."""
+
+    def provider(attrs: dict[str, Any], shapes: Shapes) -> list[Kernel]:
+        from engine.llm.gemv import NUMPY_GEMV  # noqa: PLC0415 - only LLM sessions need it
+
+        return [NUMPY_GEMV[op]]
+
+    return provider
+
+
 # Ops with several numpy kernels; their first candidate is the selector's pick.
 NUMPY: dict[str, Provider] = {
     "Conv": conv.conv_candidates,
     "FusedConv": _fused_conv,
     "FusedAttention": _attention,
+    "LlmGemvInt4": _llm_gemv("LlmGemvInt4"),
+    "LlmGemvInt8": _llm_gemv("LlmGemvInt8"),
 }
 
 

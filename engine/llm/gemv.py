@@ -1,0 +1,124 @@
+"""Quantized weight layouts and their numpy kernels (the kernel layer's numpy candidates).
+
+Every matrix is stored as Hugging Face's Linear keeps it, [N outputs, K inputs], so a GEMV is N
+contiguous row dot products.
+
+- int8 per-channel: ``q`` int8 [N, K], ``scale`` float32 [N]; w = q * scale (symmetric).
+- int4 block-wise (llama.cpp's q4_0 rule): each row is cut into blocks of B (32 or 64) values
+  with one float32 scale d = (the block's value of largest magnitude) / -8 and q = round(w / d)
+  clipped to [-8, 7], stored as q + 8 in a nibble.  Re-laid for the kernels: byte j of a block
+  holds value j in its low nibble and value j + B/2 in its high one, so a kernel reads the
+  low nibbles against x[0:B/2] and the high ones against x[B/2:B], both contiguous.
+  ``packed`` uint8 [N, K/2], ``scale`` float32 [N, K/B].
+
+The numpy kernels widen ``ROWS_PER_TILE`` rows at a time to float32 (never the whole matrix)
+and hand each tile to BLAS.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+BLOCKS = (32, 64)
+# float32 scratch per widened tile.  Prefill's GEMMs (256 x 576 by 3072 x 576, int4, 1 thread)
+# measured 23.6 ms with 1 MB tiles, 17.8 with 4 MB, 11.5 with the whole matrix: BLAS wants wide
+# tiles; 4 MB bounds the scratch while keeping most of the gain.
+TILE_BYTES = 4 << 20
+
+
+def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-row int8: (q [N, K] int8, scale [N] float32)."""
+    w = np.asarray(w, dtype=np.float32)
+    scale = np.abs(w).max(axis=1) / 127.0
+    inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
+    q = np.clip(np.rint(w * inverse[:, None]), -127, 127).astype(np.int8)
+    return q, scale.astype(np.float32)
+
+
+def quantize_int4(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block-wise int4 in the re-laid nibble order: (packed [N, K/2] uint8, scale [N, K/B])."""
+    w = np.asarray(w, dtype=np.float32)
+    n, k = w.shape
+    if block not in BLOCKS or k % block:
+        raise ValueError(
+            f"int4 needs the input size {k} to be a multiple of the block size {block} (32 or 64)"
+        )
+    blocks = w.reshape(n, k // block, block)
+    extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=2)[..., None], axis=2)[..., 0]
+    scale = (extreme / -8.0).astype(np.float32)
+    inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
+    q = np.clip(np.rint(blocks * inverse[..., None]), -8, 7).astype(np.int16) + 8
+    half = block // 2
+    packed = (q[..., :half] | (q[..., half:] << 4)).astype(np.uint8)
+    return packed.reshape(n, k // 2), scale
+
+
+def dequantize_int4(packed: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
+    """Rows of an int4 matrix as float32 [rows, K]."""
+    rows, blocks = scale.shape
+    half = block // 2
+    p = np.asarray(packed).reshape(rows, blocks, half)
+    values = np.empty((rows, blocks, block), np.float32)
+    np.bitwise_and(p, 15, out=values[..., :half], casting="unsafe")
+    np.right_shift(p, 4, out=values[..., half:], casting="unsafe")
+    values -= 8.0
+    values *= scale[..., None]
+    return values.reshape(rows, blocks * block)
+
+
+def _tile_rows(k: int) -> int:
+    return max(1, TILE_BYTES // (4 * k))
+
+
+def gemm_int8(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """x [M, K] float32 times the int8 matrix's transpose -> [M, N], widening a tile at a time."""
+    n, k = q.shape
+    out = np.empty((x.shape[0], n), np.float32)
+    step = _tile_rows(k)
+    for start in range(0, n, step):
+        tile = q[start : start + step].astype(np.float32)
+        np.matmul(x, tile.T, out=out[:, start : start + step])
+    out *= scale
+    return out
+
+
+def gemm_int4(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
+    """x [M, K] float32 times the int4 matrix's transpose -> [M, N], a dequantized tile at a time."""
+    n = scale.shape[0]
+    k = scale.shape[1] * block
+    out = np.empty((x.shape[0], n), np.float32)
+    step = _tile_rows(k)
+    for start in range(0, n, step):
+        tile = dequantize_int4(packed[start : start + step], scale[start : start + step], block)
+        np.matmul(x, tile.T, out=out[:, start : start + step])
+    return out
+
+
+def gemm_float(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [M, K] float32 times a float32 or float16 matrix's transpose; float16 a tile at a time."""
+    if w.dtype == np.float32:
+        return x @ w.T
+    n, k = w.shape
+    out = np.empty((x.shape[0], n), np.float32)
+    step = _tile_rows(k)
+    for start in range(0, n, step):
+        np.matmul(x, w[start : start + step].astype(np.float32).T, out=out[:, start : start + step])
+    return out
+
+
+# The kernel layer's numpy candidates: Kernel(inputs, attrs) -> [output], one row x [K].
+def gemv_int8_numpy(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """inputs: x [K] float32, q [N, K] int8, scale [N] float32 -> [N]."""
+    x, q, scale = inputs
+    return [gemm_int8(x[None, :], q, scale)[0]]
+
+
+def gemv_int4_numpy(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block -> [N]."""
+    x, packed, scale = inputs
+    return [gemm_int4(x[None, :], packed, scale, int(attrs["block"]))[0]]
+
+
+NUMPY_GEMV = {"LlmGemvInt8": gemv_int8_numpy, "LlmGemvInt4": gemv_int4_numpy}

@@ -1,0 +1,135 @@
+"""Decode's GEMVs as JIT kernels (numba): int8 per-channel and int4 block-wise weights read as
+stored, one row dot product at a time, never widened as a whole (the numpy twins in gemv.py
+widen a tile to float32 first, a write and a read of four bytes per weight).
+
+int4: with the re-laid nibbles (gemv.py), a block's low nibbles meet x[0:B/2] and its high
+ones x[B/2:B], both contiguous, so the inner loops vectorise (byte -> int32 -> float32).  The
+stored nibble is q + 8; the 8 is taken out once per block with the block's sum of x
+(precomputed once per call) instead of once per weight.  The nibbles are split in float32
+(floor(b / 16) is exact for 0..255), with twice the lanes of numba's int64 integer ops, and
+the low nibble is never formed: v * xl + floor(v / 16) * (xh - 16 xl), the second factor
+precomputed per call (measured on the 49152 x 576 LM head: 72 ms with 2-D indexing and
+integer nibbles, 2.9 ms splitting both nibbles in float, 2.4 ms like this; four rows at a time
+was slower).
+
+Where it stands (SmolLM2-135M's 49152 x 576 LM head, 1 thread, best of 15 on a loaded
+machine): int8 2.1 ms = 13.7 GB/s, the read bandwidth, so int8 decode is memory-bound; int4
+2.4 ms = 7 GB/s, compute-bound on the nibble split and the per-block horizontal sums, so int4
+decode is not yet faster than int8.  Tried and slower: 16 rows interleaved per vector
+([N/16, K/2, 16], 15 ms), per-element scales gathered by index (15 ms), a vector accumulator
+across blocks (6 ms), literal trip counts (22 ms).  The next step is integer dot products on
+int8-quantized activations (llama.cpp's q8 x q4), which numba's int64 promotion gets in the way
+of: a kernel outside numba's typing, or a different split.  ``fastmath`` lets the row sums
+reassociate (that is what vectorises a float reduction); results differ from the numpy kernel
+by float32 rounding of the sums only (tests/engine/llm/test_gemv.py bounds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numba import types
+
+from engine import jit
+
+_F32, _I64 = types.float32, types.int64
+_X = jit.array(_F32, 1, "C", readonly=True)
+_OUT = jit.array(_F32, 1, "C")
+_INT4 = types.void(
+    _X,
+    jit.array(types.uint8, 2, "C", readonly=True),
+    jit.array(_F32, 2, "C", readonly=True),
+    _I64,
+    _OUT,
+)
+_INT8 = types.void(
+    _X, jit.array(types.int8, 2, "C", readonly=True), jit.array(_F32, 1, "C", readonly=True), _OUT
+)
+_FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"}
+
+
+@jit.njit([types.void(_X, _I64, jit.array(_F32, 1, "C"), jit.array(_F32, 1, "C"), jit.array(_F32, 1, "C"))])
+def _prepare(x, block, low_x, mixed_x, xsum):  # noqa: ANN001, ANN202
+    """Per call: x's low halves per block, xh - 16 xl beside them, and each block's sum of x."""
+    half = block // 2
+    for b in range(xsum.shape[0]):
+        total = np.float32(0.0)
+        for j in range(half):
+            low, high = x[b * block + j], x[b * block + half + j]
+            low_x[b * half + j] = low
+            mixed_x[b * half + j] = high - np.float32(16.0) * low
+            total += low + high
+        xsum[b] = total
+
+
+# One thread: numba's parallel launches (prange on the workqueue pool) measured 1.6 -> 5.2 ms
+# on the LM head and 21 us -> 4 ms on q/k/v at 2 threads, erratically, so decode at 2 threads
+# ran slower than at 1; the row loops stay serial until a launch costs less than a GEMV.  The
+# row loop is written out in each kernel: a helper per row, called or inlined, lost the
+# vectorised reduction (2-3x slower).
+@jit.njit([_INT4], fastmath=_FAST)
+def _int4_serial(x, packed, scale, block, out):  # noqa: ANN001, ANN202
+    half = block // 2
+    blocks = scale.shape[1]
+    low_x = np.empty(blocks * half, np.float32)
+    mixed_x = np.empty(blocks * half, np.float32)
+    xsum = np.empty(blocks, np.float32)
+    _prepare(x, block, low_x, mixed_x, xsum)
+    for n in range(packed.shape[0]):
+        row = packed[n]
+        acc = np.float32(0.0)
+        for b in range(blocks):
+            bytes_ = row[b * half : (b + 1) * half]
+            low = low_x[b * half : (b + 1) * half]
+            mixed = mixed_x[b * half : (b + 1) * half]
+            s = np.float32(0.0)
+            for j in range(half):
+                # byte v = lo + 16 hi: lo * xl + hi * xh = v * xl + floor(v / 16) * (xh - 16 xl),
+                # all in float32 (16 lanes; numba's integer ops would widen to int64, 8 lanes)
+                value = np.float32(bytes_[j])
+                s += value * low[j] + np.floor(value * np.float32(0.0625)) * mixed[j]
+            acc += (s - np.float32(8.0) * xsum[b]) * scale[n, b]
+        out[n] = acc
+
+
+@jit.njit([_INT8], fastmath=_FAST)
+def _int8_serial(x, q, scale, out):  # noqa: ANN001, ANN202
+    for n in range(q.shape[0]):
+        row = q[n]
+        s = np.float32(0.0)
+        for k in range(row.shape[0]):
+            s += np.float32(row[k]) * x[k]
+        out[n] = s * scale[n]
+
+
+def gemv_int4_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block -> [N]."""
+    x, packed, scale = inputs
+    out = np.empty(packed.shape[0], np.float32)
+    _int4_serial(np.ascontiguousarray(x, np.float32), packed, scale, int(attrs["block"]), out)
+    return [out]
+
+
+def gemv_int8_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """inputs: x [K] float32, q [N, K] int8, scale [N] float32 -> [N]."""
+    x, q, scale = inputs
+    out = np.empty(q.shape[0], np.float32)
+    _int8_serial(np.ascontiguousarray(x, np.float32), q, scale, out)
+    return [out]
+
+
+gemv_int4_jit.jit = True  # type: ignore[attr-defined]
+gemv_int8_jit.jit = True  # type: ignore[attr-defined]
+
+
+def _int4(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Any]:
+    return [gemv_int4_jit]
+
+
+def _int8(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Any]:
+    return [gemv_int8_jit]
+
+
+CANDIDATES = {"LlmGemvInt4": _int4, "LlmGemvInt8": _int8}

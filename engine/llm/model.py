@@ -1,0 +1,178 @@
+"""The Llama-family decoder: prefill (BLAS, in blocks) and cached decode (the kernel layer's GEMV).
+
+Per layer, for hidden states x at positions p.. (transformers' LlamaDecoderLayer):
+    a = RMSNorm(x); q, k, v = a Wq^T (+bq), a Wk^T (+bk), a Wv^T (+bv); RoPE on q and k;
+    attention over the cache with a causal mask, query head h reading kv head h // (H / KV);
+    x += o Wo^T (+bo); b = RMSNorm(x); x += (silu(b Wg^T) * (b Wu^T)) Wd^T
+then logits = RMSNorm(x) Wlm^T.  q, k and v are one matrix, gate and up another (one GEMV
+each per token instead of three and two).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.llm.cache import KVCache
+from engine.llm.checkpoint import Checkpoint
+from engine.llm.config import LlmConfig
+from engine.llm.weights import Matrix, make_matrix
+
+PREFILL_BLOCK = 256  # tokens per prefill step: bounds the activations' scratch
+
+
+@dataclass
+class Layer:
+    input_norm: np.ndarray
+    post_norm: np.ndarray
+    qkv: Matrix
+    qkv_bias: np.ndarray | None
+    o: Matrix
+    o_bias: np.ndarray | None
+    gate_up: Matrix
+    down: Matrix
+
+
+@dataclass
+class LlmWeights:
+    embed: Matrix
+    lm_head: Matrix  # the same object as ``embed`` when tied
+    norm: np.ndarray
+    layers: list[Layer]
+
+    @property
+    def nbytes(self) -> int:
+        own = (
+            self.embed.nbytes + (0 if self.lm_head is self.embed else self.lm_head.nbytes) + self.norm.nbytes
+        )
+        for layer in self.layers:
+            for m in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                own += m.nbytes
+        return own
+
+
+def weights_from_checkpoint(checkpoint: Checkpoint, precision: str = "fp32", block: int = 32) -> LlmWeights:
+    """The checkpoint's tensors stored at ``precision`` (embedding and LM head included)."""
+    t, config = checkpoint.tensors, checkpoint.config
+
+    def f32(name: str) -> np.ndarray:
+        return np.ascontiguousarray(t[name], np.float32)
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        qkv = np.concatenate([f32(a + n + "_proj.weight") for n in "qkv"])
+        bias = np.concatenate([f32(a + n + "_proj.bias") for n in "qkv"]) if config.qkv_bias else None
+        gate_up = np.concatenate([f32(p + "mlp.gate_proj.weight"), f32(p + "mlp.up_proj.weight")])
+        layers.append(
+            Layer(
+                input_norm=f32(p + "input_layernorm.weight"),
+                post_norm=f32(p + "post_attention_layernorm.weight"),
+                qkv=make_matrix(qkv, precision, block),
+                qkv_bias=bias,
+                o=make_matrix(f32(a + "o_proj.weight"), precision, block),
+                o_bias=f32(a + "o_proj.bias") if config.o_bias else None,
+                gate_up=make_matrix(gate_up, precision, block),
+                down=make_matrix(f32(p + "mlp.down_proj.weight"), precision, block),
+            )
+        )
+    embed = make_matrix(t["model.embed_tokens.weight"], precision, block)
+    head = embed if config.tie_word_embeddings else make_matrix(t["lm_head.weight"], precision, block)
+    return LlmWeights(embed=embed, lm_head=head, norm=f32("model.norm.weight"), layers=layers)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    variance = np.einsum("ij,ij->i", x, x) / x.shape[-1]
+    return x * (1.0 / np.sqrt(variance + eps)).astype(np.float32)[:, None] * weight
+
+
+class LlmModel:
+    """Runs a decoder over a ``KVCache``: ``forward(tokens, cache)`` appends the tokens and
+    returns logits (the last position's, or every position's with ``all_logits``)."""
+
+    def __init__(self, config: LlmConfig, weights: LlmWeights) -> None:
+        self.config, self.weights = config, weights
+        self._inv_freq = config.inv_freq()
+        self._scale = np.float32(1.0 / np.sqrt(config.head_dim))
+
+    def new_cache(self, context: int | None = None) -> KVCache:
+        return KVCache(self.config, context)
+
+    def forward(self, tokens: list[int] | np.ndarray, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            raise ValueError("forward needs at least one token")
+        if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
+            raise ValueError(
+                f"token ids must be in [0, {self.config.vocab_size}); got {tokens.min()}..{tokens.max()}"
+            )
+        cache.reserve(tokens.size)
+        outputs = []
+        for start in range(0, tokens.size, PREFILL_BLOCK):
+            hidden = self._step(tokens[start : start + PREFILL_BLOCK], cache)
+            outputs.append(hidden if all_logits else hidden[-1:])
+        hidden = np.concatenate(outputs) if all_logits else outputs[-1]
+        normed = rms_norm(hidden, self.weights.norm, self.config.rms_norm_eps)
+        head = self.weights.lm_head
+        logits = head.gemv(normed[0])[None, :] if len(normed) == 1 else head.gemm(normed)
+        return logits if all_logits else logits[0]
+
+    def _step(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+        """Run a block of tokens through every layer, appending to the cache; the hidden states."""
+        c = self.config
+        start, m = cache.length, tokens.size
+        x = self.weights.embed.rows(tokens)
+        angles = np.arange(start, start + m, dtype=np.float64)[:, None] * self._inv_freq[None, :]
+        cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        for index, layer in enumerate(self.weights.layers):
+            a = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            qkv = _project(layer.qkv, a, layer.qkv_bias)
+            q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+            q = _rope(qkv[:, :q_size].reshape(m, c.num_heads, c.head_dim), cos, sin)
+            k = _rope(qkv[:, q_size : q_size + kv_size].reshape(m, c.num_kv_heads, c.head_dim), cos, sin)
+            v = qkv[:, q_size + kv_size :].reshape(m, c.num_kv_heads, c.head_dim)
+            cache.keys[index, :, start : start + m] = k.transpose(1, 0, 2)
+            cache.values[index, :, start : start + m] = v.transpose(1, 0, 2)
+            attended = self._attention(q, cache, index, start, m)
+            x = x + _project(layer.o, attended, layer.o_bias)
+            b = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+            gate_up = _project(layer.gate_up, b, None)
+            gate, up = gate_up[:, : c.intermediate_size], gate_up[:, c.intermediate_size :]
+            x = x + _project(layer.down, gate / (1.0 + np.exp(-gate)) * up, None)
+        cache.length = start + m
+        return x
+
+    def _attention(self, q: np.ndarray, cache: KVCache, index: int, start: int, m: int) -> np.ndarray:
+        """Causal grouped-query attention of m queries at positions start.. over the cache."""
+        c = self.config
+        group = c.num_heads // c.num_kv_heads
+        total = start + m
+        keys, values = cache.keys[index, :, :total], cache.values[index, :, :total]
+        # [m, H, d] -> [KV, group * m, d]: a kv head's queries side by side, one matmul per kv head
+        grouped = q.reshape(m, c.num_kv_heads, group, c.head_dim).transpose(1, 2, 0, 3)
+        grouped = grouped.reshape(c.num_kv_heads, group * m, c.head_dim)
+        scores = np.matmul(grouped, keys.transpose(0, 2, 1)) * self._scale
+        if m > 1:
+            visible = np.arange(total)[None, :] <= (start + np.arange(m))[:, None]  # [m, total]
+            scores = scores.reshape(c.num_kv_heads, group, m, total)
+            scores = np.where(visible, scores, np.float32(-np.inf)).reshape(c.num_kv_heads, group * m, total)
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        out = np.matmul(scores, values).reshape(c.num_kv_heads, group, m, c.head_dim)
+        return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(m, c.num_heads * c.head_dim))
+
+
+def _project(matrix: Matrix, x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    out = matrix.gemv(x[0])[None, :] if x.shape[0] == 1 else matrix.gemm(x)
+    return out + bias if bias is not None else out
+
+
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate halves (transformers' rotate_half form): x [m, heads, d], cos/sin [m, d/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)

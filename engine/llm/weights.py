@@ -1,0 +1,123 @@
+"""The model's matrices at their stored precision, each with a GEMV (decode) and a GEMM (prefill).
+
+``Matrix`` holds [N, K] weights as float32, float16, int8 per-channel or int4 block-wise
+(layouts in gemv.py).  Decode's int8/int4 GEMVs go through the engine's kernel layer
+(engine/kernels.py): the JIT kernel when numba is on, else the numpy one; without numba the
+runtime says so once.  Prefill multiplies by BLAS on tiles widened to float32.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine import jit, kernels
+from engine.llm import gemv
+
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+_log = logging.getLogger(__name__)
+_warned: list[bool] = []
+_kernels: dict[str, Any] = {}
+
+
+def gemv_kernel(op: str) -> Any:
+    """The kernel this process runs for ``op`` (LlmGemvInt4/LlmGemvInt8): JIT if there, else numpy."""
+    found = _kernels.get(op)
+    if found is None:
+        jit.load(ops=[op])
+        found = _kernels[op] = kernels.candidates(op, {}, [])[-1]
+        if kernels.tier(found) == "numpy" and not _warned:
+            _warned.append(True)
+            _log.warning("LLM decode runs numpy GEMV kernels (numba missing or FERRY_JIT=0): slower")
+    return found
+
+
+@dataclass
+class Matrix:
+    """[N, K] weights; ``arrays`` holds the stored arrays ("w", or "q"+"scale")."""
+
+    kind: str  # one of PRECISIONS
+    shape: tuple[int, int]
+    arrays: dict[str, np.ndarray]
+    block: int = 0
+    _op: Any = field(default=None, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def check(self, name: str, shape: tuple[int, int]) -> None:
+        """Refuse stored arrays that do not make the [N, K] matrix ``shape`` at this kind: the JIT
+        kernels index without bounds checks, so a malformed package must stop here."""
+        n, k = shape
+        wanted: dict[str, tuple[tuple[int, ...], str]]
+        if self.kind in ("fp32", "fp16"):
+            wanted = {"w": ((n, k), "<f4" if self.kind == "fp32" else "<f2")}
+        elif self.kind == "int8":
+            wanted = {"q": ((n, k), "|i1"), "scale": ((n,), "<f4")}
+        elif self.kind == "int4" and self.block in gemv.BLOCKS and k % self.block == 0:
+            wanted = {"q": ((n, k // 2), "|u1"), "scale": ((n, k // self.block), "<f4")}
+        else:
+            raise ValueError(
+                f"matrix {name}: kind {self.kind!r} with block {self.block} cannot hold {list(shape)}"
+            )
+        if tuple(self.shape) != shape or set(self.arrays) != set(wanted):
+            raise ValueError(
+                f"matrix {name}: holds {sorted(self.arrays)} as {list(self.shape)}, wants {list(shape)}"
+            )
+        for part, (part_shape, dtype) in wanted.items():
+            array = self.arrays[part]
+            if array.shape != part_shape or array.dtype.str != dtype:
+                found = f"{array.dtype.str}{list(array.shape)}"
+                raise ValueError(f"matrix {name}.{part}: {found}, wants {dtype}{list(part_shape)}")
+
+    def gemv(self, x: np.ndarray) -> np.ndarray:
+        """W @ x for one float32 row x [K] -> [N]."""
+        if self.kind in ("fp32", "fp16"):
+            w = self.arrays["w"]
+            return w @ x if w.dtype == np.float32 else gemv.gemm_float(x[None, :], w)[0]
+        if self._op is None:
+            self._op = gemv_kernel("LlmGemvInt4" if self.kind == "int4" else "LlmGemvInt8")
+        return self._op([x, self.arrays["q"], self.arrays["scale"]], {"block": self.block})[0]
+
+    def gemm(self, x: np.ndarray) -> np.ndarray:
+        """x [M, K] @ W.T -> [M, N] (prefill), BLAS on float32 tiles."""
+        if self.kind in ("fp32", "fp16"):
+            return gemv.gemm_float(x, self.arrays["w"])
+        if self.kind == "int8":
+            return gemv.gemm_int8(x, self.arrays["q"], self.arrays["scale"])
+        return gemv.gemm_int4(x, self.arrays["q"], self.arrays["scale"], self.block)
+
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """Rows of W as float32 [len(index), K] (an embedding lookup)."""
+        index = np.asarray(index, dtype=np.int64)
+        if self.kind in ("fp32", "fp16"):
+            return self.arrays["w"][index].astype(np.float32)
+        q, scale = self.arrays["q"][index], self.arrays["scale"][index]
+        if self.kind == "int8":
+            return q.astype(np.float32) * scale[:, None]
+        return gemv.dequantize_int4(q, scale, self.block)
+
+    def dense(self) -> np.ndarray:
+        """The whole matrix as float32 (tests and accuracy reports only)."""
+        return self.rows(np.arange(self.shape[0]))
+
+
+def make_matrix(w: np.ndarray, kind: str, block: int = 32) -> Matrix:
+    """Store float weights [N, K] at ``kind``; int4 falls back to int8 for a K the block does not divide."""
+    w = np.asarray(w)
+    shape = (int(w.shape[0]), int(w.shape[1]))
+    if kind == "fp32":
+        return Matrix("fp32", shape, {"w": np.ascontiguousarray(w, np.float32)})
+    if kind == "fp16":
+        return Matrix("fp16", shape, {"w": np.ascontiguousarray(w, np.float16)})
+    if kind == "int4" and shape[1] % block == 0:
+        q, scale = gemv.quantize_int4(w, block)
+        return Matrix("int4", shape, {"q": q, "scale": scale}, block=block)
+    if kind in ("int4", "int8"):
+        q, scale = gemv.quantize_int8(w)
+        return Matrix("int8", shape, {"q": q, "scale": scale})
+    raise ValueError(f"weights precision {kind!r} is not one of {', '.join(PRECISIONS)}")

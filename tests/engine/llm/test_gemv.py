@@ -1,0 +1,55 @@
+"""The int8/int4 layouts and their kernels: numpy and JIT agree with the dequantized matrix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import jit, kernels
+from engine.llm import gemv
+from engine.llm.weights import make_matrix
+
+
+@pytest.mark.parametrize("block", [32, 64])
+def test_int4_round_trip_is_within_a_step_and_uses_all_sixteen_levels(block: int) -> None:
+    w = np.random.default_rng(1).standard_normal((37, 128)).astype(np.float32)
+    packed, scale = gemv.quantize_int4(w, block)
+    assert packed.shape == (37, 64) and packed.dtype == np.uint8 and scale.shape == (37, 128 // block)
+    back = gemv.dequantize_int4(packed, scale, block)
+    step = np.repeat(np.abs(scale), block, axis=1)
+    error = np.abs(back - w)
+    # half a step, except the values clipped at +7 whose block's extreme is negative (q4_0's rule)
+    assert np.all(error <= step + 1e-6)
+    assert np.mean(error <= step / 2 + 1e-6) > 0.97
+    nibbles = np.concatenate([packed & 15, packed >> 4])
+    assert set(np.unique(nibbles)) == set(range(16))
+    # the block's largest magnitude is exact (q4_0's rule: it maps to -8)
+    assert np.allclose(np.abs(back).max(axis=1), np.abs(w).max(axis=1), rtol=1e-6)
+
+
+def test_int4_needs_a_block_that_divides_the_rows() -> None:
+    with pytest.raises(ValueError, match="multiple of the block size 32"):
+        gemv.quantize_int4(np.zeros((2, 40), np.float32), 32)
+    assert make_matrix(np.ones((2, 40), np.float32), "int4", 32).kind == "int8"
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_gemv_candidate_matches_the_dequantized_matrix(kind: str, threads: int) -> None:
+    rng = np.random.default_rng(2)
+    matrix = make_matrix(rng.standard_normal((300, 192)).astype(np.float32), kind, 64)
+    x = rng.standard_normal(192).astype(np.float32)
+    expected = matrix.dense().astype(np.float64) @ x
+    op = "LlmGemvInt4" if kind == "int4" else "LlmGemvInt8"
+    jit.load(ops=[op])
+    found = kernels.candidates(op, {}, [])
+    assert kernels.tier(found[0]) == "numpy"
+    assert len(found) == (2 if jit.enabled() else 1)
+    for kernel in found:
+        with jit.thread_limit(threads):
+            out = kernel([x, matrix.arrays["q"], matrix.arrays["scale"]], {"block": 64})[0]
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        matrix.gemm(np.stack([x, x])), np.stack([expected, expected]), rtol=1e-4, atol=1e-4
+    )
+    np.testing.assert_allclose(matrix.gemv(x), expected, rtol=1e-4, atol=1e-4)
