@@ -148,10 +148,10 @@ def device_recent_records(*, device, limit: int = 20) -> list[dict]:
                 "kind": record.kind,
                 "timestamp": record.timestamp,
                 "version_id": record.version_id,
-                "inferences": _number(payload.get("inferences")),
-                "errors": _number(payload.get("errors")),
-                "latency_ms_p50": _number(payload.get("latency_ms_p50")),
-                "latency_ms_p95": _number(payload.get("latency_ms_p95")),
+                "inferences": finite_number(payload.get("inferences")),
+                "errors": finite_number(payload.get("errors")),
+                "latency_ms_p50": finite_number(payload.get("latency_ms_p50")),
+                "latency_ms_p95": finite_number(payload.get("latency_ms_p95")),
                 "detail": _detail(payload),
             }
         )
