@@ -1,4 +1,4 @@
-from django.urls import include, path
+from django.urls import include, path, re_path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from fleet.api import (
     DeviceListApi,
@@ -13,13 +13,29 @@ from registry.api import ModelDetailApi, ModelListCreateApi, VersionCreateApi, V
 from releases.api import ReleaseActionApi, ReleaseDetailApi, ReleaseGateApi, ReleaseListCreateApi
 from telemetry.api import FleetSummaryApi
 
+from ferry_cloud.api_errors import api_not_found
 from ferry_cloud.observability.health import healthz, readyz
 from ferry_cloud.observability.metrics import metrics_view
 
+
+class RowIdConverter:
+    """A numeric row id that fits a bigint column; a longer number is an unknown route, not a 500."""
+
+    regex = "[0-9]{1,18}"
+
+    def to_python(self, value: str) -> int:
+        return int(value)
+
+    def to_url(self, value: int) -> str:
+        return str(value)
+
+
+register_converter(RowIdConverter, "rowid")
+
 api = [
     path("models/", ModelListCreateApi.as_view(), name="models"),
-    path("models/<int:model_id>/", ModelDetailApi.as_view(), name="model"),
-    path("models/<int:model_id>/versions/", VersionCreateApi.as_view(), name="model-versions"),
+    path("models/<rowid:model_id>/", ModelDetailApi.as_view(), name="model"),
+    path("models/<rowid:model_id>/versions/", VersionCreateApi.as_view(), name="model-versions"),
     path("versions/<str:version_id>/", VersionDetailApi.as_view(), name="version"),
     path("enrolment-tokens/", EnrolmentTokenCreateApi.as_view(), name="enrolment-tokens"),
     path("devices/", DeviceListApi.as_view(), name="devices"),
@@ -42,5 +58,11 @@ urlpatterns = [
     path("api/v1/", include((api, "api"))),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    re_path(r"^api/(?P<rest>.*)$", api_not_found, name="api-not-found"),  # JSON 404, no redirect
     path("", include("console.urls")),
 ]
+
+handler400 = "ferry_cloud.api_errors.handler400"
+handler403 = "ferry_cloud.api_errors.handler403"
+handler404 = "ferry_cloud.api_errors.handler404"
+handler500 = "ferry_cloud.api_errors.handler500"

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from deploy.errors import PolicyError
 from deploy.filters import Filter
+from deploy.windows import MAX_DURATION_SECONDS
 from fleet import selectors, services
 from fleet.models import Device, DeviceGroup
 
@@ -30,6 +31,7 @@ class TokenOutput(serializers.Serializer):
 
 class EnrolmentTokenCreateApi(OrganisationApi):
     permission_classes = [AdminWrites]
+
     @extend_schema(request=TokenInput, responses={201: TokenOutput})
     def post(self, request):
         data = TokenInput(data=request.data)
@@ -78,6 +80,7 @@ class DeviceOutput(serializers.ModelSerializer):
 
 class DeviceListApi(OrganisationApi):
     permission_classes = [ReadOnly]
+
     @extend_schema(responses=DeviceOutput(many=True))
     def get(self, request):
         return Response(DeviceOutput(selectors.device_list(organisation=self.organisation), many=True).data)
@@ -85,6 +88,7 @@ class DeviceListApi(OrganisationApi):
 
 class DeviceRevokeApi(OrganisationApi):
     permission_classes = [AdminWrites]
+
     @extend_schema(request=None, responses=DeviceOutput)
     def post(self, request, device_id):
         device = selectors.device_get(organisation=self.organisation, device_id=device_id)
@@ -99,6 +103,7 @@ class PinInput(serializers.Serializer):
 
 class DevicePinApi(OrganisationApi):
     permission_classes = [OperatorWrites]
+
     @extend_schema(request=PinInput, responses=DeviceOutput)
     def post(self, request, device_id):
         """Pin the device to a version (it runs that version whatever the releases say), or unpin it."""
@@ -113,7 +118,7 @@ class DevicePinApi(OrganisationApi):
 
 class WindowField(serializers.Serializer):
     cron = serializers.CharField(max_length=100)
-    duration_seconds = serializers.IntegerField(min_value=60)
+    duration_seconds = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_SECONDS)
     timezone = serializers.CharField(max_length=64, required=False, default="UTC")
 
 
@@ -166,6 +171,7 @@ def _plain(value):
 
 class GroupListCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
+
     @extend_schema(responses=GroupOutput(many=True))
     def get(self, request):
         groups = list(selectors.device_group_list(organisation=self.organisation))
@@ -191,6 +197,7 @@ class GroupListCreateApi(OrganisationApi):
 
 class GroupDetailApi(OrganisationApi):
     permission_classes = [OperatorWrites]
+
     @extend_schema(responses=GroupOutput)
     def get(self, request, group_id):
         return Response(
@@ -233,6 +240,7 @@ class InvalidFilter(Invalid):
 
 class FilterPreviewApi(OrganisationApi):
     permission_classes = [ViewerQueries]
+
     @extend_schema(request=FilterPreviewInput, responses=FilterPreviewOutput)
     def post(self, request):
         """Check a filter expression and see which devices it selects now, before releasing to them."""

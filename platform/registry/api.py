@@ -6,7 +6,7 @@ from accounts.api import OrganisationApi
 from accounts.permissions import OperatorWrites, ReadOnly
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
-from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
 from converter.options import ACTIVATION_METHODS, BLOCK_SIZES, PRECISIONS
@@ -61,6 +61,7 @@ class ModelInput(serializers.Serializer):
 
 class ModelListCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
+
     @extend_schema(responses=ModelOutput(many=True))
     def get(self, request):
         return Response(ModelOutput(selectors.model_list(organisation=self.organisation), many=True).data)
@@ -75,6 +76,7 @@ class ModelListCreateApi(OrganisationApi):
 
 class ModelDetailApi(OrganisationApi):
     permission_classes = [ReadOnly]
+
     @extend_schema(responses=ModelOutput)
     def get(self, request, model_id: int):
         return Response(
@@ -113,7 +115,7 @@ class VersionInput(serializers.Serializer):
 
 class VersionCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
-    parser_classes = [MultiPartParser, FormParser]
+    parser_classes = [MultiPartParser]
 
     @extend_schema(request={"multipart/form-data": VersionInput}, responses={201: VersionOutput})
     def post(self, request, model_id: int):
@@ -137,6 +139,7 @@ class VersionCreateApi(OrganisationApi):
 
 class VersionDetailApi(OrganisationApi):
     permission_classes = [ReadOnly]
+
     @extend_schema(responses=VersionOutput)
     def get(self, request, version_id):
         version = selectors.version_get(organisation=self.organisation, version_id=version_id)

@@ -10,8 +10,12 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
+from deploy.windows import MAX_DURATION_SECONDS
 from releases import selectors, services
 from releases.models import Release, ReleaseEvent
+
+# Integers are range-checked where they land: the database column holds 32 bits.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 class EventOutput(serializers.ModelSerializer):
@@ -118,8 +122,10 @@ class TargetInput(StrictSerializer):
 
 class PhaseInput(StrictSerializer):
     percentage = serializers.FloatField(min_value=0.0, max_value=100.0)
-    min_soak_seconds = serializers.IntegerField(min_value=0, required=False, default=0)
-    min_reporting_devices = serializers.IntegerField(min_value=0, required=False, default=0)
+    min_soak_seconds = serializers.IntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
+    min_reporting_devices = serializers.IntegerField(
+        min_value=0, max_value=INT32_MAX, required=False, default=0
+    )
     manual_approval = serializers.BooleanField(required=False, default=False)
 
 
@@ -134,7 +140,7 @@ class GateInput(StrictSerializer):
 
 class WindowInput(StrictSerializer):
     cron = serializers.CharField(max_length=100)
-    duration_seconds = serializers.IntegerField(min_value=60)
+    duration_seconds = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_SECONDS)
     timezone = serializers.CharField(max_length=64, required=False, default="UTC")
 
 
@@ -142,7 +148,7 @@ class ReleaseInput(StrictSerializer):
     name = serializers.CharField(max_length=200)
     version = serializers.UUIDField()
     target = TargetInput(required=False, default=dict)
-    priority = serializers.IntegerField(required=False, default=0)
+    priority = serializers.IntegerField(min_value=INT32_MIN, max_value=INT32_MAX, required=False, default=0)
     phases = PhaseInput(many=True, required=False, default=list)
     gate = GateInput(required=False, default=dict)
     download_only = serializers.BooleanField(required=False, default=False)
@@ -163,10 +169,16 @@ class ReleaseInput(StrictSerializer):
 class ActionInput(StrictSerializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="")
     expected_revision = serializers.IntegerField(
-        required=False, min_value=0, help_text="The revision you saw; 409 if the release moved since."
+        required=False,
+        min_value=0,
+        max_value=INT32_MAX,
+        help_text="The revision you saw; 409 if the release moved since.",
     )
     phase = serializers.IntegerField(
-        required=False, min_value=1, help_text="advance only: the phase to leave (makes advance idempotent)."
+        required=False,
+        min_value=1,
+        max_value=1000,
+        help_text="advance only: the phase to leave (makes advance idempotent).",
     )
 
 
@@ -181,6 +193,7 @@ def _plain(data):
 
 class ReleaseListCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
+
     @extend_schema(responses=ReleaseOutput(many=True))
     def get(self, request):
         releases = selectors.release_list(organisation=self.organisation).prefetch_related("events__actor")
@@ -212,6 +225,7 @@ class ReleaseListCreateApi(OrganisationApi):
 
 class ReleaseDetailApi(OrganisationApi):
     permission_classes = [ReadOnly]
+
     @extend_schema(responses=ReleaseOutput)
     def get(self, request, release_id):
         return Response(
@@ -221,6 +235,7 @@ class ReleaseDetailApi(OrganisationApi):
 
 class ReleaseActionApi(OrganisationApi):
     permission_classes = [OperatorWrites]
+
     @extend_schema(request=ActionInput, responses=ReleaseOutput, operation_id="v1_releases_action")
     def post(self, request, release_id, action: str):
         """start, pause, resume, advance, abort, rollback or activate (download-only releases)."""
@@ -249,6 +264,7 @@ class GateStatusOutput(serializers.Serializer):
 
 class ReleaseGateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
+
     @extend_schema(request=None, responses=GateStatusOutput)
     def post(self, request, release_id):
         """Evaluate the release's health gate now and act on it, as the periodic task does."""

@@ -41,6 +41,7 @@ PUBLIC = {
     "metrics": "Prometheus scrape; README: expose only to the monitoring network",
     "schema": "the OpenAPI document describes endpoints, holds no tenant data",
     "api-docs": "Swagger UI over the schema",
+    "api-not-found": "the JSON 404 of any path under /api/ no endpoint serves",
     "console:login": "where anonymous people are sent",
     "console:logout": "ends the caller's own session",
 }

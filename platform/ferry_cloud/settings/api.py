@@ -13,6 +13,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "ferry_cloud.api_errors.exception_handler",
+    # JSON bodies only; the one file upload declares multipart itself (registry/api.py).
+    "DEFAULT_PARSER_CLASSES": ["ferry_cloud.api_parsers.BoundedJSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Ferry control plane API",
