@@ -7,7 +7,8 @@ from datetime import timedelta
 from accounts.api import OrganisationApi
 from accounts.permissions import AdminWrites, OperatorWrites, ReadOnly, ViewerQueries
 from drf_spectacular.utils import extend_schema
-from ferry_cloud.errors import Invalid
+from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
+from ferry_cloud.errors import Invalid, NotFound
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
@@ -16,6 +17,10 @@ from deploy.filters import Filter
 from deploy.windows import MAX_DURATION_SECONDS
 from fleet import selectors, services
 from fleet.models import Device, DeviceGroup
+
+
+class InvalidFilter(Invalid):
+    code = "invalid_filter"
 
 
 class TokenInput(serializers.Serializer):
@@ -78,12 +83,44 @@ class DeviceOutput(serializers.ModelSerializer):
         return obj.telemetry.count() if counted is None else counted
 
 
+class DeviceQuery(ListQuery):
+    ORDERING = ("-enrolled_at", "enrolled_at", "name", "-name")
+
+    filter = serializers.CharField(
+        required=False, max_length=4000, trim_whitespace=False, help_text="Ferry's filter language."
+    )
+    group = serializers.UUIDField(required=False, help_text="Members of this device group now.")
+    version = serializers.UUIDField(required=False, help_text="Devices running this version.")
+    last_seen_after = serializers.DateTimeField(required=False)
+    last_seen_before = serializers.DateTimeField(required=False)
+    revoked = serializers.BooleanField(required=False, allow_null=True, default=None)
+
+
 class DeviceListApi(OrganisationApi):
     permission_classes = [ReadOnly]
 
-    @extend_schema(responses=DeviceOutput(many=True))
+    @extend_schema(
+        parameters=[DeviceQuery],
+        responses=page_of(DeviceOutput, "DevicePage"),
+        operation_id="v1_devices_list",
+    )
     def get(self, request):
-        return Response(DeviceOutput(selectors.device_list(organisation=self.organisation), many=True).data)
+        query = list_query(DeviceQuery, request)
+        try:
+            devices = selectors.device_list_filtered(
+                organisation=self.organisation,
+                filter_text=query.get("filter", ""),
+                group_id=query.get("group"),
+                version_id=query.get("version"),
+                last_seen_after=query.get("last_seen_after"),
+                last_seen_before=query.get("last_seen_before"),
+                revoked=query["revoked"],
+            )
+        except PolicyError as exc:
+            raise InvalidFilter(str(exc), fields={"filter": [str(exc)]}) from None
+        except NotFound as exc:  # the list exists; its parameter names nothing
+            raise Invalid(str(exc), fields={"group": [str(exc)]}) from None
+        return paginated(request, devices, query, lambda rows: DeviceOutput(rows, many=True).data)
 
 
 class DeviceRevokeApi(OrganisationApi):
@@ -169,14 +206,27 @@ def _plain(value):
     return str(value) if value.__class__.__name__ == "UUID" else value
 
 
+class GroupQuery(ListQuery):
+    ORDERING = ("name", "-name", "-created_at", "created_at")
+
+
 class GroupListCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
 
-    @extend_schema(responses=GroupOutput(many=True))
+    @extend_schema(
+        parameters=[GroupQuery],
+        responses=page_of(GroupOutput, "DeviceGroupPage"),
+        operation_id="v1_device_groups_list",
+    )
     def get(self, request):
-        groups = list(selectors.device_group_list(organisation=self.organisation))
-        members = selectors.device_group_members(groups=groups)
-        return Response(GroupOutput(groups, many=True, context={"members": members}).data)
+        query = list_query(GroupQuery, request)
+        groups = selectors.device_group_list(organisation=self.organisation)
+
+        def serialize(rows):
+            members = selectors.device_group_members(groups=rows)
+            return GroupOutput(rows, many=True, context={"members": members}).data
+
+        return paginated(request, groups, query, serialize)
 
     @extend_schema(request=GroupInput, responses={201: GroupOutput})
     def post(self, request):
@@ -232,10 +282,6 @@ class FilterPreviewOutput(serializers.Serializer):
     filter = serializers.CharField(help_text="The canonical form of the expression.")
     matching_devices = serializers.IntegerField()
     device_ids = serializers.ListField(child=serializers.CharField(), help_text="The first 100.")
-
-
-class InvalidFilter(Invalid):
-    code = "invalid_filter"
 
 
 class FilterPreviewApi(OrganisationApi):

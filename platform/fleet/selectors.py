@@ -116,3 +116,37 @@ def device_group_member_ids(*, group: DeviceGroup) -> list[str]:
     if group.kind == DeviceGroup.Kind.STATIC:
         return [str(pk) for pk in group.members.values_list("pk", flat=True)]
     return devices_matching(organisation_id=group.organisation_id, filter_text=group.filter)
+
+
+def device_list_filtered(
+    *,
+    organisation: Organisation,
+    filter_text: str = "",
+    group_id=None,
+    version_id=None,
+    last_seen_after=None,
+    last_seen_before=None,
+    revoked: bool | None = None,
+) -> QuerySet[Device]:
+    """device_list narrowed by the REST list's filters (each optional; all must hold).
+
+    ``filter_text`` is Ferry's filter language over the live devices (PolicyError if malformed);
+    ``group_id`` an unknown group is NotFound.
+    """
+    devices = device_list(organisation=organisation)
+    if filter_text:
+        devices = devices.filter(
+            pk__in=devices_matching(organisation_id=organisation.pk, filter_text=filter_text)
+        )
+    if group_id is not None:
+        group = device_group_get(organisation=organisation, group_id=group_id)
+        devices = devices.filter(pk__in=device_group_member_ids(group=group))
+    if version_id is not None:
+        devices = devices.filter(running_version_id=version_id)
+    if last_seen_after is not None:
+        devices = devices.filter(last_seen_at__gte=last_seen_after)
+    if last_seen_before is not None:
+        devices = devices.filter(last_seen_at__lt=last_seen_before)
+    if revoked is not None:
+        devices = devices.filter(revoked_at__isnull=not revoked)
+    return devices

@@ -5,6 +5,7 @@ from __future__ import annotations
 from accounts.api import OrganisationApi
 from accounts.permissions import OperatorWrites, ReadOnly
 from drf_spectacular.utils import extend_schema
+from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
 from rest_framework import serializers, status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
@@ -59,12 +60,20 @@ class ModelInput(serializers.Serializer):
     description = serializers.CharField(required=False, allow_blank=True, default="")
 
 
+class ModelQuery(ListQuery):
+    ORDERING = ("name", "-name", "-created_at", "created_at")
+
+
 class ModelListCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
 
-    @extend_schema(responses=ModelOutput(many=True))
+    @extend_schema(
+        parameters=[ModelQuery], responses=page_of(ModelOutput, "ModelPage"), operation_id="v1_models_list"
+    )
     def get(self, request):
-        return Response(ModelOutput(selectors.model_list(organisation=self.organisation), many=True).data)
+        query = list_query(ModelQuery, request)
+        models = selectors.model_list(organisation=self.organisation)
+        return paginated(request, models, query, lambda rows: ModelOutput(rows, many=True).data)
 
     @extend_schema(request=ModelInput, responses={201: ModelOutput})
     def post(self, request):

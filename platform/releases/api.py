@@ -5,6 +5,7 @@ from __future__ import annotations
 from accounts.api import OrganisationApi
 from accounts.permissions import OperatorWrites, ReadOnly
 from drf_spectacular.utils import extend_schema
+from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
 from registry.selectors import version_get
 from rest_framework import serializers, status
 from rest_framework.response import Response
@@ -191,13 +192,32 @@ def _plain(data):
     return str(data) if data.__class__.__name__ == "UUID" else data
 
 
+class ReleaseQuery(ListQuery):
+    ORDERING = ("-created_at", "created_at", "name", "-name")
+    LIST_PARAMETERS = frozenset({"state"})
+
+    state = serializers.MultipleChoiceField(
+        choices=Release.State.choices, required=False, help_text="Any of these states (repeat the parameter)."
+    )
+    version = serializers.UUIDField(required=False, help_text="Releases of this version.")
+
+
 class ReleaseListCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
 
-    @extend_schema(responses=ReleaseOutput(many=True))
+    @extend_schema(
+        parameters=[ReleaseQuery],
+        responses=page_of(ReleaseOutput, "ReleasePage"),
+        operation_id="v1_releases_list",
+    )
     def get(self, request):
-        releases = selectors.release_list(organisation=self.organisation).prefetch_related("events__actor")
-        return Response(ReleaseOutput(releases, many=True).data)
+        query = list_query(ReleaseQuery, request)
+        releases = selectors.release_list_filtered(
+            organisation=self.organisation,
+            states=sorted(query.get("state", ())),
+            version_id=query.get("version"),
+        ).prefetch_related("events__actor")
+        return paginated(request, releases, query, lambda rows: ReleaseOutput(rows, many=True).data)
 
     @extend_schema(request=ReleaseInput, responses={201: ReleaseOutput})
     def post(self, request):

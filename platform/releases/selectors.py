@@ -304,3 +304,15 @@ def release_selection(release: Release, groups: dict[str, DeviceGroup] | None = 
     target = Target(percentage=percentage, threshold=threshold)
     selected = frozenset(d for d, b in matching.items() if percentage > 0 and target.in_phase(b))
     return Selection(matching, threshold, selected)
+
+
+def release_list_filtered(
+    *, organisation: Organisation, states: list[str] | None = None, version_id=None
+) -> QuerySet[Release]:
+    """release_list narrowed by the REST list's filters: any of ``states``, one version."""
+    releases = release_list(organisation=organisation)
+    if states:
+        releases = releases.filter(state__in=states)
+    if version_id is not None:
+        releases = releases.filter(version_id=version_id)
+    return releases
