@@ -10,6 +10,7 @@ with the same filters, null on the last one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any
 
 from django.db.models import QuerySet
@@ -107,6 +108,7 @@ def paginated(
     return page.get_paginated_response(serialize(list(rows)))
 
 
+@cache  # one component per name, however many endpoints answer it
 def page_of(output: type[serializers.Serializer], name: str) -> serializers.Serializer:
     """The OpenAPI schema of a page of ``output`` rows."""
     return inline_serializer(

@@ -1,16 +1,31 @@
 from django.urls import include, path, re_path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from fleet.api import (
+    DeviceDetailApi,
     DeviceListApi,
     DevicePinApi,
     DeviceRevokeApi,
     EnrolmentTokenCreateApi,
+    EnrolmentTokenRevokeApi,
     FilterPreviewApi,
     GroupDetailApi,
     GroupListCreateApi,
 )
-from registry.api import ModelDetailApi, ModelListCreateApi, VersionCreateApi, VersionDetailApi
-from releases.api import ReleaseActionApi, ReleaseDetailApi, ReleaseGateApi, ReleaseListCreateApi
+from registry.api import (
+    ModelDetailApi,
+    ModelListCreateApi,
+    VersionCreateApi,
+    VersionDetailApi,
+    VersionListApi,
+)
+from releases.api import (
+    AuditFeedApi,
+    ReleaseActionApi,
+    ReleaseDetailApi,
+    ReleaseEventsApi,
+    ReleaseGateApi,
+    ReleaseListCreateApi,
+)
 from telemetry.api import FleetSummaryApi
 
 from ferry_cloud.api_errors import api_not_found
@@ -36,9 +51,16 @@ api = [
     path("models/", ModelListCreateApi.as_view(), name="models"),
     path("models/<rowid:model_id>/", ModelDetailApi.as_view(), name="model"),
     path("models/<rowid:model_id>/versions/", VersionCreateApi.as_view(), name="model-versions"),
+    path("versions/", VersionListApi.as_view(), name="versions"),
     path("versions/<str:version_id>/", VersionDetailApi.as_view(), name="version"),
     path("enrolment-tokens/", EnrolmentTokenCreateApi.as_view(), name="enrolment-tokens"),
     path("devices/", DeviceListApi.as_view(), name="devices"),
+    path(
+        "enrolment-tokens/<rowid:token_id>/revoke/",
+        EnrolmentTokenRevokeApi.as_view(),
+        name="enrolment-token-revoke",
+    ),
+    path("devices/<str:device_id>/", DeviceDetailApi.as_view(), name="device"),
     path("devices/<str:device_id>/revoke/", DeviceRevokeApi.as_view(), name="device-revoke"),
     path("devices/<str:device_id>/pin/", DevicePinApi.as_view(), name="device-pin"),
     path("device-groups/", GroupListCreateApi.as_view(), name="device-groups"),
@@ -47,7 +69,9 @@ api = [
     path("releases/", ReleaseListCreateApi.as_view(), name="releases"),
     path("releases/<str:release_id>/", ReleaseDetailApi.as_view(), name="release"),
     path("releases/<str:release_id>/gate/", ReleaseGateApi.as_view(), name="release-gate"),
+    path("releases/<str:release_id>/events/", ReleaseEventsApi.as_view(), name="release-events"),
     path("releases/<str:release_id>/<str:action>/", ReleaseActionApi.as_view(), name="release-action"),
+    path("audit/", AuditFeedApi.as_view(), name="audit"),
     path("fleet/summary/", FleetSummaryApi.as_view(), name="fleet-summary"),
 ]
 

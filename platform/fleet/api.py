@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
+from typing import Literal
 
 from accounts.api import OrganisationApi
 from accounts.permissions import AdminWrites, OperatorWrites, ReadOnly, ViewerQueries
-from drf_spectacular.utils import extend_schema
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
+from ferry_cloud.api_shapes import StrictSerializer, VersionRefOutput, version_ref
 from ferry_cloud.errors import Invalid, NotFound
 from rest_framework import serializers, status
 from rest_framework.response import Response
@@ -16,7 +20,7 @@ from deploy.errors import PolicyError
 from deploy.filters import Filter
 from deploy.windows import MAX_DURATION_SECONDS
 from fleet import selectors, services
-from fleet.models import Device, DeviceGroup
+from fleet.models import Device, DeviceGroup, DeviceVersionChange, EnrolmentToken
 
 
 class InvalidFilter(Invalid):
@@ -29,13 +33,42 @@ class TokenInput(serializers.Serializer):
 
 
 class TokenOutput(serializers.Serializer):
+    id = serializers.IntegerField()
     token = serializers.CharField(help_text="Shown once; give it to one device.")
     expires_at = serializers.DateTimeField()
     labels = serializers.DictField()
 
 
+class TokenRecordOutput(serializers.ModelSerializer):
+    state = serializers.SerializerMethodField()
+
+    class Meta:
+        model = EnrolmentToken
+        fields = ["id", "labels", "state", "expires_at", "used_at", "created_at"]
+
+    def get_state(self, obj: EnrolmentToken) -> Literal["unused", "used", "expired"]:
+        if obj.used_at is not None:
+            return "used"
+        return "expired" if obj.expires_at <= timezone.now() else "unused"
+
+
+class TokenQuery(ListQuery):
+    ORDERING = ("-created_at", "created_at")
+
+
 class EnrolmentTokenCreateApi(OrganisationApi):
     permission_classes = [AdminWrites]
+
+    @extend_schema(
+        parameters=[TokenQuery],
+        responses=page_of(TokenRecordOutput, "EnrolmentTokenPage"),
+        operation_id="v1_enrolment_tokens_list",
+    )
+    def get(self, request):
+        """The organisation's enrolment tokens (never the secret itself: it is shown once)."""
+        query = list_query(TokenQuery, request)
+        tokens = selectors.enrolment_token_list(organisation=self.organisation)
+        return paginated(request, tokens, query, lambda rows: TokenRecordOutput(rows, many=True).data)
 
     @extend_schema(request=TokenInput, responses={201: TokenOutput})
     def post(self, request):
@@ -46,8 +79,23 @@ class EnrolmentTokenCreateApi(OrganisationApi):
             labels=data.validated_data["labels"],
             ttl=timedelta(hours=data.validated_data["ttl_hours"]),
         )
-        body = {"token": issued.token, "expires_at": issued.record.expires_at, "labels": issued.record.labels}
+        body = {
+            "id": issued.record.pk,
+            "token": issued.token,
+            "expires_at": issued.record.expires_at,
+            "labels": issued.record.labels,
+        }
         return Response(TokenOutput(body).data, status=status.HTTP_201_CREATED)
+
+
+class EnrolmentTokenRevokeApi(OrganisationApi):
+    permission_classes = [AdminWrites]
+
+    @extend_schema(request=None, responses=TokenRecordOutput)
+    def post(self, request, token_id):
+        """Make an unused token unusable now; 409 if a device already enrolled with it."""
+        record = selectors.enrolment_token_get(organisation=self.organisation, token_id=token_id)
+        return Response(TokenRecordOutput(services.enrolment_token_revoke(record=record)).data)
 
 
 class DeviceOutput(serializers.ModelSerializer):
@@ -70,13 +118,13 @@ class DeviceOutput(serializers.ModelSerializer):
             "telemetry_records",
         ]
 
+    @extend_schema_field(VersionRefOutput(allow_null=True))
     def get_running_version(self, obj: Device) -> dict | None:
-        v = obj.running_version
-        return None if v is None else {"id": str(v.id), "model": v.model.name, "label": v.label}
+        return version_ref(obj.running_version)
 
+    @extend_schema_field(VersionRefOutput(allow_null=True))
     def get_pinned_version(self, obj: Device) -> dict | None:
-        v = obj.pinned_version
-        return None if v is None else {"id": str(v.id), "model": v.model.name, "label": v.label}
+        return version_ref(obj.pinned_version)
 
     def get_telemetry_records(self, obj: Device) -> int:
         counted = getattr(obj, "telemetry_count", None)  # device_list annotates it
@@ -121,6 +169,73 @@ class DeviceListApi(OrganisationApi):
         except NotFound as exc:  # the list exists; its parameter names nothing
             raise Invalid(str(exc), fields={"group": [str(exc)]}) from None
         return paginated(request, devices, query, lambda rows: DeviceOutput(rows, many=True).data)
+
+
+class VersionChangeOutput(serializers.ModelSerializer):
+    from_version = serializers.SerializerMethodField()
+    to_version = serializers.SerializerMethodField()
+
+    class Meta:
+        model = DeviceVersionChange
+        fields = ["from_version", "to_version", "at"]
+
+    @extend_schema_field(VersionRefOutput(allow_null=True))
+    def get_from_version(self, obj: DeviceVersionChange) -> dict | None:
+        return version_ref(obj.from_version)
+
+    @extend_schema_field(VersionRefOutput(allow_null=True))
+    def get_to_version(self, obj: DeviceVersionChange) -> dict | None:
+        return version_ref(obj.to_version)
+
+
+class DeviceDetailOutput(DeviceOutput):
+    history = serializers.SerializerMethodField(help_text="The latest 50 version changes, newest first.")
+
+    class Meta(DeviceOutput.Meta):
+        fields = [*DeviceOutput.Meta.fields, "history"]
+
+    @extend_schema_field(VersionChangeOutput(many=True))
+    def get_history(self, obj: Device) -> list[dict]:
+        return VersionChangeOutput(selectors.device_history(device=obj), many=True).data
+
+
+LABEL_KEY = r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$"
+
+
+class DeviceUpdateInput(StrictSerializer):
+    labels = serializers.DictField(
+        child=serializers.CharField(max_length=200), help_text="Replaces all the labels (64 at most)."
+    )
+
+    def validate_labels(self, labels: dict[str, str]) -> dict[str, str]:
+        if len(labels) > 64:
+            raise serializers.ValidationError(f"{len(labels)} labels; a device has 64 at most.")
+        bad = [key for key in labels if not re.match(LABEL_KEY, key)]
+        if bad:
+            raise serializers.ValidationError(
+                f"Label names must match {LABEL_KEY}: {', '.join(sorted(bad))}."
+            )
+        return labels
+
+
+class DeviceDetailApi(OrganisationApi):
+    permission_classes = [OperatorWrites]
+
+    @extend_schema(responses=DeviceDetailOutput)
+    def get(self, request, device_id):
+        """The device, the version it runs and is pinned to, and its version history."""
+        device = selectors.device_get(organisation=self.organisation, device_id=device_id)
+        return Response(DeviceDetailOutput(device).data)
+
+    @extend_schema(request=DeviceUpdateInput, responses=DeviceDetailOutput)
+    def patch(self, request, device_id):
+        """Edit the device's labels (the filters, groups and release targets that read them follow)."""
+        device = selectors.device_get(organisation=self.organisation, device_id=device_id)
+        data = DeviceUpdateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.device_labels_set(device=device, labels=data.validated_data["labels"])
+        device = selectors.device_get(organisation=self.organisation, device_id=device_id)
+        return Response(DeviceDetailOutput(device).data)
 
 
 class DeviceRevokeApi(OrganisationApi):
@@ -169,9 +284,9 @@ class GroupOutput(serializers.ModelSerializer):
         model = DeviceGroup
         fields = ["id", "name", "kind", "filter", "window", "pinned_version", "device_ids", "created_at"]
 
+    @extend_schema_field(VersionRefOutput(allow_null=True))
     def get_pinned_version(self, obj: DeviceGroup) -> dict | None:
-        v = obj.pinned_version
-        return None if v is None else {"id": str(v.id), "model": v.model.name, "label": v.label}
+        return version_ref(obj.pinned_version)
 
     def get_device_ids(self, obj: DeviceGroup) -> list[str]:
         members = self.context.get("members")  # a list answer reads them for all groups at once

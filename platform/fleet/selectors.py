@@ -8,7 +8,7 @@ from django.db.models import Count, QuerySet
 from ferry_cloud.errors import NotFound
 
 from deploy.filters import Filter
-from fleet.models import Device, DeviceGroup
+from fleet.models import Device, DeviceGroup, DeviceVersionChange, EnrolmentToken
 
 
 def device_list(*, organisation: Organisation) -> QuerySet[Device]:
@@ -150,3 +150,20 @@ def device_list_filtered(
     if revoked is not None:
         devices = devices.filter(revoked_at__isnull=not revoked)
     return devices
+
+
+def device_history(*, device: Device, limit: int = 50) -> list[DeviceVersionChange]:
+    """The device's latest version changes, newest first."""
+    changes = device.version_changes.select_related("from_version__model", "to_version__model")
+    return list(changes.order_by("-at", "-id")[:limit])
+
+
+def enrolment_token_list(*, organisation: Organisation) -> QuerySet[EnrolmentToken]:
+    return EnrolmentToken.objects.filter(organisation=organisation)
+
+
+def enrolment_token_get(*, organisation: Organisation, token_id) -> EnrolmentToken:
+    try:
+        return enrolment_token_list(organisation=organisation).get(pk=token_id)
+    except (EnrolmentToken.DoesNotExist, ValueError):
+        raise NotFound(f"No enrolment token {token_id} in this organisation.") from None

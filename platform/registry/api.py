@@ -122,9 +122,53 @@ class VersionInput(serializers.Serializer):
     )
 
 
+class VersionQuery(ListQuery):
+    ORDERING = ("-created_at", "created_at")
+
+    model = serializers.IntegerField(
+        required=False, min_value=1, max_value=2**63 - 1, help_text="Versions of this model."
+    )
+    status = serializers.ChoiceField(choices=ModelVersion.Status.choices, required=False)
+
+
+class ModelVersionQuery(VersionQuery):
+    model = None  # the path names the model
+
+
+class VersionListApi(OrganisationApi):
+    permission_classes = [ReadOnly]
+
+    @extend_schema(
+        parameters=[VersionQuery],
+        responses=page_of(VersionOutput, "VersionPage"),
+        operation_id="v1_versions_list",
+    )
+    def get(self, request):
+        """Every version of every model, newest first."""
+        query = list_query(VersionQuery, request)
+        versions = selectors.version_list(
+            organisation=self.organisation, model_id=query.get("model"), status=query.get("status")
+        )
+        return paginated(request, versions, query, lambda rows: VersionOutput(rows, many=True).data)
+
+
 class VersionCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
     parser_classes = [MultiPartParser]
+
+    @extend_schema(
+        parameters=[ModelVersionQuery],
+        responses=page_of(VersionOutput, "VersionPage"),
+        operation_id="v1_model_versions_list",
+    )
+    def get(self, request, model_id: int):
+        """The model's versions, newest first."""
+        model = selectors.model_get(organisation=self.organisation, model_id=model_id)
+        query = list_query(ModelVersionQuery, request)
+        versions = selectors.version_list(
+            organisation=self.organisation, model_id=model.pk, status=query.get("status")
+        )
+        return paginated(request, versions, query, lambda rows: VersionOutput(rows, many=True).data)
 
     @extend_schema(request={"multipart/form-data": VersionInput}, responses={201: VersionOutput})
     def post(self, request, model_id: int):
@@ -147,9 +191,16 @@ class VersionCreateApi(OrganisationApi):
 
 
 class VersionDetailApi(OrganisationApi):
-    permission_classes = [ReadOnly]
+    permission_classes = [OperatorWrites]
 
     @extend_schema(responses=VersionOutput)
     def get(self, request, version_id):
         version = selectors.version_get(organisation=self.organisation, version_id=version_id)
         return Response(VersionOutput(version).data)
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request, version_id):
+        """Delete a version never released and used by nothing (409 otherwise)."""
+        version = selectors.version_get(organisation=self.organisation, version_id=version_id)
+        services.version_delete(version=version)
+        return Response(status=status.HTTP_204_NO_CONTENT)

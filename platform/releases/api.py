@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from accounts.api import OrganisationApi
 from accounts.permissions import OperatorWrites, ReadOnly
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
+from ferry_cloud.api_shapes import StrictSerializer, VersionRefOutput, version_ref
 from registry.selectors import version_get
 from rest_framework import serializers, status
 from rest_framework.response import Response
-from rest_framework.settings import api_settings
 
 from deploy.windows import MAX_DURATION_SECONDS
 from releases import selectors, services
@@ -20,13 +20,19 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 class EventOutput(serializers.ModelSerializer):
-    actor = serializers.CharField(source="actor.username", default=None)
+    actor = serializers.CharField(
+        source="actor.username",
+        default=None,
+        allow_null=True,
+        help_text="null: the system (the health gate).",
+    )
     from_phase = serializers.SerializerMethodField()
     to_phase = serializers.SerializerMethodField()
 
     class Meta:
         model = ReleaseEvent
         fields = [
+            "id",
             "action",
             "from_state",
             "to_state",
@@ -83,9 +89,9 @@ class ReleaseOutput(serializers.ModelSerializer):
             "events",
         ]
 
+    @extend_schema_field(VersionRefOutput)
     def get_version(self, obj: Release) -> dict:
-        v = obj.version
-        return {"id": str(v.id), "model": v.model.name, "label": v.label}
+        return version_ref(obj.version)
 
     def get_phase(self, obj: Release) -> int:
         return obj.current_phase + 1
@@ -102,15 +108,6 @@ class ReleaseOutput(serializers.ModelSerializer):
 
     def get_percentage(self, obj: Release) -> float:
         return selectors.release_phases(obj)[obj.current_phase].percentage
-
-
-class StrictSerializer(serializers.Serializer):
-    def to_internal_value(self, data):
-        unknown = set(data) - set(self.fields) if isinstance(data, dict) else set()
-        if unknown:  # a typo must not silently widen a target or drop a threshold
-            message = f"Unknown field(s): {', '.join(sorted(unknown))}."
-            raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: [message]})
-        return super().to_internal_value(data)
 
 
 class TargetInput(StrictSerializer):
@@ -290,3 +287,68 @@ class ReleaseGateApi(OrganisationApi):
         """Evaluate the release's health gate now and act on it, as the periodic task does."""
         release = selectors.release_get(organisation=self.organisation, release_id=release_id)
         return Response(services.release_gate_evaluate(release_id=release.pk))
+
+
+# ---- events: one release's, and the organisation's audit feed ---------------------------------
+
+
+class AuditEventOutput(EventOutput):
+    release = serializers.UUIDField(source="release_id")
+    release_name = serializers.CharField(source="release.name")
+
+    class Meta(EventOutput.Meta):
+        fields = ["id", "release", "release_name", *EventOutput.Meta.fields]
+
+
+class EventQuery(ListQuery):
+    ORDERING = ("at", "-at")
+
+    actor = serializers.CharField(
+        required=False, allow_blank=True, max_length=150, help_text="A username; empty: the system's own."
+    )
+    after = serializers.DateTimeField(required=False, help_text="Events at or after this time.")
+    before = serializers.DateTimeField(required=False, help_text="Events before this time.")
+
+
+class AuditQuery(EventQuery):
+    ORDERING = ("-at", "at")
+
+    release = serializers.UUIDField(required=False, help_text="One release's events.")
+
+
+def _events_page(request, organisation, query: dict, release_id=None):
+    events = selectors.release_events(
+        organisation=organisation,
+        release_id=release_id if release_id is not None else query.get("release"),
+        actor=query.get("actor"),
+        after=query.get("after"),
+        before=query.get("before"),
+    )
+    return paginated(request, events, query, lambda rows: AuditEventOutput(rows, many=True).data)
+
+
+class ReleaseEventsApi(OrganisationApi):
+    permission_classes = [ReadOnly]
+
+    @extend_schema(
+        parameters=[EventQuery],
+        responses=page_of(AuditEventOutput, "ReleaseEventPage"),
+        operation_id="v1_release_events_list",
+    )
+    def get(self, request, release_id):
+        """The release's events, oldest first: every state change, who made it and why."""
+        release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        return _events_page(request, self.organisation, list_query(EventQuery, request), release.pk)
+
+
+class AuditFeedApi(OrganisationApi):
+    permission_classes = [ReadOnly]
+
+    @extend_schema(
+        parameters=[AuditQuery],
+        responses=page_of(AuditEventOutput, "AuditEventPage"),
+        operation_id="v1_audit_list",
+    )
+    def get(self, request):
+        """The organisation's audit feed, newest first: every release state change, who made it and why."""
+        return _events_page(request, self.organisation, list_query(AuditQuery, request))
