@@ -10,9 +10,12 @@ from accounts.api import OrganisationApi
 from accounts.permissions import AdminWrites, OperatorWrites, ReadOnly, ViewerQueries
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_field
+from ferry_cloud.api_conditions import IF_MATCH, created, require_match, tagged
 from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
 from ferry_cloud.api_shapes import StrictSerializer, VersionRefOutput, version_ref
 from ferry_cloud.errors import Invalid, NotFound
+from ferry_cloud.idempotency import HEADER as IDEMPOTENCY_KEY
+from ferry_cloud.idempotency import idempotent
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
@@ -70,7 +73,8 @@ class EnrolmentTokenCreateApi(OrganisationApi):
         tokens = selectors.enrolment_token_list(organisation=self.organisation)
         return paginated(request, tokens, query, lambda rows: TokenRecordOutput(rows, many=True).data)
 
-    @extend_schema(request=TokenInput, responses={201: TokenOutput})
+    @extend_schema(request=TokenInput, responses={201: TokenOutput}, parameters=[IDEMPOTENCY_KEY])
+    @idempotent(secret="token")
     def post(self, request):
         data = TokenInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -225,25 +229,27 @@ class DeviceDetailApi(OrganisationApi):
     def get(self, request, device_id):
         """The device, the version it runs and is pinned to, and its version history."""
         device = selectors.device_get(organisation=self.organisation, device_id=device_id)
-        return Response(DeviceDetailOutput(device).data)
+        return tagged(Response(DeviceDetailOutput(device).data))
 
-    @extend_schema(request=DeviceUpdateInput, responses=DeviceDetailOutput)
+    @extend_schema(request=DeviceUpdateInput, responses=DeviceDetailOutput, parameters=[IF_MATCH])
     def patch(self, request, device_id):
         """Edit the device's labels (the filters, groups and release targets that read them follow)."""
         device = selectors.device_get(organisation=self.organisation, device_id=device_id)
+        require_match(request, DeviceDetailOutput(device).data)
         data = DeviceUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         services.device_labels_set(device=device, labels=data.validated_data["labels"])
         device = selectors.device_get(organisation=self.organisation, device_id=device_id)
-        return Response(DeviceDetailOutput(device).data)
+        return tagged(Response(DeviceDetailOutput(device).data))
 
 
 class DeviceRevokeApi(OrganisationApi):
     permission_classes = [AdminWrites]
 
-    @extend_schema(request=None, responses=DeviceOutput)
+    @extend_schema(request=None, responses=DeviceOutput, parameters=[IF_MATCH])
     def post(self, request, device_id):
         device = selectors.device_get(organisation=self.organisation, device_id=device_id)
+        require_match(request, DeviceDetailOutput(device).data)
         services.device_revoke(device=device)
         device.refresh_from_db()
         return Response(DeviceOutput(device).data)
@@ -256,10 +262,11 @@ class PinInput(serializers.Serializer):
 class DevicePinApi(OrganisationApi):
     permission_classes = [OperatorWrites]
 
-    @extend_schema(request=PinInput, responses=DeviceOutput)
+    @extend_schema(request=PinInput, responses=DeviceOutput, parameters=[IF_MATCH])
     def post(self, request, device_id):
         """Pin the device to a version (it runs that version whatever the releases say), or unpin it."""
         device = selectors.device_get(organisation=self.organisation, device_id=device_id)
+        require_match(request, DeviceDetailOutput(device).data)
         data = PinInput(data=request.data)
         data.is_valid(raise_exception=True)
         services.device_pin(device=device, version_id=data.validated_data["version"])
@@ -343,7 +350,8 @@ class GroupListCreateApi(OrganisationApi):
 
         return paginated(request, groups, query, serialize)
 
-    @extend_schema(request=GroupInput, responses={201: GroupOutput})
+    @extend_schema(request=GroupInput, responses={201: GroupOutput}, parameters=[IDEMPOTENCY_KEY])
+    @idempotent
     def post(self, request):
         data = GroupInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -357,35 +365,35 @@ class GroupListCreateApi(OrganisationApi):
             window=values["window"],
             pinned_version_id=values["pinned_version"],
         )
-        return Response(GroupOutput(group).data, status=status.HTTP_201_CREATED)
+        return created(request, GroupOutput(group).data, "device-group", group_id=group.pk)
 
 
 class GroupDetailApi(OrganisationApi):
     permission_classes = [OperatorWrites]
 
+    def _group(self, group_id) -> DeviceGroup:
+        return selectors.device_group_get(organisation=self.organisation, group_id=group_id)
+
     @extend_schema(responses=GroupOutput)
     def get(self, request, group_id):
-        return Response(
-            GroupOutput(selectors.device_group_get(organisation=self.organisation, group_id=group_id)).data
-        )
+        return tagged(Response(GroupOutput(self._group(group_id)).data))
 
-    @extend_schema(request=GroupUpdateInput, responses=GroupOutput)
+    @extend_schema(request=GroupUpdateInput, responses=GroupOutput, parameters=[IF_MATCH])
     def patch(self, request, group_id):
-        group = selectors.device_group_get(organisation=self.organisation, group_id=group_id)
+        group = self._group(group_id)
+        require_match(request, GroupOutput(group).data)
         data = GroupUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         values = _plain(data.validated_data)
         renamed = {"filter": "filter_text", "pinned_version": "pinned_version_id"}
         services.device_group_update(group=group, **{renamed.get(k, k): v for k, v in values.items()})
-        return Response(
-            GroupOutput(selectors.device_group_get(organisation=self.organisation, group_id=group_id)).data
-        )
+        return tagged(Response(GroupOutput(self._group(group_id)).data))
 
-    @extend_schema(request=None, responses={204: None})
+    @extend_schema(request=None, responses={204: None}, parameters=[IF_MATCH])
     def delete(self, request, group_id):
-        services.device_group_delete(
-            group=selectors.device_group_get(organisation=self.organisation, group_id=group_id)
-        )
+        group = self._group(group_id)
+        require_match(request, GroupOutput(group).data)
+        services.device_group_delete(group=group)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

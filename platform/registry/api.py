@@ -5,7 +5,10 @@ from __future__ import annotations
 from accounts.api import OrganisationApi
 from accounts.permissions import OperatorWrites, ReadOnly
 from drf_spectacular.utils import extend_schema
+from ferry_cloud.api_conditions import IF_MATCH, created, require_match, tagged
 from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
+from ferry_cloud.idempotency import HEADER as IDEMPOTENCY_KEY
+from ferry_cloud.idempotency import idempotent
 from rest_framework import serializers, status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
@@ -75,12 +78,13 @@ class ModelListCreateApi(OrganisationApi):
         models = selectors.model_list(organisation=self.organisation)
         return paginated(request, models, query, lambda rows: ModelOutput(rows, many=True).data)
 
-    @extend_schema(request=ModelInput, responses={201: ModelOutput})
+    @extend_schema(request=ModelInput, responses={201: ModelOutput}, parameters=[IDEMPOTENCY_KEY])
+    @idempotent
     def post(self, request):
         data = ModelInput(data=request.data)
         data.is_valid(raise_exception=True)
         model = services.model_create(organisation=self.organisation, **data.validated_data)
-        return Response(ModelOutput(model).data, status=status.HTTP_201_CREATED)
+        return created(request, ModelOutput(model).data, "model", model_id=model.pk)
 
 
 class ModelDetailApi(OrganisationApi):
@@ -88,8 +92,8 @@ class ModelDetailApi(OrganisationApi):
 
     @extend_schema(responses=ModelOutput)
     def get(self, request, model_id: int):
-        return Response(
-            ModelOutput(selectors.model_get(organisation=self.organisation, model_id=model_id)).data
+        return tagged(
+            Response(ModelOutput(selectors.model_get(organisation=self.organisation, model_id=model_id)).data)
         )
 
 
@@ -170,7 +174,12 @@ class VersionCreateApi(OrganisationApi):
         )
         return paginated(request, versions, query, lambda rows: VersionOutput(rows, many=True).data)
 
-    @extend_schema(request={"multipart/form-data": VersionInput}, responses={201: VersionOutput})
+    @extend_schema(
+        request={"multipart/form-data": VersionInput},
+        responses={201: VersionOutput},
+        parameters=[IDEMPOTENCY_KEY],
+    )
+    @idempotent
     def post(self, request, model_id: int):
         model = selectors.model_get(organisation=self.organisation, model_id=model_id)
         data = VersionInput(data=request.data)
@@ -187,7 +196,7 @@ class VersionCreateApi(OrganisationApi):
             model=model, label=data.validated_data["label"], stream=upload, size=upload.size, options=options
         )
         version = selectors.version_get(organisation=self.organisation, version_id=version.pk)
-        return Response(VersionOutput(version).data, status=status.HTTP_201_CREATED)
+        return created(request, VersionOutput(version).data, "version", version_id=version.pk)
 
 
 class VersionDetailApi(OrganisationApi):
@@ -196,11 +205,12 @@ class VersionDetailApi(OrganisationApi):
     @extend_schema(responses=VersionOutput)
     def get(self, request, version_id):
         version = selectors.version_get(organisation=self.organisation, version_id=version_id)
-        return Response(VersionOutput(version).data)
+        return tagged(Response(VersionOutput(version).data))
 
-    @extend_schema(request=None, responses={204: None})
+    @extend_schema(request=None, responses={204: None}, parameters=[IF_MATCH])
     def delete(self, request, version_id):
         """Delete a version never released and used by nothing (409 otherwise)."""
         version = selectors.version_get(organisation=self.organisation, version_id=version_id)
+        require_match(request, VersionOutput(version).data)
         services.version_delete(version=version)
         return Response(status=status.HTTP_204_NO_CONTENT)

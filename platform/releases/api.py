@@ -5,10 +5,13 @@ from __future__ import annotations
 from accounts.api import OrganisationApi
 from accounts.permissions import OperatorWrites, ReadOnly
 from drf_spectacular.utils import extend_schema, extend_schema_field
+from ferry_cloud.api_conditions import IF_MATCH, created, require_match, tagged
 from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
 from ferry_cloud.api_shapes import StrictSerializer, VersionRefOutput, version_ref
+from ferry_cloud.idempotency import HEADER as IDEMPOTENCY_KEY
+from ferry_cloud.idempotency import idempotent
 from registry.selectors import version_get
-from rest_framework import serializers, status
+from rest_framework import serializers
 from rest_framework.response import Response
 
 from deploy.windows import MAX_DURATION_SECONDS
@@ -180,6 +183,12 @@ class ActionInput(StrictSerializer):
     )
 
 
+def release_etag(release: Release) -> str:
+    """A release's ETag names its revision (state, phase, settings), not its live device counts,
+    so a read-decide-act script is refused only when the release itself moved."""
+    return f'"{release.pk}-r{release.revision}"'
+
+
 def _plain(data):
     """Serializer output (OrderedDicts, UUIDs) as JSON-ready values for the model's JSON fields."""
     if isinstance(data, dict):
@@ -216,7 +225,8 @@ class ReleaseListCreateApi(OrganisationApi):
         ).prefetch_related("events__actor")
         return paginated(request, releases, query, lambda rows: ReleaseOutput(rows, many=True).data)
 
-    @extend_schema(request=ReleaseInput, responses={201: ReleaseOutput})
+    @extend_schema(request=ReleaseInput, responses={201: ReleaseOutput}, parameters=[IDEMPOTENCY_KEY])
+    @idempotent
     def post(self, request):
         data = ReleaseInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -237,7 +247,8 @@ class ReleaseListCreateApi(OrganisationApi):
             allow_empty=values["allow_empty"],
         )
         release = selectors.release_get(organisation=self.organisation, release_id=release.pk)
-        return Response(ReleaseOutput(release).data, status=status.HTTP_201_CREATED)
+        response = created(request, ReleaseOutput(release).data, "release", release_id=release.pk)
+        return tagged(response, release_etag(release))
 
 
 class ReleaseDetailApi(OrganisationApi):
@@ -245,18 +256,20 @@ class ReleaseDetailApi(OrganisationApi):
 
     @extend_schema(responses=ReleaseOutput)
     def get(self, request, release_id):
-        return Response(
-            ReleaseOutput(selectors.release_get(organisation=self.organisation, release_id=release_id)).data
-        )
+        release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        return tagged(Response(ReleaseOutput(release).data), release_etag(release))
 
 
 class ReleaseActionApi(OrganisationApi):
     permission_classes = [OperatorWrites]
 
-    @extend_schema(request=ActionInput, responses=ReleaseOutput, operation_id="v1_releases_action")
+    @extend_schema(
+        request=ActionInput, responses=ReleaseOutput, operation_id="v1_releases_action", parameters=[IF_MATCH]
+    )
     def post(self, request, release_id, action: str):
         """start, pause, resume, advance, abort, rollback or activate (download-only releases)."""
         release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        require_match(request, None, tag=release_etag(release))
         data = ActionInput(data=request.data)
         data.is_valid(raise_exception=True)
         services.release_transition(
@@ -268,7 +281,7 @@ class ReleaseActionApi(OrganisationApi):
             phase=data.validated_data.get("phase"),
         )
         release = selectors.release_get(organisation=self.organisation, release_id=release.pk)
-        return Response(ReleaseOutput(release).data)
+        return tagged(Response(ReleaseOutput(release).data), release_etag(release))
 
 
 class GateStatusOutput(serializers.Serializer):
