@@ -31,3 +31,8 @@ def version_ref(version) -> dict[str, str] | None:
     if version is None:
         return None
     return {"id": str(version.id), "model": version.model.name, "label": version.label}
+
+
+# A nullable embedded version for extend_schema_field (the serializer's allow_null is not carried
+# into the document); ReleaseOutput's non-null reference keeps the component in it.
+NULLABLE_VERSION_REF = {"oneOf": [{"$ref": "#/components/schemas/VersionRefOutput"}, {"type": "null"}]}

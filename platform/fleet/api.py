@@ -12,7 +12,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from ferry_cloud.api_conditions import IF_MATCH, created, require_match, tagged
 from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
-from ferry_cloud.api_shapes import StrictSerializer, VersionRefOutput, version_ref
+from ferry_cloud.api_shapes import NULLABLE_VERSION_REF, StrictSerializer, version_ref
 from ferry_cloud.errors import Invalid, NotFound
 from ferry_cloud.idempotency import HEADER as IDEMPOTENCY_KEY
 from ferry_cloud.idempotency import idempotent
@@ -122,11 +122,11 @@ class DeviceOutput(serializers.ModelSerializer):
             "telemetry_records",
         ]
 
-    @extend_schema_field(VersionRefOutput(allow_null=True))
+    @extend_schema_field(NULLABLE_VERSION_REF)
     def get_running_version(self, obj: Device) -> dict | None:
         return version_ref(obj.running_version)
 
-    @extend_schema_field(VersionRefOutput(allow_null=True))
+    @extend_schema_field(NULLABLE_VERSION_REF)
     def get_pinned_version(self, obj: Device) -> dict | None:
         return version_ref(obj.pinned_version)
 
@@ -183,11 +183,11 @@ class VersionChangeOutput(serializers.ModelSerializer):
         model = DeviceVersionChange
         fields = ["from_version", "to_version", "at"]
 
-    @extend_schema_field(VersionRefOutput(allow_null=True))
+    @extend_schema_field(NULLABLE_VERSION_REF)
     def get_from_version(self, obj: DeviceVersionChange) -> dict | None:
         return version_ref(obj.from_version)
 
-    @extend_schema_field(VersionRefOutput(allow_null=True))
+    @extend_schema_field(NULLABLE_VERSION_REF)
     def get_to_version(self, obj: DeviceVersionChange) -> dict | None:
         return version_ref(obj.to_version)
 
@@ -291,7 +291,7 @@ class GroupOutput(serializers.ModelSerializer):
         model = DeviceGroup
         fields = ["id", "name", "kind", "filter", "window", "pinned_version", "device_ids", "created_at"]
 
-    @extend_schema_field(VersionRefOutput(allow_null=True))
+    @extend_schema_field(NULLABLE_VERSION_REF)
     def get_pinned_version(self, obj: DeviceGroup) -> dict | None:
         return version_ref(obj.pinned_version)
 

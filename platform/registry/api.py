@@ -27,8 +27,12 @@ class JobOutput(serializers.ModelSerializer):
 class VersionOutput(serializers.ModelSerializer):
     model = serializers.CharField(source="model.name")
     job = JobOutput()
-    package_sha256 = serializers.CharField(source="package.sha256", default=None)
-    package_size = serializers.IntegerField(source="package.size", default=None)
+    package_sha256 = serializers.CharField(
+        source="package.sha256", default=None, allow_null=True, help_text="null until converted."
+    )
+    package_size = serializers.IntegerField(
+        source="package.size", default=None, allow_null=True, help_text="null until converted."
+    )
 
     class Meta:
         model = ModelVersion

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from accounts.api import OrganisationApi
 from accounts.permissions import OperatorWrites, ReadOnly
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from ferry_cloud.api_conditions import IF_MATCH, created, require_match, tagged
 from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
 from ferry_cloud.api_shapes import StrictSerializer, VersionRefOutput, version_ref
@@ -14,6 +14,7 @@ from registry.selectors import version_get
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from deploy.phases import ACTIONS
 from deploy.windows import MAX_DURATION_SECONDS
 from releases import selectors, services
 from releases.models import Release, ReleaseEvent
@@ -264,7 +265,13 @@ class ReleaseActionApi(OrganisationApi):
     permission_classes = [OperatorWrites]
 
     @extend_schema(
-        request=ActionInput, responses=ReleaseOutput, operation_id="v1_releases_action", parameters=[IF_MATCH]
+        request=ActionInput,
+        responses=ReleaseOutput,
+        operation_id="v1_releases_action",
+        parameters=[
+            IF_MATCH,
+            OpenApiParameter("action", str, OpenApiParameter.PATH, enum=[*ACTIONS, *services.EXTRA_ACTIONS]),
+        ],
     )
     def post(self, request, release_id, action: str):
         """start, pause, resume, advance, abort, rollback or activate (download-only releases)."""

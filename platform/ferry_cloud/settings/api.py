@@ -21,4 +21,11 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Ferry control plane API",
     "DESCRIPTION": "Models, versions, conversion jobs, releases, devices and telemetry.",
     "VERSION": "1",
+    "OAS_VERSION": "3.1.0",  # null as a type: generated clients and validators read it alike
+    # request and response components apart: an upload's file is binary only in the request
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "ferry_cloud.api_schema.declare_errors",
+    ],
 }
