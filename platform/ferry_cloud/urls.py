@@ -26,7 +26,7 @@ from releases.api import (
     ReleaseGateApi,
     ReleaseListCreateApi,
 )
-from telemetry.api import FleetSummaryApi
+from telemetry.api import DeviceTelemetryApi, FleetSummaryApi
 
 from ferry_cloud.api_errors import api_not_found
 from ferry_cloud.observability.health import healthz, readyz
@@ -61,6 +61,7 @@ api = [
         name="enrolment-token-revoke",
     ),
     path("devices/<str:device_id>/", DeviceDetailApi.as_view(), name="device"),
+    path("devices/<str:device_id>/telemetry/", DeviceTelemetryApi.as_view(), name="device-telemetry"),
     path("devices/<str:device_id>/revoke/", DeviceRevokeApi.as_view(), name="device-revoke"),
     path("devices/<str:device_id>/pin/", DevicePinApi.as_view(), name="device-pin"),
     path("device-groups/", GroupListCreateApi.as_view(), name="device-groups"),

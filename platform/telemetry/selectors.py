@@ -133,3 +133,15 @@ def first_report_at(
         device_id__in=device_ids, version_id=version_id, kind="metrics", received_at__gte=since
     ).aggregate(first=Min("received_at"))["first"]
     return first
+
+
+def telemetry_list(*, device, kind: str | None = None, after=None, before=None):
+    """One device's stored records (of one kind if given; sent within the time span if given)."""
+    records = TelemetryRecord.objects.filter(device=device)
+    if kind is not None:
+        records = records.filter(kind=kind)
+    if after is not None:
+        records = records.filter(timestamp__gte=after)
+    if before is not None:
+        records = records.filter(timestamp__lt=before)
+    return records

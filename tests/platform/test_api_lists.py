@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from fleet.models import Device
 from fleet.services import device_enrol, device_group_create, device_record_check_in, enrolment_token_create
+from telemetry.services import IncomingRecord, telemetry_ingest
 
 
 def _enrol(org, name: str, labels: dict, version=None):
@@ -111,3 +112,20 @@ def test_models_and_groups_are_paged_too(api, org):
     rows, _ = _walk(api, "/api/v1/device-groups/?ordering=-name&limit=1")
     assert [r["name"] for r in rows] == ["g-c", "g-b", "g-a"]
     _bad(api.get("/api/v1/models/?name=a"), "name")
+
+
+@pytest.mark.django_db
+def test_a_devices_telemetry_is_paged_newest_first_and_filtered(api, org):
+    device = _enrol(org, "cam", {"site": "lab"})
+    base = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    payload = {"inferences": 1, "errors": 0, "latency_ms_p50": 1.0, "latency_ms_p95": 2.0}
+    records = [IncomingRecord(seq, "metrics", base + seq * 60, "", payload) for seq in range(1, 6)]
+    telemetry_ingest(device=device, records=records)
+
+    rows, pages = _walk(api, f"/api/v1/devices/{device.pk}/telemetry/?limit=2&ordering=received_at")
+    assert ([r["seq"] for r in rows], pages) == ([1, 2, 3, 4, 5], 3)
+    rows, _ = _walk(api, f"/api/v1/devices/{device.pk}/telemetry/?after=2026-01-01T00:03:00Z&kind=metrics")
+    assert sorted(r["seq"] for r in rows) == [3, 4, 5]
+    assert _walk(api, f"/api/v1/devices/{device.pk}/telemetry/?kind=activation")[0] == []
+    _bad(api.get(f"/api/v1/devices/{device.pk}/telemetry/?since=1"), "since")
+    assert api.get("/api/v1/devices/00000000-0000-0000-0000-000000000000/telemetry/").status_code == 404

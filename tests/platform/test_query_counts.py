@@ -34,6 +34,7 @@ PINNED = {
     "enrolment-tokens/": 3,
     "releases/{release}/events/": 4,
     "audit/": 3,
+    "devices/{device}/telemetry/": 4,
 }
 
 

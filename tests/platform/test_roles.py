@@ -57,6 +57,7 @@ DECLARED: dict[str, dict[str, str]] = {
     "api:enrolment-token-revoke": {"POST": ADMIN},
     "api:devices": {"GET": VIEWER},
     "api:device": {"GET": VIEWER, "PATCH": OPERATOR},
+    "api:device-telemetry": {"GET": VIEWER},
     "api:device-revoke": {"POST": ADMIN},
     "api:device-pin": {"POST": OPERATOR},
     "api:device-groups": {"GET": VIEWER, "POST": OPERATOR},
