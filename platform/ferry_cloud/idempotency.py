@@ -71,7 +71,7 @@ def _fingerprint(request: Request) -> str:
 
 
 def _begin(
-    request: Request, key: str, fingerprint: str, secret: str | None
+    request: Request, key: str, fingerprint: str, secret: tuple[str, ...]
 ) -> tuple[IdempotencyRecord | None, Response | None]:
     """The new record to complete, or the answer to replay (a Conflict if neither may go)."""
     now = timezone.now()
@@ -89,8 +89,8 @@ def _begin(
         )
     if record.status_code is not None and secret:
         raise IdempotentSecretShown(
-            f"The first request with this Idempotency-Key created {record.body}; its {secret} was shown once "
-            "and is not kept. Revoke that one if it is lost, and create another with a new key."
+            f"The first request with this Idempotency-Key created {record.body}; "
+            f"its {', '.join(secret)} was shown once and is not kept. Revoke that one if it is lost, and create another with a new key."
         )
     if record.status_code is not None:
         response = Response(record.body, status=record.status_code, headers={"Idempotent-Replayed": "true"})
@@ -106,10 +106,10 @@ def _begin(
     return record, None
 
 
-def idempotent(handler: Callable[..., Response] | None = None, *, secret: str | None = None):
+def idempotent(handler: Callable[..., Response] | None = None, *, secret: tuple[str, ...] = ()):
     """Wrap a view's create (post) method: honour an Idempotency-Key header if one is sent.
 
-    ``secret`` names a response field shown once and never stored (an enrolment token): a
+    ``secret`` names the response fields shown once and never stored (an enrolment token): a
     replay cannot repeat it, so it answers 409 naming what the first request created.
     """
     if handler is None:
@@ -136,7 +136,8 @@ def idempotent(handler: Callable[..., Response] | None = None, *, secret: str | 
             record.delete()
         else:
             body = dict(response.data)
-            body.pop(secret or "", None)
+            for name in secret:
+                body.pop(name, None)
             record.status_code, record.body = response.status_code, body
             record.location = response.get("Location", "")
             record.save(update_fields=["status_code", "body", "location"])

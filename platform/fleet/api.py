@@ -40,6 +40,11 @@ class TokenOutput(serializers.Serializer):
     token = serializers.CharField(help_text="Shown once; give it to one device.")
     expires_at = serializers.DateTimeField()
     labels = serializers.DictField()
+    bundle = serializers.CharField(
+        help_text="The line a device enrols with (`ferry-agent enrol <bundle>`): gateway addresses, "
+        "the token and the device CA. Empty unless FERRY_GATEWAY_PUBLIC_ADDRESS and "
+        "FERRY_GATEWAY_PUBLIC_ENROL_ADDRESS are set."
+    )
 
 
 class TokenRecordOutput(serializers.ModelSerializer):
@@ -74,7 +79,7 @@ class EnrolmentTokenCreateApi(OrganisationApi):
         return paginated(request, tokens, query, lambda rows: TokenRecordOutput(rows, many=True).data)
 
     @extend_schema(request=TokenInput, responses={201: TokenOutput}, parameters=[IDEMPOTENCY_KEY])
-    @idempotent(secret="token")
+    @idempotent(secret=("token", "bundle"))
     def post(self, request):
         data = TokenInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -88,6 +93,7 @@ class EnrolmentTokenCreateApi(OrganisationApi):
             "token": issued.token,
             "expires_at": issued.record.expires_at,
             "labels": issued.record.labels,
+            "bundle": services.enrolment_bundle_for_token(issued.token),
         }
         return Response(TokenOutput(body).data, status=status.HTTP_201_CREATED)
 
@@ -200,7 +206,7 @@ class DeviceDetailOutput(DeviceOutput):
 
     @extend_schema_field(VersionChangeOutput(many=True))
     def get_history(self, obj: Device) -> list[dict]:
-        return VersionChangeOutput(selectors.device_history(device=obj), many=True).data
+        return VersionChangeOutput(selectors.device_version_history(device=obj), many=True).data
 
 
 LABEL_KEY = r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$"

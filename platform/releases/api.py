@@ -8,16 +8,18 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from ferry_cloud.api_conditions import IF_MATCH, created, require_match, tagged
 from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
 from ferry_cloud.api_shapes import StrictSerializer, VersionRefOutput, version_ref
+from ferry_cloud.errors import Invalid
 from ferry_cloud.idempotency import HEADER as IDEMPOTENCY_KEY
 from ferry_cloud.idempotency import idempotent
 from registry.selectors import version_get
 from rest_framework import serializers
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 
 from deploy.phases import ACTIONS
 from deploy.windows import MAX_DURATION_SECONDS
 from releases import selectors, services
-from releases.models import Release, ReleaseEvent
+from releases.models import DeviceReleaseStatus, Release, ReleaseEvent
 
 # Integers are range-checked where they land: the database column holds 32 bits.
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -103,12 +105,28 @@ class ReleaseOutput(serializers.ModelSerializer):
     def get_phases(self, obj: Release) -> list[dict]:
         return [p.as_dict() for p in selectors.release_phases(obj)]
 
-    def get_devices(self, obj: Release) -> dict[str, int]:
+    @extend_schema_field(
+        {
+            "type": "object",
+            "properties": {
+                "by_state": {
+                    "type": "object",
+                    "additionalProperties": {"type": "integer"},
+                    "description": "Devices per status with this release (the detail answer only).",
+                }
+            },
+            "additionalProperties": {"type": ["integer", "object"]},
+        }
+    )
+    def get_devices(self, obj: Release) -> dict:
         if "spread" not in self.context:  # one query per answer, however many releases it lists
             self.context["spread"] = selectors.fleet_version_spread(organisation_id=obj.organisation_id)
         counts = selectors.release_device_counts(release=obj, spread=self.context["spread"])
         # the target's live matching devices, as of the last start, advance or gate evaluation
-        return {**counts, "matching": obj.matching_devices}
+        devices = {**counts, "matching": obj.matching_devices}
+        if self.context.get("detail"):  # per-device states cost a selection: the detail view only
+            devices["by_state"] = selectors.release_device_summary(release=obj)
+        return devices
 
     def get_percentage(self, obj: Release) -> float:
         return selectors.release_phases(obj)[obj.current_phase].percentage
@@ -165,6 +183,11 @@ class ReleaseInput(StrictSerializer):
         required=False,
         default=False,
         help_text="Create the release even if its target matches 0 devices now (devices that enrol later).",
+    )
+    new_pipeline = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="The release ships a new pipeline: skip the check that the version fits what devices feed.",
     )
 
 
@@ -246,6 +269,7 @@ class ReleaseListCreateApi(OrganisationApi):
             actor=request.user,
             start=values["start"],
             allow_empty=values["allow_empty"],
+            new_pipeline=values["new_pipeline"],
         )
         release = selectors.release_get(organisation=self.organisation, release_id=release.pk)
         response = created(request, ReleaseOutput(release).data, "release", release_id=release.pk)
@@ -258,7 +282,43 @@ class ReleaseDetailApi(OrganisationApi):
     @extend_schema(responses=ReleaseOutput)
     def get(self, request, release_id):
         release = selectors.release_get(organisation=self.organisation, release_id=release_id)
-        return tagged(Response(ReleaseOutput(release).data), release_etag(release))
+        return tagged(Response(ReleaseOutput(release, context={"detail": True}).data), release_etag(release))
+
+
+class DeviceStatusOutput(serializers.Serializer):
+    device_id = serializers.CharField()
+    device_name = serializers.CharField()
+    state = serializers.ChoiceField(choices=DeviceReleaseStatus.State.choices)
+    reason_code = serializers.CharField(help_text="Machine-readable: verification, device_class, ...")
+    message = serializers.CharField(help_text="The device's own words, at most 500 characters.")
+    assignment_counter = serializers.IntegerField()
+    reported_at = serializers.DateTimeField(allow_null=True, help_text="When the device entered the state.")
+    updated_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the control plane last heard a change."
+    )
+
+
+class InvalidStateFilter(Invalid):
+    code = "invalid_filter"
+
+
+class ReleaseDevicesApi(OrganisationApi):
+    permission_classes = [ReadOnly]
+
+    @extend_schema(responses=DeviceStatusOutput(many=True))
+    def get(self, request, release_id):
+        """Each device's status with this release (pending: selected, no report yet); ?state= filters."""
+        release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        state = request.query_params.get("state") or None
+        if state is not None and state not in DeviceReleaseStatus.State.values:
+            raise InvalidStateFilter(
+                f"Unknown state {state[:40]!r}; use one of {', '.join(DeviceReleaseStatus.State.values)}.",
+                fields={"state": ["unknown state"]},
+            )
+        rows = selectors.release_device_statuses(release=release, state=state)
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(rows, request, view=self)
+        return paginator.get_paginated_response(DeviceStatusOutput(page, many=True).data)
 
 
 class ReleaseActionApi(OrganisationApi):

@@ -71,10 +71,9 @@ def test_package_signed_by_another_key_never_reaches_versions(tmp_path: Path):
 
 
 def test_a_slow_download_stops_keeps_its_part_and_resumes(tmp_path: Path):
-    from agent.client import GatewayClient
     from agent.errors import DownloadStalled
     from agent.install import DownloadRules
-    from tests.agent.double import GatewayDouble, serve
+    from tests.agent.double import GatewayDouble, device_client, serve
 
     archive = _signed(tmp_path, "one")
     double = GatewayDouble(KEYS.public_key)
@@ -82,7 +81,7 @@ def test_a_slow_download_stops_keeps_its_part_and_resumes(tmp_path: Path):
     try:
         double.publish(archive, "v1", hint=False)
         double.chunk_bytes, double.chunk_delay = 1024, 0.05  # about 20 KB/s
-        client = GatewayClient(f"127.0.0.1:{port}", credential="device-1.secret")
+        client = device_client(port)
         slow_rules = DownloadRules(min_bytes_per_second=1 << 20, speed_window_seconds=0.2, reserve_bytes=0)
         installer = Installer(tmp_path / "state", client, KEYS.public_key, slow_rules)
         offer = _offer("v1", archive)
@@ -127,9 +126,8 @@ def test_one_activation_hashes_each_byte_of_the_package_once(tmp_path: Path, mon
     """Download, verify and unpack, health check, then the inference loop's load: the manifest
     and every file are hashed exactly once (while unpacking); neither the whole archive nor
     the engine's loads of the unpacked directory hash anything."""
-    from agent.client import GatewayClient
     from agent.install import DownloadRules
-    from tests.agent.double import GatewayDouble, serve
+    from tests.agent.double import GatewayDouble, device_client, serve
 
     archive = _signed(tmp_path, "one")
     hashed = HashedBytes()
@@ -145,7 +143,7 @@ def test_one_activation_hashes_each_byte_of_the_package_once(tmp_path: Path, mon
     loop.start()
     try:
         double.publish(archive, "v1", hint=False)
-        client = GatewayClient(f"127.0.0.1:{port}", credential="device-1.secret")
+        client = device_client(port)
         installer = Installer(tmp_path / "state", client, KEYS.public_key, DownloadRules(reserve_bytes=0))
         offer = _offer("v1", archive)
         hashed.total = 0  # what making the offer took is not the device's

@@ -26,7 +26,8 @@ PINNED = {
     "device-groups/": 5,
     "device-groups/{group}/": 4,
     "releases/": 5,
-    "releases/{release}/": 5,
+    "releases/{release}/": 6,  # + the per-device states (releases.selectors.release_device_statuses)
+    "releases/{release}/devices/": 4,
     "fleet/summary/": 5,
     "versions/": 3,
     "models/{model}/versions/": 4,
@@ -68,7 +69,6 @@ def _grow(org, version, *, devices: int, models: int, tag: str) -> dict[str, str
         version=version,
         name=f"{tag}-release",
         target={"device_ids": [str(enrolled[0].pk)]},
-        start=True,
     )
     return {
         "model": str(model.pk),

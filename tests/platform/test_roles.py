@@ -68,6 +68,7 @@ DECLARED: dict[str, dict[str, str]] = {
     "api:release-gate": {"POST": OPERATOR},
     "api:release-events": {"GET": VIEWER},
     "api:audit": {"GET": VIEWER},
+    "api:release-devices": {"GET": VIEWER},
     "api:release-action": {"POST": OPERATOR},
     "api:fleet-summary": {"GET": VIEWER},
 }
