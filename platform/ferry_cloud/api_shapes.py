@@ -34,5 +34,5 @@ def version_ref(version) -> dict[str, str] | None:
 
 
 # A nullable embedded version for extend_schema_field (the serializer's allow_null is not carried
-# into the document); ReleaseOutput's non-null reference keeps the component in it.
+# into the document); ReleaseOutput's non-null version_info keeps the component in it.
 NULLABLE_VERSION_REF = {"oneOf": [{"$ref": "#/components/schemas/VersionRefOutput"}, {"type": "null"}]}

@@ -109,8 +109,11 @@ class EnrolmentTokenRevokeApi(OrganisationApi):
 
 
 class DeviceOutput(serializers.ModelSerializer):
-    running_version = serializers.SerializerMethodField()
-    pinned_version = serializers.SerializerMethodField()
+    # a field named *version holds a version id, as on input; the embedded version is *_info
+    running_version = serializers.UUIDField(source="running_version_id", allow_null=True, read_only=True)
+    running_version_info = serializers.SerializerMethodField()
+    pinned_version = serializers.UUIDField(source="pinned_version_id", allow_null=True, read_only=True)
+    pinned_version_info = serializers.SerializerMethodField()
     telemetry_records = serializers.SerializerMethodField()
 
     class Meta:
@@ -121,7 +124,9 @@ class DeviceOutput(serializers.ModelSerializer):
             "attributes",
             "labels",
             "running_version",
+            "running_version_info",
             "pinned_version",
+            "pinned_version_info",
             "enrolled_at",
             "last_seen_at",
             "revoked_at",
@@ -129,11 +134,11 @@ class DeviceOutput(serializers.ModelSerializer):
         ]
 
     @extend_schema_field(NULLABLE_VERSION_REF)
-    def get_running_version(self, obj: Device) -> dict | None:
+    def get_running_version_info(self, obj: Device) -> dict | None:
         return version_ref(obj.running_version)
 
     @extend_schema_field(NULLABLE_VERSION_REF)
-    def get_pinned_version(self, obj: Device) -> dict | None:
+    def get_pinned_version_info(self, obj: Device) -> dict | None:
         return version_ref(obj.pinned_version)
 
     def get_telemetry_records(self, obj: Device) -> int:
@@ -182,19 +187,21 @@ class DeviceListApi(OrganisationApi):
 
 
 class VersionChangeOutput(serializers.ModelSerializer):
-    from_version = serializers.SerializerMethodField()
-    to_version = serializers.SerializerMethodField()
+    from_version = serializers.UUIDField(source="from_version_id", allow_null=True, read_only=True)
+    from_version_info = serializers.SerializerMethodField()
+    to_version = serializers.UUIDField(source="to_version_id", allow_null=True, read_only=True)
+    to_version_info = serializers.SerializerMethodField()
 
     class Meta:
         model = DeviceVersionChange
-        fields = ["from_version", "to_version", "at"]
+        fields = ["from_version", "from_version_info", "to_version", "to_version_info", "at"]
 
     @extend_schema_field(NULLABLE_VERSION_REF)
-    def get_from_version(self, obj: DeviceVersionChange) -> dict | None:
+    def get_from_version_info(self, obj: DeviceVersionChange) -> dict | None:
         return version_ref(obj.from_version)
 
     @extend_schema_field(NULLABLE_VERSION_REF)
-    def get_to_version(self, obj: DeviceVersionChange) -> dict | None:
+    def get_to_version_info(self, obj: DeviceVersionChange) -> dict | None:
         return version_ref(obj.to_version)
 
 
@@ -288,17 +295,28 @@ class WindowField(serializers.Serializer):
 
 
 class GroupOutput(serializers.ModelSerializer):
-    pinned_version = serializers.SerializerMethodField()
+    pinned_version = serializers.UUIDField(source="pinned_version_id", allow_null=True, read_only=True)
+    pinned_version_info = serializers.SerializerMethodField()
     device_ids = serializers.SerializerMethodField(
         help_text="Members now (a dynamic group's filter decides)."
     )
 
     class Meta:
         model = DeviceGroup
-        fields = ["id", "name", "kind", "filter", "window", "pinned_version", "device_ids", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "filter",
+            "window",
+            "pinned_version",
+            "pinned_version_info",
+            "device_ids",
+            "created_at",
+        ]
 
     @extend_schema_field(NULLABLE_VERSION_REF)
-    def get_pinned_version(self, obj: DeviceGroup) -> dict | None:
+    def get_pinned_version_info(self, obj: DeviceGroup) -> dict | None:
         return version_ref(obj.pinned_version)
 
     def get_device_ids(self, obj: DeviceGroup) -> list[str]:

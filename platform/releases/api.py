@@ -58,7 +58,10 @@ class EventOutput(serializers.ModelSerializer):
 
 
 class ReleaseOutput(serializers.ModelSerializer):
-    version = serializers.SerializerMethodField()
+    version = serializers.UUIDField(
+        source="version_id", read_only=True, help_text="The version id, as on input."
+    )
+    version_info = serializers.SerializerMethodField()
     phase = serializers.SerializerMethodField(help_text="The current phase, 1-based.")
     phases = serializers.SerializerMethodField(
         help_text="The phases in effect (one implicit phase if none given)."
@@ -79,6 +82,7 @@ class ReleaseOutput(serializers.ModelSerializer):
             "state",
             "revision",
             "version",
+            "version_info",
             "target",
             "priority",
             "salt",
@@ -96,7 +100,7 @@ class ReleaseOutput(serializers.ModelSerializer):
         ]
 
     @extend_schema_field(VersionRefOutput)
-    def get_version(self, obj: Release) -> dict:
+    def get_version_info(self, obj: Release) -> dict:
         return version_ref(obj.version)
 
     def get_phase(self, obj: Release) -> int:

@@ -103,7 +103,7 @@ def test_a_generated_client_imports_and_runs_the_automation_flow(
         name="nightly", version=version.id, target=TargetInputRequest(device_ids=[device.pk]), start=True
     )
     release = v1_releases_create.sync(client=client, body=body)
-    assert release.state.value == "active" and release.version.id == version.id
+    assert release.state.value == "active" and release.version == version.id
     paused = v1_releases_action.sync(
         str(release.id), V1ReleasesActionAction.PAUSE, client=client, body=ActionInputRequest(reason="watch")
     )

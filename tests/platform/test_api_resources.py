@@ -25,9 +25,9 @@ def test_device_detail_shows_the_running_version_and_history_and_labels_are_edit
     assert detail.status_code == 200, detail.content
     body = detail.json()
     ref = {"id": str(ready_version.pk), "model": "classifier", "label": "v1"}
-    assert body["running_version"] == ref
-    assert body["pinned_version"] is None
-    assert [(h["from_version"], h["to_version"]) for h in body["history"]] == [(None, ref)]
+    assert (body["running_version"], body["running_version_info"]) == (str(ready_version.pk), ref)
+    assert (body["pinned_version"], body["pinned_version_info"]) == (None, None)
+    assert [(h["from_version"], h["to_version_info"]) for h in body["history"]] == [(None, ref)]
 
     edited = api.patch(
         f"/api/v1/devices/{device.pk}/", {"labels": {"site": "field", "row": "3"}}, format="json"
