@@ -90,7 +90,8 @@ def _begin(
     if record.status_code is not None and secret:
         raise IdempotentSecretShown(
             f"The first request with this Idempotency-Key created {record.body}; "
-            f"its {', '.join(secret)} was shown once and is not kept. Revoke that one if it is lost, and create another with a new key."
+            f"its {', '.join(secret)} was shown once and is not kept. "
+            "Revoke that one if it is lost, and create another with a new key."
         )
     if record.status_code is not None:
         response = Response(record.body, status=record.status_code, headers={"Idempotent-Replayed": "true"})
