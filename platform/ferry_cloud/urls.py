@@ -1,34 +1,68 @@
-from django.urls import include, path
+from django.urls import include, path, re_path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from fleet.api import (
+    DeviceDetailApi,
     DeviceListApi,
     DevicePinApi,
     DeviceRevokeApi,
     EnrolmentTokenCreateApi,
+    EnrolmentTokenRevokeApi,
     FilterPreviewApi,
     GroupDetailApi,
     GroupListCreateApi,
 )
-from registry.api import ModelDetailApi, ModelListCreateApi, VersionCreateApi, VersionDetailApi
+from registry.api import (
+    ModelDetailApi,
+    ModelListCreateApi,
+    VersionCreateApi,
+    VersionDetailApi,
+    VersionListApi,
+)
 from releases.api import (
+    AuditFeedApi,
     ReleaseActionApi,
     ReleaseDetailApi,
     ReleaseDevicesApi,
+    ReleaseEventsApi,
     ReleaseGateApi,
     ReleaseListCreateApi,
 )
-from telemetry.api import FleetSummaryApi
+from telemetry.api import DeviceTelemetryApi, FleetSummaryApi
 
+from ferry_cloud.api_errors import api_not_found
 from ferry_cloud.observability.health import healthz, readyz
 from ferry_cloud.observability.metrics import metrics_view
 
+
+class RowIdConverter:
+    """A numeric row id that fits a bigint column; a longer number is an unknown route, not a 500."""
+
+    regex = "[0-9]{1,18}"
+
+    def to_python(self, value: str) -> int:
+        return int(value)
+
+    def to_url(self, value: int) -> str:
+        return str(value)
+
+
+register_converter(RowIdConverter, "rowid")
+
 api = [
     path("models/", ModelListCreateApi.as_view(), name="models"),
-    path("models/<int:model_id>/", ModelDetailApi.as_view(), name="model"),
-    path("models/<int:model_id>/versions/", VersionCreateApi.as_view(), name="model-versions"),
+    path("models/<rowid:model_id>/", ModelDetailApi.as_view(), name="model"),
+    path("models/<rowid:model_id>/versions/", VersionCreateApi.as_view(), name="model-versions"),
+    path("versions/", VersionListApi.as_view(), name="versions"),
     path("versions/<str:version_id>/", VersionDetailApi.as_view(), name="version"),
     path("enrolment-tokens/", EnrolmentTokenCreateApi.as_view(), name="enrolment-tokens"),
     path("devices/", DeviceListApi.as_view(), name="devices"),
+    path(
+        "enrolment-tokens/<rowid:token_id>/revoke/",
+        EnrolmentTokenRevokeApi.as_view(),
+        name="enrolment-token-revoke",
+    ),
+    path("devices/<str:device_id>/", DeviceDetailApi.as_view(), name="device"),
+    path("devices/<str:device_id>/telemetry/", DeviceTelemetryApi.as_view(), name="device-telemetry"),
     path("devices/<str:device_id>/revoke/", DeviceRevokeApi.as_view(), name="device-revoke"),
     path("devices/<str:device_id>/pin/", DevicePinApi.as_view(), name="device-pin"),
     path("device-groups/", GroupListCreateApi.as_view(), name="device-groups"),
@@ -37,8 +71,10 @@ api = [
     path("releases/", ReleaseListCreateApi.as_view(), name="releases"),
     path("releases/<str:release_id>/", ReleaseDetailApi.as_view(), name="release"),
     path("releases/<str:release_id>/gate/", ReleaseGateApi.as_view(), name="release-gate"),
+    path("releases/<str:release_id>/events/", ReleaseEventsApi.as_view(), name="release-events"),
     path("releases/<str:release_id>/devices/", ReleaseDevicesApi.as_view(), name="release-devices"),
     path("releases/<str:release_id>/<str:action>/", ReleaseActionApi.as_view(), name="release-action"),
+    path("audit/", AuditFeedApi.as_view(), name="audit"),
     path("fleet/summary/", FleetSummaryApi.as_view(), name="fleet-summary"),
 ]
 
@@ -50,5 +86,11 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # the split view serves its start-up script as a file: no inline script, so CSP holds
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
+    re_path(r"^api/(?P<rest>.*)$", api_not_found, name="api-not-found"),  # JSON 404, no redirect
     path("", include("console.urls")),
 ]
+
+handler400 = "ferry_cloud.api_errors.handler400"
+handler403 = "ferry_cloud.api_errors.handler403"
+handler404 = "ferry_cloud.api_errors.handler404"
+handler500 = "ferry_cloud.api_errors.handler500"

@@ -15,7 +15,7 @@ from django.utils import timezone
 from ferry_cloud.errors import NotFound
 
 from deploy.filters import Filter
-from fleet.models import Device, DeviceGroup, DeviceVersionChange
+from fleet.models import Device, DeviceGroup, DeviceVersionChange, EnrolmentToken
 
 
 def device_list(*, organisation: Organisation) -> QuerySet[Device]:
@@ -123,6 +123,40 @@ def device_group_member_ids(*, group: DeviceGroup) -> list[str]:
     if group.kind == DeviceGroup.Kind.STATIC:
         return [str(pk) for pk in group.members.values_list("pk", flat=True)]
     return devices_matching(organisation_id=group.organisation_id, filter_text=group.filter)
+
+
+def device_list_filtered(
+    *,
+    organisation: Organisation,
+    filter_text: str = "",
+    group_id=None,
+    version_id=None,
+    last_seen_after=None,
+    last_seen_before=None,
+    revoked: bool | None = None,
+) -> QuerySet[Device]:
+    """device_list narrowed by the REST list's filters (each optional; all must hold).
+
+    ``filter_text`` is Ferry's filter language over the live devices (PolicyError if malformed);
+    ``group_id`` an unknown group is NotFound.
+    """
+    devices = device_list(organisation=organisation)
+    if filter_text:
+        devices = devices.filter(
+            pk__in=devices_matching(organisation_id=organisation.pk, filter_text=filter_text)
+        )
+    if group_id is not None:
+        group = device_group_get(organisation=organisation, group_id=group_id)
+        devices = devices.filter(pk__in=device_group_member_ids(group=group))
+    if version_id is not None:
+        devices = devices.filter(running_version_id=version_id)
+    if last_seen_after is not None:
+        devices = devices.filter(last_seen_at__gte=last_seen_after)
+    if last_seen_before is not None:
+        devices = devices.filter(last_seen_at__lt=last_seen_before)
+    if revoked is not None:
+        devices = devices.filter(revoked_at__isnull=not revoked)
+    return devices
 
 
 # --- the console's device list: filters and keyset pages over a large fleet ------------------
@@ -267,6 +301,17 @@ def device_version_history(*, device: Device, limit: int = 50) -> list[DeviceVer
     """The device's latest version changes, newest first."""
     changes = device.version_changes.select_related("from_version__model", "to_version__model")
     return list(changes.order_by("-at", "-id")[:limit])
+
+
+def enrolment_token_list(*, organisation: Organisation) -> QuerySet[EnrolmentToken]:
+    return EnrolmentToken.objects.filter(organisation=organisation)
+
+
+def enrolment_token_get(*, organisation: Organisation, token_id) -> EnrolmentToken:
+    try:
+        return enrolment_token_list(organisation=organisation).get(pk=token_id)
+    except (EnrolmentToken.DoesNotExist, ValueError):
+        raise NotFound(f"No enrolment token {token_id} in this organisation.") from None
 
 
 def devices_recently_seen(*, organisation: Organisation, limit: int = 20) -> list[Device]:

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 from ferry_cloud.device_ca import device_ca, device_ca_certificate
-from ferry_cloud.errors import Invalid, PermissionDenied, Unauthenticated
+from ferry_cloud.errors import Conflict, Invalid, PermissionDenied, Unauthenticated
 from ferry_cloud.events import FleetChanged, publish
 from registry.models import ModelVersion
 
@@ -353,3 +353,27 @@ def device_pin(*, device: Device, version_id) -> Device:
     device.save(update_fields=["pinned_version"])
     publish(FleetChanged(organisation_id=device.organisation_id))
     return device
+
+
+def device_labels_set(*, device: Device, labels: dict[str, str]) -> Device:
+    """Replace the device's labels (filters, groups and release targets read them live)."""
+    device.labels = dict(labels)
+    device.save(update_fields=["labels"])
+    publish(FleetChanged(organisation_id=device.organisation_id))
+    return device
+
+
+class EnrolmentTokenUsed(Conflict):
+    code = "enrolment_token_used"
+
+
+def enrolment_token_revoke(*, record: EnrolmentToken) -> EnrolmentToken:
+    """Make an unused token unusable now (it expires); revoking it again changes nothing."""
+    if record.used_at is not None:
+        raise EnrolmentTokenUsed("This token has already enrolled a device; revoke that device instead.")
+    now = timezone.now()
+    EnrolmentToken.objects.filter(pk=record.pk, used_at__isnull=True, expires_at__gt=now).update(
+        expires_at=now
+    )
+    record.refresh_from_db()
+    return record

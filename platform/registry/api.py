@@ -5,8 +5,12 @@ from __future__ import annotations
 from accounts.api import OrganisationApi
 from accounts.permissions import OperatorWrites, ReadOnly
 from drf_spectacular.utils import extend_schema
+from ferry_cloud.api_conditions import IF_MATCH, created, require_match, tagged
+from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
+from ferry_cloud.idempotency import HEADER as IDEMPOTENCY_KEY
+from ferry_cloud.idempotency import idempotent
 from rest_framework import serializers, status
-from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
 from converter.options import ACTIVATION_METHODS, BLOCK_SIZES, PRECISIONS
@@ -23,8 +27,12 @@ class JobOutput(serializers.ModelSerializer):
 class VersionOutput(serializers.ModelSerializer):
     model = serializers.CharField(source="model.name")
     job = JobOutput()
-    package_sha256 = serializers.CharField(source="package.sha256", default=None)
-    package_size = serializers.IntegerField(source="package.size", default=None)
+    package_sha256 = serializers.CharField(
+        source="package.sha256", default=None, allow_null=True, help_text="null until converted."
+    )
+    package_size = serializers.IntegerField(
+        source="package.size", default=None, allow_null=True, help_text="null until converted."
+    )
 
     class Meta:
         model = ModelVersion
@@ -59,26 +67,37 @@ class ModelInput(serializers.Serializer):
     description = serializers.CharField(required=False, allow_blank=True, default="")
 
 
+class ModelQuery(ListQuery):
+    ORDERING = ("name", "-name", "-created_at", "created_at")
+
+
 class ModelListCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
-    @extend_schema(responses=ModelOutput(many=True))
-    def get(self, request):
-        return Response(ModelOutput(selectors.model_list(organisation=self.organisation), many=True).data)
 
-    @extend_schema(request=ModelInput, responses={201: ModelOutput})
+    @extend_schema(
+        parameters=[ModelQuery], responses=page_of(ModelOutput, "ModelPage"), operation_id="v1_models_list"
+    )
+    def get(self, request):
+        query = list_query(ModelQuery, request)
+        models = selectors.model_list(organisation=self.organisation)
+        return paginated(request, models, query, lambda rows: ModelOutput(rows, many=True).data)
+
+    @extend_schema(request=ModelInput, responses={201: ModelOutput}, parameters=[IDEMPOTENCY_KEY])
+    @idempotent
     def post(self, request):
         data = ModelInput(data=request.data)
         data.is_valid(raise_exception=True)
         model = services.model_create(organisation=self.organisation, **data.validated_data)
-        return Response(ModelOutput(model).data, status=status.HTTP_201_CREATED)
+        return created(request, ModelOutput(model).data, "model", model_id=model.pk)
 
 
 class ModelDetailApi(OrganisationApi):
     permission_classes = [ReadOnly]
+
     @extend_schema(responses=ModelOutput)
     def get(self, request, model_id: int):
-        return Response(
-            ModelOutput(selectors.model_get(organisation=self.organisation, model_id=model_id)).data
+        return tagged(
+            Response(ModelOutput(selectors.model_get(organisation=self.organisation, model_id=model_id)).data)
         )
 
 
@@ -111,11 +130,60 @@ class VersionInput(serializers.Serializer):
     )
 
 
+class VersionQuery(ListQuery):
+    ORDERING = ("-created_at", "created_at")
+
+    model = serializers.IntegerField(
+        required=False, min_value=1, max_value=2**63 - 1, help_text="Versions of this model."
+    )
+    status = serializers.ChoiceField(choices=ModelVersion.Status.choices, required=False)
+
+
+class ModelVersionQuery(VersionQuery):
+    model = None  # the path names the model
+
+
+class VersionListApi(OrganisationApi):
+    permission_classes = [ReadOnly]
+
+    @extend_schema(
+        parameters=[VersionQuery],
+        responses=page_of(VersionOutput, "VersionPage"),
+        operation_id="v1_versions_list",
+    )
+    def get(self, request):
+        """Every version of every model, newest first."""
+        query = list_query(VersionQuery, request)
+        versions = selectors.version_list(
+            organisation=self.organisation, model_id=query.get("model"), status=query.get("status")
+        )
+        return paginated(request, versions, query, lambda rows: VersionOutput(rows, many=True).data)
+
+
 class VersionCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
-    parser_classes = [MultiPartParser, FormParser]
+    parser_classes = [MultiPartParser]
 
-    @extend_schema(request={"multipart/form-data": VersionInput}, responses={201: VersionOutput})
+    @extend_schema(
+        parameters=[ModelVersionQuery],
+        responses=page_of(VersionOutput, "VersionPage"),
+        operation_id="v1_model_versions_list",
+    )
+    def get(self, request, model_id: int):
+        """The model's versions, newest first."""
+        model = selectors.model_get(organisation=self.organisation, model_id=model_id)
+        query = list_query(ModelVersionQuery, request)
+        versions = selectors.version_list(
+            organisation=self.organisation, model_id=model.pk, status=query.get("status")
+        )
+        return paginated(request, versions, query, lambda rows: VersionOutput(rows, many=True).data)
+
+    @extend_schema(
+        request={"multipart/form-data": VersionInput},
+        responses={201: VersionOutput},
+        parameters=[IDEMPOTENCY_KEY],
+    )
+    @idempotent
     def post(self, request, model_id: int):
         model = selectors.model_get(organisation=self.organisation, model_id=model_id)
         data = VersionInput(data=request.data)
@@ -132,12 +200,21 @@ class VersionCreateApi(OrganisationApi):
             model=model, label=data.validated_data["label"], stream=upload, size=upload.size, options=options
         )
         version = selectors.version_get(organisation=self.organisation, version_id=version.pk)
-        return Response(VersionOutput(version).data, status=status.HTTP_201_CREATED)
+        return created(request, VersionOutput(version).data, "version", version_id=version.pk)
 
 
 class VersionDetailApi(OrganisationApi):
-    permission_classes = [ReadOnly]
+    permission_classes = [OperatorWrites]
+
     @extend_schema(responses=VersionOutput)
     def get(self, request, version_id):
         version = selectors.version_get(organisation=self.organisation, version_id=version_id)
-        return Response(VersionOutput(version).data)
+        return tagged(Response(VersionOutput(version).data))
+
+    @extend_schema(request=None, responses={204: None}, parameters=[IF_MATCH])
+    def delete(self, request, version_id):
+        """Delete a version never released and used by nothing (409 otherwise)."""
+        version = selectors.version_get(organisation=self.organisation, version_id=version_id)
+        require_match(request, VersionOutput(version).data)
+        services.version_delete(version=version)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -13,3 +13,7 @@ class VersionImmutable(Conflict):
 
 class VersionNotReady(Conflict):
     code = "version_not_ready"
+
+
+class VersionInUse(Conflict):
+    code = "version_in_use"

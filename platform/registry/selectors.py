@@ -30,6 +30,20 @@ def version_get(*, organisation: Organisation, version_id) -> ModelVersion:
         raise NotFound(f"No model version {version_id} in this organisation.") from None
 
 
+def version_list(
+    *, organisation: Organisation, model_id: int | None = None, status: str | None = None
+) -> QuerySet[ModelVersion]:
+    """The organisation's versions (of one model if given; in one status if given)."""
+    versions = ModelVersion.objects.filter(model__organisation=organisation).select_related(
+        "model", "package", "job"
+    )
+    if model_id is not None:
+        versions = versions.filter(model_id=model_id)
+    if status is not None:
+        versions = versions.filter(status=status)
+    return versions
+
+
 def model_search(*, organisation: Organisation, query: str = "") -> QuerySet[Model]:
     """The organisation's models whose name or description holds ``query``, by name, each with
     ``version_count`` and ``latest_version_at``."""

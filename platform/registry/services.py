@@ -16,8 +16,9 @@ from typing import Any, BinaryIO
 
 from accounts.models import Organisation
 from django.conf import settings
+from django.core.files.storage import default_storage
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import ProtectedError, Q
 from django.utils import timezone
 from ferry_cloud.errors import Conflict
 from ferry_cloud.release_key import release_private_key
@@ -27,7 +28,7 @@ from converter.errors import ConversionError
 from converter.options import OPTION_NAMES, ConversionOptions, InvalidOptionsError
 from deploy.package import ANY_DEVICE_CLASS, SignedClaims, public_key_of, read_claims, sign_package
 from registry import storage
-from registry.errors import InvalidUpload, VersionImmutable, VersionNotReady
+from registry.errors import InvalidUpload, VersionImmutable, VersionInUse, VersionNotReady
 from registry.models import Artifact, ConversionJob, Model, ModelVersion, ReleaseCounter
 
 log = logging.getLogger(__name__)
@@ -432,3 +433,38 @@ def version_rollback_package(*, version: ModelVersion) -> Artifact:
             )
     log.info("version %s re-signed as a rollback with counter %s", version, counter)
     return artifact
+
+
+@transaction.atomic
+def version_delete(*, version: ModelVersion) -> None:
+    """Delete a version nothing ever used: never released, not converting, no release, device or
+    group referring to it. Its stored files go once the deletion is committed, unless another
+    artifact holds the same content (storage is content-addressed)."""
+    if version.released:
+        raise VersionInUse(f"Version {version.label} has been released; released versions are kept.")
+    if version.status == ModelVersion.Status.CONVERTING:
+        raise VersionInUse(f"Version {version.label} is converting; delete it once conversion ends.")
+    artifacts = [a for a in (version.source, version.package, version.rollback_package) if a is not None]
+    try:
+        with transaction.atomic():
+            version.delete()
+    except ProtectedError:
+        raise VersionInUse(
+            f"Version {version.label} is referred to by a release, a device pin or a group pin; "
+            "remove those first."
+        ) from None
+    names = []
+    for artifact in artifacts:
+        try:
+            with transaction.atomic():
+                artifact.delete()
+            names.append(artifact.file.name)
+        except ProtectedError:  # another version shares this artifact
+            pass
+    transaction.on_commit(lambda: _storage_forget(names))
+
+
+def _storage_forget(names: list[str]) -> None:
+    for name in names:
+        if name and not Artifact.objects.filter(file=name).exists():
+            default_storage.delete(name)

@@ -4,26 +4,41 @@ from __future__ import annotations
 
 from accounts.api import OrganisationApi
 from accounts.permissions import OperatorWrites, ReadOnly
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
+from ferry_cloud.api_conditions import IF_MATCH, created, require_match, tagged
+from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
+from ferry_cloud.api_shapes import StrictSerializer, VersionRefOutput, version_ref
 from ferry_cloud.errors import Invalid
+from ferry_cloud.idempotency import HEADER as IDEMPOTENCY_KEY
+from ferry_cloud.idempotency import idempotent
 from registry.selectors import version_get
-from rest_framework import serializers, status
+from rest_framework import serializers
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
-from rest_framework.settings import api_settings
 
+from deploy.phases import ACTIONS
+from deploy.windows import MAX_DURATION_SECONDS
 from releases import selectors, services
 from releases.models import DeviceReleaseStatus, Release, ReleaseEvent
 
+# Integers are range-checked where they land: the database column holds 32 bits.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
 
 class EventOutput(serializers.ModelSerializer):
-    actor = serializers.CharField(source="actor.username", default=None)
+    actor = serializers.CharField(
+        source="actor.username",
+        default=None,
+        allow_null=True,
+        help_text="null: the system (the health gate).",
+    )
     from_phase = serializers.SerializerMethodField()
     to_phase = serializers.SerializerMethodField()
 
     class Meta:
         model = ReleaseEvent
         fields = [
+            "id",
             "action",
             "from_state",
             "to_state",
@@ -43,7 +58,10 @@ class EventOutput(serializers.ModelSerializer):
 
 
 class ReleaseOutput(serializers.ModelSerializer):
-    version = serializers.SerializerMethodField()
+    version = serializers.UUIDField(
+        source="version_id", read_only=True, help_text="The version id, as on input."
+    )
+    version_info = serializers.SerializerMethodField()
     phase = serializers.SerializerMethodField(help_text="The current phase, 1-based.")
     phases = serializers.SerializerMethodField(
         help_text="The phases in effect (one implicit phase if none given)."
@@ -64,6 +82,7 @@ class ReleaseOutput(serializers.ModelSerializer):
             "state",
             "revision",
             "version",
+            "version_info",
             "target",
             "priority",
             "salt",
@@ -80,9 +99,9 @@ class ReleaseOutput(serializers.ModelSerializer):
             "events",
         ]
 
-    def get_version(self, obj: Release) -> dict:
-        v = obj.version
-        return {"id": str(v.id), "model": v.model.name, "label": v.label}
+    @extend_schema_field(VersionRefOutput)
+    def get_version_info(self, obj: Release) -> dict:
+        return version_ref(obj.version)
 
     def get_phase(self, obj: Release) -> int:
         return obj.current_phase + 1
@@ -90,7 +109,20 @@ class ReleaseOutput(serializers.ModelSerializer):
     def get_phases(self, obj: Release) -> list[dict]:
         return [p.as_dict() for p in selectors.release_phases(obj)]
 
-    def get_devices(self, obj: Release) -> dict[str, int]:
+    @extend_schema_field(
+        {
+            "type": "object",
+            "properties": {
+                "by_state": {
+                    "type": "object",
+                    "additionalProperties": {"type": "integer"},
+                    "description": "Devices per status with this release (the detail answer only).",
+                }
+            },
+            "additionalProperties": {"type": ["integer", "object"]},
+        }
+    )
+    def get_devices(self, obj: Release) -> dict:
         if "spread" not in self.context:  # one query per answer, however many releases it lists
             self.context["spread"] = selectors.fleet_version_spread(organisation_id=obj.organisation_id)
         counts = selectors.release_device_counts(release=obj, spread=self.context["spread"])
@@ -104,15 +136,6 @@ class ReleaseOutput(serializers.ModelSerializer):
         return selectors.release_phases(obj)[obj.current_phase].percentage
 
 
-class StrictSerializer(serializers.Serializer):
-    def to_internal_value(self, data):
-        unknown = set(data) - set(self.fields) if isinstance(data, dict) else set()
-        if unknown:  # a typo must not silently widen a target or drop a threshold
-            message = f"Unknown field(s): {', '.join(sorted(unknown))}."
-            raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: [message]})
-        return super().to_internal_value(data)
-
-
 class TargetInput(StrictSerializer):
     labels = serializers.DictField(child=serializers.CharField(max_length=200), required=False)
     device_ids = serializers.ListField(child=serializers.UUIDField(), required=False, max_length=100_000)
@@ -123,8 +146,10 @@ class TargetInput(StrictSerializer):
 
 class PhaseInput(StrictSerializer):
     percentage = serializers.FloatField(min_value=0.0, max_value=100.0)
-    min_soak_seconds = serializers.IntegerField(min_value=0, required=False, default=0)
-    min_reporting_devices = serializers.IntegerField(min_value=0, required=False, default=0)
+    min_soak_seconds = serializers.IntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
+    min_reporting_devices = serializers.IntegerField(
+        min_value=0, max_value=INT32_MAX, required=False, default=0
+    )
     manual_approval = serializers.BooleanField(required=False, default=False)
 
 
@@ -139,7 +164,7 @@ class GateInput(StrictSerializer):
 
 class WindowInput(StrictSerializer):
     cron = serializers.CharField(max_length=100)
-    duration_seconds = serializers.IntegerField(min_value=60)
+    duration_seconds = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_SECONDS)
     timezone = serializers.CharField(max_length=64, required=False, default="UTC")
 
 
@@ -147,7 +172,7 @@ class ReleaseInput(StrictSerializer):
     name = serializers.CharField(max_length=200)
     version = serializers.UUIDField()
     target = TargetInput(required=False, default=dict)
-    priority = serializers.IntegerField(required=False, default=0)
+    priority = serializers.IntegerField(min_value=INT32_MIN, max_value=INT32_MAX, required=False, default=0)
     phases = PhaseInput(many=True, required=False, default=list)
     gate = GateInput(required=False, default=dict)
     download_only = serializers.BooleanField(required=False, default=False)
@@ -173,11 +198,23 @@ class ReleaseInput(StrictSerializer):
 class ActionInput(StrictSerializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="")
     expected_revision = serializers.IntegerField(
-        required=False, min_value=0, help_text="The revision you saw; 409 if the release moved since."
+        required=False,
+        min_value=0,
+        max_value=INT32_MAX,
+        help_text="The revision you saw; 409 if the release moved since.",
     )
     phase = serializers.IntegerField(
-        required=False, min_value=1, help_text="advance only: the phase to leave (makes advance idempotent)."
+        required=False,
+        min_value=1,
+        max_value=1000,
+        help_text="advance only: the phase to leave (makes advance idempotent).",
     )
+
+
+def release_etag(release: Release) -> str:
+    """A release's ETag names its revision (state, phase, settings), not its live device counts,
+    so a read-decide-act script is refused only when the release itself moved."""
+    return f'"{release.pk}-r{release.revision}"'
 
 
 def _plain(data):
@@ -189,15 +226,35 @@ def _plain(data):
     return str(data) if data.__class__.__name__ == "UUID" else data
 
 
+class ReleaseQuery(ListQuery):
+    ORDERING = ("-created_at", "created_at", "name", "-name")
+    LIST_PARAMETERS = frozenset({"state"})
+
+    state = serializers.MultipleChoiceField(
+        choices=Release.State.choices, required=False, help_text="Any of these states (repeat the parameter)."
+    )
+    version = serializers.UUIDField(required=False, help_text="Releases of this version.")
+
+
 class ReleaseListCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
 
-    @extend_schema(responses=ReleaseOutput(many=True))
+    @extend_schema(
+        parameters=[ReleaseQuery],
+        responses=page_of(ReleaseOutput, "ReleasePage"),
+        operation_id="v1_releases_list",
+    )
     def get(self, request):
-        releases = selectors.release_list(organisation=self.organisation).prefetch_related("events__actor")
-        return Response(ReleaseOutput(releases, many=True).data)
+        query = list_query(ReleaseQuery, request)
+        releases = selectors.release_list_filtered(
+            organisation=self.organisation,
+            states=sorted(query.get("state", ())),
+            version_id=query.get("version"),
+        ).prefetch_related("events__actor")
+        return paginated(request, releases, query, lambda rows: ReleaseOutput(rows, many=True).data)
 
-    @extend_schema(request=ReleaseInput, responses={201: ReleaseOutput})
+    @extend_schema(request=ReleaseInput, responses={201: ReleaseOutput}, parameters=[IDEMPOTENCY_KEY])
+    @idempotent
     def post(self, request):
         data = ReleaseInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -219,7 +276,8 @@ class ReleaseListCreateApi(OrganisationApi):
             new_pipeline=values["new_pipeline"],
         )
         release = selectors.release_get(organisation=self.organisation, release_id=release.pk)
-        return Response(ReleaseOutput(release).data, status=status.HTTP_201_CREATED)
+        response = created(request, ReleaseOutput(release).data, "release", release_id=release.pk)
+        return tagged(response, release_etag(release))
 
 
 class ReleaseDetailApi(OrganisationApi):
@@ -228,7 +286,7 @@ class ReleaseDetailApi(OrganisationApi):
     @extend_schema(responses=ReleaseOutput)
     def get(self, request, release_id):
         release = selectors.release_get(organisation=self.organisation, release_id=release_id)
-        return Response(ReleaseOutput(release, context={"detail": True}).data)
+        return tagged(Response(ReleaseOutput(release, context={"detail": True}).data), release_etag(release))
 
 
 class DeviceStatusOutput(serializers.Serializer):
@@ -270,10 +328,19 @@ class ReleaseDevicesApi(OrganisationApi):
 class ReleaseActionApi(OrganisationApi):
     permission_classes = [OperatorWrites]
 
-    @extend_schema(request=ActionInput, responses=ReleaseOutput, operation_id="v1_releases_action")
+    @extend_schema(
+        request=ActionInput,
+        responses=ReleaseOutput,
+        operation_id="v1_releases_action",
+        parameters=[
+            IF_MATCH,
+            OpenApiParameter("action", str, OpenApiParameter.PATH, enum=[*ACTIONS, *services.EXTRA_ACTIONS]),
+        ],
+    )
     def post(self, request, release_id, action: str):
         """start, pause, resume, advance, abort, rollback or activate (download-only releases)."""
         release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        require_match(request, None, tag=release_etag(release))
         data = ActionInput(data=request.data)
         data.is_valid(raise_exception=True)
         services.release_transition(
@@ -285,7 +352,7 @@ class ReleaseActionApi(OrganisationApi):
             phase=data.validated_data.get("phase"),
         )
         release = selectors.release_get(organisation=self.organisation, release_id=release.pk)
-        return Response(ReleaseOutput(release).data)
+        return tagged(Response(ReleaseOutput(release).data), release_etag(release))
 
 
 class GateStatusOutput(serializers.Serializer):
@@ -304,3 +371,68 @@ class ReleaseGateApi(OrganisationApi):
         """Evaluate the release's health gate now and act on it, as the periodic task does."""
         release = selectors.release_get(organisation=self.organisation, release_id=release_id)
         return Response(services.release_gate_evaluate(release_id=release.pk))
+
+
+# ---- events: one release's, and the organisation's audit feed ---------------------------------
+
+
+class AuditEventOutput(EventOutput):
+    release = serializers.UUIDField(source="release_id")
+    release_name = serializers.CharField(source="release.name")
+
+    class Meta(EventOutput.Meta):
+        fields = ["id", "release", "release_name", *EventOutput.Meta.fields]
+
+
+class EventQuery(ListQuery):
+    ORDERING = ("at", "-at")
+
+    actor = serializers.CharField(
+        required=False, allow_blank=True, max_length=150, help_text="A username; empty: the system's own."
+    )
+    after = serializers.DateTimeField(required=False, help_text="Events at or after this time.")
+    before = serializers.DateTimeField(required=False, help_text="Events before this time.")
+
+
+class AuditQuery(EventQuery):
+    ORDERING = ("-at", "at")
+
+    release = serializers.UUIDField(required=False, help_text="One release's events.")
+
+
+def _events_page(request, organisation, query: dict, release_id=None):
+    events = selectors.release_events(
+        organisation=organisation,
+        release_id=release_id if release_id is not None else query.get("release"),
+        actor=query.get("actor"),
+        after=query.get("after"),
+        before=query.get("before"),
+    )
+    return paginated(request, events, query, lambda rows: AuditEventOutput(rows, many=True).data)
+
+
+class ReleaseEventsApi(OrganisationApi):
+    permission_classes = [ReadOnly]
+
+    @extend_schema(
+        parameters=[EventQuery],
+        responses=page_of(AuditEventOutput, "ReleaseEventPage"),
+        operation_id="v1_release_events_list",
+    )
+    def get(self, request, release_id):
+        """The release's events, oldest first: every state change, who made it and why."""
+        release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        return _events_page(request, self.organisation, list_query(EventQuery, request), release.pk)
+
+
+class AuditFeedApi(OrganisationApi):
+    permission_classes = [ReadOnly]
+
+    @extend_schema(
+        parameters=[AuditQuery],
+        responses=page_of(AuditEventOutput, "AuditEventPage"),
+        operation_id="v1_audit_list",
+    )
+    def get(self, request):
+        """The organisation's audit feed, newest first: every release state change, who made it and why."""
+        return _events_page(request, self.organisation, list_query(AuditQuery, request))

@@ -27,7 +27,7 @@ from deploy.rollout import (
     selection_threshold,
 )
 from deploy.windows import MaintenanceWindow
-from releases.models import DeviceReleaseStatus, Release
+from releases.models import DeviceReleaseStatus, Release, ReleaseEvent
 
 TARGET_FIELDS = frozenset({"labels", "device_ids", "group_ids", "filter", "percentage"})
 # releases that have a say over devices (drafts have none yet)
@@ -312,6 +312,39 @@ def release_selection(release: Release, groups: dict[str, DeviceGroup] | None = 
     target = Target(percentage=percentage, threshold=threshold)
     selected = frozenset(d for d, b in matching.items() if percentage > 0 and target.in_phase(b))
     return Selection(matching, threshold, selected)
+
+
+def release_list_filtered(
+    *, organisation: Organisation, states: list[str] | None = None, version_id=None
+) -> QuerySet[Release]:
+    """release_list narrowed by the REST list's filters: any of ``states``, one version."""
+    releases = release_list(organisation=organisation)
+    if states:
+        releases = releases.filter(state__in=states)
+    if version_id is not None:
+        releases = releases.filter(version_id=version_id)
+    return releases
+
+
+def release_events(
+    *, organisation: Organisation, release_id=None, actor: str | None = None, after=None, before=None
+) -> QuerySet[ReleaseEvent]:
+    """The organisation's release events (its audit of rollouts), narrowed by the optional filters:
+    one release, one actor's username ("" for the system's own, the health gate), a time span."""
+    events = ReleaseEvent.objects.filter(release__organisation=organisation).select_related(
+        "actor", "release"
+    )
+    if release_id is not None:
+        events = events.filter(release_id=release_id)
+    if actor == "":
+        events = events.filter(actor__isnull=True)
+    elif actor is not None:
+        events = events.filter(actor__username=actor)
+    if after is not None:
+        events = events.filter(at__gte=after)
+    if before is not None:
+        events = events.filter(at__lt=before)
+    return events
 
 
 # --- per-device status ------------------------------------------------------------------------

@@ -135,6 +135,18 @@ def first_report_at(
     return first
 
 
+def telemetry_list(*, device, kind: str | None = None, after=None, before=None):
+    """One device's stored records (of one kind if given; sent within the time span if given)."""
+    records = TelemetryRecord.objects.filter(device=device)
+    if kind is not None:
+        records = records.filter(kind=kind)
+    if after is not None:
+        records = records.filter(timestamp__gte=after)
+    if before is not None:
+        records = records.filter(timestamp__lt=before)
+    return records
+
+
 def device_recent_records(*, device, limit: int = 20) -> list[dict]:
     """The device's latest records, newest first, with the figures a person reads off them
     (a figure that is not a number shows as absent)."""

@@ -56,7 +56,7 @@ def _upload(api: RestClient, model_id: int, label: str, **shape) -> str:
 
 
 def _running(api: RestClient) -> list[str | None]:
-    return [(d["running_version"] or {}).get("label") for d in api.call("GET", "devices/")]
+    return [(d["running_version_info"] or {}).get("label") for d in api.call("GET", "devices/")["results"]]
 
 
 def test_an_incompatible_release_is_refused_until_it_ships_a_new_pipeline(environment, tmp_path: Path):
@@ -109,7 +109,7 @@ def test_an_incompatible_release_is_refused_until_it_ships_a_new_pipeline(enviro
         assert " 400 " in message and "incompatible_version" in message
         assert "classifier:rgb on 1 device(s)" in message
         assert "input 'image': dim 1 is 1 in the package, 3 on the device" in message
-        assert [r["name"] for r in api.call("GET", "releases/")] == ["rgb"]  # nothing half-made
+        assert [r["name"] for r in api.call("GET", "releases/")["results"]] == ["rgb"]  # nothing half-made
 
         shipped = api.call("POST", "releases/", json={**grey, "new_pipeline": True})
         assert shipped["state"] == "active"

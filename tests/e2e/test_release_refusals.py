@@ -79,7 +79,10 @@ def _manage_shell(env: dict[str, str], script: str) -> dict:
 
 
 def _running(api: RestClient) -> dict[str, str | None]:
-    return {d["name"]: (d["running_version"] or {}).get("label") for d in api.call("GET", "devices/")}
+    return {
+        d["name"]: (d["running_version_info"] or {}).get("label")
+        for d in api.call("GET", "devices/")["results"]
+    }
 
 
 def _statuses(api: RestClient, release_id: str) -> dict[str, dict]:

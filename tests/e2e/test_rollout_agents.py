@@ -60,7 +60,10 @@ def _upload(api: RestClient, model_id: int, label: str) -> str:
 
 
 def _running(api: RestClient) -> dict[str, str | None]:
-    return {d["id"]: (d["running_version"] or {}).get("label") for d in api.call("GET", "devices/")}
+    return {
+        d["id"]: (d["running_version_info"] or {}).get("label")
+        for d in api.call("GET", "devices/")["results"]
+    }
 
 
 def _versions_run(environment: dict[str, str], device_id: str) -> list[str]:

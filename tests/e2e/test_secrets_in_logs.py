@@ -132,8 +132,8 @@ def test_no_secret_appears_in_any_process_log(environment, tmp_path: Path):
         )
 
         def running_v1() -> bool:
-            devices = api.call("GET", "devices/")
-            return len(devices) == 1 and (devices[0]["running_version"] or {}).get("label") == "v1"
+            devices = api.call("GET", "devices/")["results"]
+            return len(devices) == 1 and (devices[0]["running_version_info"] or {}).get("label") == "v1"
 
         wait_until("the agent on v1", running_v1, stack, timeout=90)
         wait_until("telemetry", lambda: api.call("GET", "fleet/summary/"), stack, timeout=90)

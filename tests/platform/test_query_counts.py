@@ -29,6 +29,13 @@ PINNED = {
     "releases/{release}/": 6,  # + the per-device states (releases.selectors.release_device_statuses)
     "releases/{release}/devices/": 4,
     "fleet/summary/": 5,
+    "versions/": 3,
+    "models/{model}/versions/": 4,
+    "devices/{device}/": 4,
+    "enrolment-tokens/": 3,
+    "releases/{release}/events/": 4,
+    "audit/": 3,
+    "devices/{device}/telemetry/": 4,
 }
 
 
@@ -58,13 +65,17 @@ def _grow(org, version, *, devices: int, models: int, tag: str) -> dict[str, str
     )
     device_group_create(organisation=org, name=f"{tag}-pis", kind="dynamic", filter_text="hw == pi")
     release = release_create(
-        organisation=org, version=version, name=f"{tag}-release", target={"device_ids": [str(enrolled[0].pk)]}
+        organisation=org,
+        version=version,
+        name=f"{tag}-release",
+        target={"device_ids": [str(enrolled[0].pk)]},
     )
     return {
         "model": str(model.pk),
         "group": str(group.pk),
         "release": str(release.pk),
         "version": str(version.pk),
+        "device": str(enrolled[-1].pk),
     }
 
 

@@ -41,6 +41,7 @@ PUBLIC = {
     "metrics": "Prometheus scrape; README: expose only to the monitoring network",
     "schema": "the OpenAPI document describes endpoints, holds no tenant data",
     "api-docs": "Swagger UI over the schema",
+    "api-not-found": "the JSON 404 of any path under /api/ no endpoint serves",
     "console:login": "where anonymous people are sent",
     "console:logout": "ends the caller's own session",
 }
@@ -49,10 +50,14 @@ PUBLIC = {
 DECLARED: dict[str, dict[str, str]] = {
     "api:models": {"GET": VIEWER, "POST": OPERATOR},
     "api:model": {"GET": VIEWER},
-    "api:model-versions": {"POST": OPERATOR},
-    "api:version": {"GET": VIEWER},
-    "api:enrolment-tokens": {"POST": ADMIN},
+    "api:model-versions": {"GET": VIEWER, "POST": OPERATOR},
+    "api:versions": {"GET": VIEWER},
+    "api:version": {"GET": VIEWER, "DELETE": OPERATOR},
+    "api:enrolment-tokens": {"GET": VIEWER, "POST": ADMIN},
+    "api:enrolment-token-revoke": {"POST": ADMIN},
     "api:devices": {"GET": VIEWER},
+    "api:device": {"GET": VIEWER, "PATCH": OPERATOR},
+    "api:device-telemetry": {"GET": VIEWER},
     "api:device-revoke": {"POST": ADMIN},
     "api:device-pin": {"POST": OPERATOR},
     "api:device-groups": {"GET": VIEWER, "POST": OPERATOR},
@@ -61,6 +66,8 @@ DECLARED: dict[str, dict[str, str]] = {
     "api:releases": {"GET": VIEWER, "POST": OPERATOR},
     "api:release": {"GET": VIEWER},
     "api:release-gate": {"POST": OPERATOR},
+    "api:release-events": {"GET": VIEWER},
+    "api:audit": {"GET": VIEWER},
     "api:release-devices": {"GET": VIEWER},
     "api:release-action": {"POST": OPERATOR},
     "api:fleet-summary": {"GET": VIEWER},
@@ -182,6 +189,7 @@ def _client(token: str | None) -> APIClient:
 @pytest.fixture
 def world(org, admin, viewer, operator, outsider, ready_version) -> World:
     token = enrolment_token_create(organisation=org, labels={"site": "lab"}).token
+    spare_token = enrolment_token_create(organisation=org, labels={"site": "spare"}).record
     device = device_enrol(
         token=token, name="acme-secret-device", attributes={}, labels={"site": "lab"}
     ).device
@@ -203,17 +211,19 @@ def world(org, admin, viewer, operator, outsider, ready_version) -> World:
         "group_id": group.pk,
         "release_id": release.pk,
         "action": "pause",
+        "token_id": spare_token.pk,
     }
     bodies = {
         ("api:models", "POST"): {"name": "roles-model"},
         ("api:device-pin", "POST"): {"version": None},
+        ("api:device", "PATCH"): {"labels": {"site": "lab"}},
         ("api:device-groups", "POST"): {"name": "roles-group"},
         ("api:device-filter-preview", "POST"): {"filter": "site == lab"},
         ("api:device-group", "PATCH"): {"name": "renamed"},
         ("api:releases", "POST"): {"name": "roles-release", "version": str(ready_version.pk)},
         ("api:release-action", "POST"): {"reason": "roles"},
     }
-    secrets = [str(v) for k, v in values.items() if k not in ("action", "model_id")]
+    secrets = [str(v) for k, v in values.items() if k not in ("action", "model_id", "token_id")]
     secrets += ["acme-secret-device", "acme-secret-group", "acme-secret-release", ready_version.model.name]
     clients = {
         "anonymous": (_client(None), None),

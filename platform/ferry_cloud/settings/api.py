@@ -13,11 +13,21 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "ferry_cloud.api_errors.exception_handler",
+    # JSON bodies only; the one file upload declares multipart itself (registry/api.py).
+    "DEFAULT_PARSER_CLASSES": ["ferry_cloud.api_parsers.BoundedJSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Ferry control plane API",
     "DESCRIPTION": "Models, versions, conversion jobs, releases, devices and telemetry.",
     "VERSION": "1",
+    "OAS_VERSION": "3.1.0",  # null as a type: generated clients and validators read it alike
+    # request and response components apart: an upload's file is binary only in the request
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "ferry_cloud.api_schema.declare_errors",
+    ],
     # Vendored by drf-spectacular-sidecar: nothing comes from a CDN
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -311,7 +311,7 @@ def test_pins_groups_and_windows(api, org, ready_version, second_version):
     assert desired.version == ready_version and desired.release is None and desired.window == window
     assert desired_package_for(other).version == second_version
     pinned = api.post(f"/api/v1/devices/{other.pk}/pin/", {"version": str(ready_version.pk)}, format="json")
-    assert pinned.json()["pinned_version"]["label"] == "v1"
+    assert pinned.json()["pinned_version_info"]["label"] == "v1"
     assert desired_package_for(Device.objects.get(pk=other.pk)).version == ready_version
     api.post(f"/api/v1/devices/{other.pk}/pin/", {"version": None}, format="json")
     assert desired_package_for(Device.objects.get(pk=other.pk)).version == second_version

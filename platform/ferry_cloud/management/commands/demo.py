@@ -108,7 +108,7 @@ def _demo_password(demo_dir: Path) -> str:
 
 
 def _ensure_version(api: RestClient, console: Console) -> dict:
-    models = {m["name"]: m for m in api.call("GET", "models/")}
+    models = {m["name"]: m for m in api.call("GET", "models/?limit=500")["results"]}
     model = models.get(MODEL) or api.call("POST", "models/", json={"name": MODEL})
     existing = {v["label"]: v for v in model["versions"]}
     if LABEL in existing and existing[LABEL]["status"] != "failed":
@@ -136,9 +136,8 @@ def _ensure_version(api: RestClient, console: Console) -> dict:
 
 
 def _ensure_release(api: RestClient, version: dict) -> None:
-    for release in api.call("GET", "releases/"):
-        if release["version"]["id"] == version["id"] and release["state"] == "active":
-            return
+    if api.call("GET", f"releases/?state=active&version={version['id']}&limit=1")["results"]:
+        return
     api.call(
         "POST",
         "releases/",
