@@ -23,7 +23,6 @@ def fleet(org, count: int, version=None) -> list[Device]:
         Device(
             organisation=org,
             name=f"dev-{n:05d}",
-            credential_sha256=f"{n:064x}",
             attributes={"hardware": "jetson" if n % 3 == 0 else "rpi4", "ram_mb": str(1024 * (1 + n % 4))},
             labels={"site": "lab" if n % 2 else "field"},
             running_version=version if n % 2 else None,

@@ -19,6 +19,7 @@ from releases.services import release_create, release_gate_evaluate
 
 from agent.client import GatewayClient
 from deploy.proto import agent_pb2
+from tests.platform.gateway.devices import enrol
 from tests.platform.gateway.test_gateway import ATTRS, gateway  # noqa: F401
 from tests.platform.releases.test_rollout_api import second_version  # noqa: F401
 
@@ -26,10 +27,8 @@ UUID = "0b7c3f2e-3c1d-4d35-9f5e-2f4f0c7f9a11"
 
 
 def _client(org, gateway, name: str) -> tuple[GatewayClient, str]:  # noqa: F811
-    client = GatewayClient(gateway)
-    reply = client.enrol(enrolment_token_create(organisation=org).token, name, ATTRS)
-    client.credential = reply.credential
-    return client, reply.device_id
+    client, identity = enrol(gateway, org, name)
+    return client, identity.device_id
 
 
 def _status(state: str, version, release=None, **fields) -> agent_pb2.UpdateStatus:
