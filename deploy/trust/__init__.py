@@ -1,0 +1,1 @@
+"""Ferry's trust model: who signs what (packages, assignments, certificates), and what a device accepts."""
