@@ -24,12 +24,13 @@ from agent.client import GatewayClient
 from agent.errors import EnrolmentError
 from agent.files import read_json, write_json_atomic
 from agent.inference import InferenceLoop
-from agent.install import DownloadRules, Installer, Offer
+from agent.install import DownloadRules, Installer
 from agent.lifecycle import IDLE, Lifecycle
 from agent.metrics import ProcessMeter
 from agent.metrics_export import MetricsExporter
 from agent.outbox import Outbox
 from agent.retry import Backoff
+from agent.trust import AssignmentTrust, SignedOffer, display_text
 from deploy.proto import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -113,21 +114,23 @@ class Agent:
                 "device_id": reply.device_id,
                 "credential": reply.credential,
                 "release_public_key": base64.b64encode(reply.release_public_key).decode(),
+                "organisation_id": reply.organisation_id,
                 "gateway": self.config.gateway,
             }
             write_json_atomic(self.credential_file, saved, mode=0o600)  # the credential is a secret
             log.info("enrolled as device %s", reply.device_id)
         self.client.credential = saved["credential"]
         self.device_id = saved["device_id"]
+        release_key = base64.b64decode(saved["release_public_key"])
+        organisation_id = str(saved.get("organisation_id", ""))
         self.installer = Installer(
-            self.config.state_dir,
-            self.client,
-            base64.b64decode(saved["release_public_key"]),
-            self.config.download_rules,
+            self.config.state_dir, self.client, release_key, self.config.download_rules
         )
         self.lifecycle = Lifecycle(
             self.installer,
             device_class=self.device_class,
+            organisation_id=organisation_id,
+            trust=AssignmentTrust(self.config.state_dir, [release_key], self.device_id, organisation_id),
             report=self._report_activation,
             on_version_change=self._load_version,
             probation_seconds=self.config.probation_seconds,
@@ -264,7 +267,7 @@ class Agent:
         )
         self.interval = float(reply.checkin_interval_seconds or self.interval)
         if reply.HasField("desired"):
-            self.lifecycle.offer(offer_from(reply.desired))
+            self.lifecycle.offer_signed(offer_from(reply.desired))
         self.lifecycle.advance()
 
     # --- telemetry ----------------------------------------------------------------------
@@ -312,22 +315,12 @@ class Agent:
                 return
 
 
-def offer_from(d: agent_pb2.PackageOffer) -> Offer:
-    window = None
-    if d.HasField("window") and d.window.cron:
-        window = {
-            "cron": d.window.cron,
-            "duration_seconds": int(d.window.duration_seconds),
-            "timezone": d.window.timezone or "UTC",
-        }
-    return Offer(
-        d.release_id,
-        d.version_id,
-        d.version_label,
-        d.model_name,
-        d.package_digest,
-        d.package_size,
-        download_only=d.download_only,
-        rollback=d.rollback,
-        window=window,
+def offer_from(d: agent_pb2.PackageOffer) -> SignedOffer:
+    """The offer as received: only its signed assignment is acted on (Lifecycle.offer_signed);
+    the gateway's other fields are display text, bounded here."""
+    return SignedOffer(
+        assignment=bytes(d.assignment),
+        signature=bytes(d.assignment_signature),
+        version_label=display_text(d.version_label),
+        model_name=display_text(d.model_name),
     )

@@ -9,23 +9,30 @@ hints stream, as the real gateway keeps.  No failure injection: that is the test
 from __future__ import annotations
 
 import queue
+import tarfile
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 
-from deploy.package import file_sha256
+from deploy.package import KeyPair, file_sha256
+from deploy.package.digest import bytes_sha256
 from deploy.proto import agent_pb2, agent_pb2_grpc
+from deploy.trust.assignment import Assignment, sign_assignment
 
 CREDENTIAL = "bench-device.secret"
 ENROLMENT_TOKEN = "good-token"
+DEVICE_ID = "bench-device"
+ORGANISATION_ID = "bench"  # packages for the bench agent are signed for it
 CHUNK_BYTES = 64 * 1024
 
 
 class BenchGateway(agent_pb2_grpc.AgentGatewayServicer):
-    def __init__(self, public_key: bytes, interval: int = 30) -> None:
-        self.public_key = public_key
+    def __init__(self, keys: KeyPair, interval: int = 30) -> None:
+        self.keys = keys
+        self.public_key = keys.public_key
         self.interval = interval
         self.offer: agent_pb2.PackageOffer | None = None
         self.packages: dict[str, bytes] = {}
@@ -37,6 +44,22 @@ class BenchGateway(agent_pb2_grpc.AgentGatewayServicer):
         data = archive.read_bytes()
         digest = file_sha256(archive)
         self.packages[digest] = data
+        with tarfile.open(archive) as tar:
+            manifest = tar.extractfile(tar.next()).read()
+        now = int(time.time())
+        assignment = Assignment(
+            device_id=DEVICE_ID,
+            organisation_id=ORGANISATION_ID,
+            counter=int(time.time() * 1000),
+            issued_at=now,
+            expires_at=now + 3600,
+            version_id=version_id,
+            release_id="bench",
+            package_digest=digest,
+            package_size=len(data),
+            manifest_sha256=bytes_sha256(manifest),
+        )
+        blob, signature = sign_assignment(assignment, self.keys.private_key)
         self.offer = agent_pb2.PackageOffer(
             release_id="bench",
             version_id=version_id,
@@ -44,6 +67,8 @@ class BenchGateway(agent_pb2_grpc.AgentGatewayServicer):
             model_name="classifier",
             package_digest=digest,
             package_size=len(data),
+            assignment=blob,
+            assignment_signature=signature,
         )
         with self._lock:
             for q in self._watchers:
@@ -57,10 +82,11 @@ class BenchGateway(agent_pb2_grpc.AgentGatewayServicer):
         if request.token != ENROLMENT_TOKEN:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown enrolment token")
         return agent_pb2.EnrolResponse(
-            device_id="bench-device",
+            device_id=DEVICE_ID,
             credential=CREDENTIAL,
             release_public_key=self.public_key,
             checkin_interval_seconds=self.interval,
+            organisation_id=ORGANISATION_ID,
         )
 
     def CheckIn(self, request, context):

@@ -36,16 +36,18 @@ class EnrolRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ..., name: _Optional[str] = ..., attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ...) -> None: ...
 
 class EnrolResponse(_message.Message):
-    __slots__ = ("device_id", "credential", "release_public_key", "checkin_interval_seconds")
+    __slots__ = ("device_id", "credential", "release_public_key", "checkin_interval_seconds", "organisation_id")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     RELEASE_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     CHECKIN_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ORGANISATION_ID_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     credential: str
     release_public_key: bytes
     checkin_interval_seconds: int
-    def __init__(self, device_id: _Optional[str] = ..., credential: _Optional[str] = ..., release_public_key: _Optional[bytes] = ..., checkin_interval_seconds: _Optional[int] = ...) -> None: ...
+    organisation_id: str
+    def __init__(self, device_id: _Optional[str] = ..., credential: _Optional[str] = ..., release_public_key: _Optional[bytes] = ..., checkin_interval_seconds: _Optional[int] = ..., organisation_id: _Optional[str] = ...) -> None: ...
 
 class CheckInRequest(_message.Message):
     __slots__ = ("attributes", "running_version_id", "running_package_digest")
@@ -58,7 +60,7 @@ class CheckInRequest(_message.Message):
     def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ...) -> None: ...
 
 class PackageOffer(_message.Message):
-    __slots__ = ("release_id", "version_id", "version_label", "model_name", "package_digest", "package_size", "download_only", "rollback", "window")
+    __slots__ = ("release_id", "version_id", "version_label", "model_name", "package_digest", "package_size", "download_only", "rollback", "window", "assignment", "assignment_signature")
     RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_LABEL_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +70,8 @@ class PackageOffer(_message.Message):
     DOWNLOAD_ONLY_FIELD_NUMBER: _ClassVar[int]
     ROLLBACK_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     release_id: str
     version_id: str
     version_label: str
@@ -77,7 +81,9 @@ class PackageOffer(_message.Message):
     download_only: bool
     rollback: bool
     window: MaintenanceWindow
-    def __init__(self, release_id: _Optional[str] = ..., version_id: _Optional[str] = ..., version_label: _Optional[str] = ..., model_name: _Optional[str] = ..., package_digest: _Optional[str] = ..., package_size: _Optional[int] = ..., download_only: _Optional[bool] = ..., rollback: _Optional[bool] = ..., window: _Optional[_Union[MaintenanceWindow, _Mapping]] = ...) -> None: ...
+    assignment: bytes
+    assignment_signature: bytes
+    def __init__(self, release_id: _Optional[str] = ..., version_id: _Optional[str] = ..., version_label: _Optional[str] = ..., model_name: _Optional[str] = ..., package_digest: _Optional[str] = ..., package_size: _Optional[int] = ..., download_only: _Optional[bool] = ..., rollback: _Optional[bool] = ..., window: _Optional[_Union[MaintenanceWindow, _Mapping]] = ..., assignment: _Optional[bytes] = ..., assignment_signature: _Optional[bytes] = ...) -> None: ...
 
 class MaintenanceWindow(_message.Message):
     __slots__ = ("cron", "duration_seconds", "timezone")

@@ -34,7 +34,7 @@ MAX_LIFETIME_SECONDS = 90 * 24 * 3600
 MAX_PACKAGE_BYTES = 1 << 40
 DEFAULT_SKEW_SECONDS = 300
 
-_TOKEN = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # ids: opaque tokens, never paths
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # opaque ids: never ".", "..", "/"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _SHORT_TEXT = 128  # cron expressions and time zone names
 

@@ -19,7 +19,7 @@ from fleet.models import Device
 from fleet.services import device_authenticate, device_enrol, device_record_check_in
 from registry import storage
 from registry.models import Artifact
-from releases.selectors import desired_package_for
+from releases.assignments import assignment_for, package_assigned_to
 from telemetry.services import IncomingRecord, telemetry_ingest
 
 from deploy.proto import agent_pb2, agent_pb2_grpc
@@ -62,6 +62,7 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
             credential=enrolment.credential,
             release_public_key=release_public_key(),
             checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS,
+            organisation_id=str(enrolment.device.organisation_id),
         )
 
     def CheckIn(self, request, context):
@@ -72,25 +73,24 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
             device=device, attributes=attributes, running_version_id=request.running_version_id
         )
         response = agent_pb2.CheckInResponse(checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS)
-        desired = desired_package_for(device)
-        if desired is not None:
-            from registry.services import version_rollback_package  # only CheckIn needs it
-
-            version = desired.version
-            # going back needs the version re-signed as a rollback with a newer counter
-            package = version_rollback_package(version=version) if desired.rollback else version.package
+        issued = assignment_for(device)
+        if issued is not None:
+            desired, version = issued.desired, issued.desired.version
             window = agent_pb2.MaintenanceWindow(**desired.window) if desired.window else None
+            # the descriptive fields are for display: the agent acts on the signed assignment alone
             response.desired.CopyFrom(
                 agent_pb2.PackageOffer(
                     release_id=str(desired.release.pk) if desired.release else "",
                     version_id=str(version.pk),
                     version_label=version.label,
                     model_name=version.model.name,
-                    package_digest=package.sha256,
-                    package_size=package.size,
+                    package_digest=version.package.sha256,
+                    package_size=version.package.size,
                     download_only=desired.download_only,
                     rollback=desired.rollback,
                     window=window,
+                    assignment=issued.blob,
+                    assignment_signature=issued.signature,
                 )
             )
         return response
@@ -98,6 +98,11 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
     def DownloadPackage(self, request, context) -> Iterator[agent_pb2.PackageChunk]:
         close_old_connections()
         device = _device(context)
+        if not package_assigned_to(device, request.package_digest):
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"package {request.package_digest[:64]!r} was never assigned to this device",
+            )
         artifact = Artifact.objects.filter(
             organisation=device.organisation, kind=Artifact.Kind.PACKAGE, sha256=request.package_digest
         ).first()

@@ -14,6 +14,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Callable
@@ -22,16 +23,29 @@ from pathlib import Path
 
 import grpc
 
-from deploy.package import file_sha256
+from deploy.package import KeyPair, file_sha256
+from deploy.package.digest import bytes_sha256
 from deploy.proto import agent_pb2, agent_pb2_grpc
+from deploy.trust.assignment import Assignment, sign_assignment
 
 ROOT = Path(__file__).resolve().parents[2]
 CREDENTIAL = "device-1.secret"
+DEVICE_ID = "device-1"
+ORGANISATION_ID = "org-1"  # packages for the double's device are signed for it
+
+
+def manifest_sha256(archive: Path) -> str:
+    """The digest of the archive's first member (the manifest), as the control plane records it."""
+    with tarfile.open(archive) as tar:
+        first = tar.next()
+        return bytes_sha256(tar.extractfile(first).read())
 
 
 class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
-    def __init__(self, public_key: bytes, interval: int = 1) -> None:
-        self.public_key = public_key
+    def __init__(self, keys: KeyPair, interval: int = 1) -> None:
+        self.keys = keys
+        self.public_key = keys.public_key
+        self.counter = int(time.time() * 1000)  # as the control plane: a new double never goes back
         self.interval = interval
         self.offer: agent_pb2.PackageOffer | None = None
         self.packages: dict[str, bytes] = {}
@@ -46,18 +60,49 @@ class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
 
     # --- what the test controls ------------------------------------------------------------
     def publish(
-        self, archive: Path, version_id: str, *, offered_size: int | None = None, hint: bool = True, **flags
+        self,
+        archive: Path,
+        version_id: str,
+        *,
+        offered_size: int | None = None,
+        hint: bool = True,
+        signed_by: bytes | None = None,
+        changes: dict | None = None,
+        **flags,
     ) -> agent_pb2.PackageOffer:
+        """Offer the archive in a newly signed assignment (``changes`` alter its fields: a test
+        plays a director that lies); returns the offer, which a test may replay later."""
         data = archive.read_bytes()
         digest = file_sha256(archive)
         self.packages[digest] = data
+        self.counter += 1
+        now = int(time.time())
+        assignment = dict(
+            device_id=DEVICE_ID,
+            organisation_id=ORGANISATION_ID,
+            counter=self.counter,
+            issued_at=now,
+            expires_at=now + 3600,
+            version_id=version_id,
+            release_id="r",
+            package_digest=digest,
+            package_size=len(data) if offered_size is None else offered_size,
+            manifest_sha256=manifest_sha256(archive),
+            rollback=bool(flags.get("rollback", False)),
+            download_only=bool(flags.get("download_only", False)),
+            window=dict(flags["window"]) if flags.get("window") else None,
+        )
+        assignment.update(changes or {})
+        blob, signature = sign_assignment(Assignment(**assignment), signed_by or self.keys.private_key)
         self.offer = agent_pb2.PackageOffer(
             release_id="r",
             version_id=version_id,
             version_label=version_id,
             model_name="classifier",
             package_digest=digest,
-            package_size=len(data) if offered_size is None else offered_size,
+            package_size=assignment["package_size"],
+            assignment=blob,
+            assignment_signature=signature,
             **flags,
         )
         if hint:
@@ -86,10 +131,11 @@ class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
         if request.token != "good-token":
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown enrolment token")
         return agent_pb2.EnrolResponse(
-            device_id="device-1",
+            device_id=DEVICE_ID,
             credential=CREDENTIAL,
             release_public_key=self.public_key,
             checkin_interval_seconds=self.interval,
+            organisation_id=ORGANISATION_ID,
         )
 
     def CheckIn(self, request, context):

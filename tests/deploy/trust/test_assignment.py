@@ -128,6 +128,8 @@ def test_an_assignment_signature_never_passes_for_a_package_signature():
         dict(manifest_sha256="../../etc/passwd"),
         dict(version_id="../x"),
         dict(version_id=""),
+        dict(version_id=".."),
+        dict(release_id=".hidden"),
         dict(device_id="x" * 129),
         dict(package_size=0),
         dict(expires_at=NOW),
