@@ -467,8 +467,10 @@ class Lifecycle:
 
 
 def _refusal_key(offer: Offer) -> str:
-    # the size is part of the key: a wrong size is the offer's fault, not the package's
-    return f"{offer.package_digest}:{offer.package_size}"
+    # the size is part of the key: a wrong size is the offer's fault, not the package's; so is
+    # the assignment's counter: a new assignment of a refused package (a re-release) is a new
+    # instruction and is tried again, the same one seen at every check-in is not
+    return f"{offer.package_digest}:{offer.package_size}:{offer.counter}"
 
 
 def _window_open(window: dict[str, Any]) -> bool:

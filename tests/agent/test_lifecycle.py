@@ -240,6 +240,14 @@ def test_refused_packages_leave_the_running_version_untouched(world, packages):
         assert (state["current"], state["running"]) == ("v1", "v1"), (name, state)
         assert not (state_dir / "versions" / name).exists()
         assert state["staging"] == [] and state["parts"] == [] and not (state_dir.parent / "evil").exists()
+    # the same refused package in a new assignment (a re-release) is tried, and refused, again
+    double.publish(packages["bad-selftest"], "bad-selftest")
+    wait_for(
+        lambda: len([a for a in double.activations() if a["version_id"] == "bad-selftest"]) == 2,
+        30,
+        "the second refusal of bad-selftest",
+        agent,
+    )
     # a package bigger than what the control plane offered (and signed) is cut off
     double.publish(packages["v2"], "v2-short", offered_size=packages["v2"].stat().st_size - 100)
     assert "of a package offered (and signed) as" in _refusal(double, "v2-short", agent)["reason"]
