@@ -116,3 +116,28 @@ def test_a_device_downloads_only_packages_assigned_to_it(org, admin, ready_versi
             list(who.download(digest, 0, 30))
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert digest in refused.value.details()
+
+
+def test_a_check_in_with_nothing_changed_costs_one_query_more(org, admin, ready_version, gateway):  # noqa: F811
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from releases.assignments import assignment_for
+    from releases.selectors import desired_package_for
+
+    _, reply = _enrolled(org, gateway)
+    release_create(
+        organisation=org,
+        version=ready_version,
+        name="v1",
+        target={"labels": {"fleet": "demo"}},
+        actor=admin[0],
+        start=True,
+    )
+    device = Device.objects.get(pk=reply.device_id)
+    first = assignment_for(device)  # issues it
+    with CaptureQueriesContext(connection) as deciding:
+        desired_package_for(device)
+    with CaptureQueriesContext(connection) as reusing:
+        again = assignment_for(device)
+    assert (again.blob, again.counter) == (first.blob, first.counter)
+    assert len(reusing) == len(deciding) + 1
