@@ -147,7 +147,11 @@ def _issue(device: Device, desired: DesiredPackage) -> IssuedAssignment:
 
 
 def package_assigned_to(device: Device, package_digest: str) -> bool:
-    """Whether the package was ever assigned to this device: the only ones it may download."""
-    return DeviceAssignment.objects.filter(
-        device_id=device.pk, assigned_digests__contains=[package_digest]
-    ).exists()
+    """Whether the package was ever assigned to this device: the only ones it may download.
+    Read and checked here, not with a JSON ``contains`` lookup: the demo runs on SQLite."""
+    digests = (
+        DeviceAssignment.objects.filter(device_id=device.pk)
+        .values_list("assigned_digests", flat=True)
+        .first()
+    )
+    return isinstance(digests, list) and package_digest in digests
