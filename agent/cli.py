@@ -1,4 +1,4 @@
-"""`ferry-agent`: run the device daemon in the foreground with readable logs."""
+"""`ferry-agent`: enrol from a bundle, and run the device daemon in the foreground with readable logs."""
 
 from __future__ import annotations
 
@@ -26,13 +26,18 @@ def _labels(pairs: list[str]) -> dict[str, str]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ferry-agent", description="Ferry's device agent.")
     sub = p.add_subparsers(dest="command", required=True)
+    enrol = sub.add_parser("enrol", help="enrol with an enrolment bundle (pins its CA), then exit")
+    enrol.add_argument("bundle", help="the one-line enrolment bundle: ferry-enrol-1:...")
     run = sub.add_parser("run", help="enrol if needed, then run until SIGTERM/SIGINT")
-    run.add_argument("--gateway", required=True, help="host:port of the control plane's gRPC gateway")
-    run.add_argument("--state-dir", type=Path, required=True, help="where the agent keeps its state")
-    run.add_argument("--token", default="", help="one-time enrolment token (first run only)")
-    run.add_argument("--name", default=None, help="device name shown in the console")
-    run.add_argument("--label", action="append", default=[], help="key=value, repeatable")
-    run.add_argument("--hardware", default="generic")
+    run.add_argument(
+        "--gateway", default="", help="host:port of the gateway's mutual-TLS port (default: from the bundle)"
+    )
+    run.add_argument("--bundle", default="", help="the enrolment bundle, ferry-enrol-1:... (first run only)")
+    for command in (enrol, run):
+        command.add_argument("--state-dir", type=Path, required=True, help="where the agent keeps its state")
+        command.add_argument("--name", default=None, help="device name shown in the console")
+        command.add_argument("--label", action="append", default=[], help="key=value, repeatable")
+        command.add_argument("--hardware", default="generic")
     run.add_argument(
         "--device-class", default="", help="refuse packages signed for another class (default: --hardware)"
     )
@@ -110,11 +115,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(status(args.state_dir), indent=2, sort_keys=True))
         return 0
+    if args.command == "enrol":
+        return _enrol(args)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent: %(message)s")
     config = AgentConfig(
         gateway=args.gateway,
         state_dir=args.state_dir,
-        token=args.token,
+        bundle=args.bundle,
         labels=_labels(args.label),
         hardware=args.hardware,
         device_class=args.device_class,
@@ -142,6 +149,28 @@ def main(argv: list[str] | None = None) -> int:
     except AgentError as exc:
         logging.getLogger("agent").error("%s", exc)
         return 2
+    return 0
+
+
+def _enrol(args: argparse.Namespace) -> int:
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s agent: %(message)s")
+    agent = Agent(
+        AgentConfig(
+            gateway="",
+            state_dir=args.state_dir,
+            bundle=args.bundle,
+            labels=_labels(args.label),
+            hardware=args.hardware,
+        )
+    )
+    if args.name:
+        agent.config.name = args.name
+    try:
+        agent.ensure_enrolled()
+    except AgentError as exc:
+        logging.getLogger("agent").error("%s", exc)
+        return 2
+    print(agent.device_id)
     return 0
 
 

@@ -7,7 +7,6 @@ the main loop: push then pull), metrics, upload, and the inference loop.
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import socket
@@ -19,8 +18,7 @@ from typing import Any
 
 import grpc
 
-from agent import __version__
-from agent.client import GatewayClient
+from agent import __version__, identity
 from agent.errors import EnrolmentError
 from agent.files import read_json, write_json_atomic
 from agent.inference import InferenceLoop
@@ -31,6 +29,7 @@ from agent.metrics_export import MetricsExporter
 from agent.outbox import Outbox
 from agent.retry import Backoff
 from agent.trust import AssignmentTrust, SignedOffer, display_text
+from agent.update_status import StatusBook, outcome_from_report, update_status
 from deploy.proto import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -38,9 +37,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AgentConfig:
-    gateway: str
+    gateway: str  # overrides the enrolled gateway address when set
     state_dir: Path
-    token: str = ""
+    bundle: str = ""  # the enrolment bundle (ferry-enrol-1:...), first run only
     name: str = field(default_factory=socket.gethostname)
     labels: dict[str, str] = field(default_factory=dict)
     hardware: str = "generic"
@@ -66,7 +65,8 @@ class Agent:
         # Session), into the agent's state, so restarts and the first inference load them warm.
         # Read by the engine when it first compiles (it is imported lazily, after this).
         os.environ.setdefault("FERRY_JIT_CACHE", str(config.state_dir / "jit-cache"))
-        self.client = GatewayClient(config.gateway)
+        self.client = None  # a GatewayClient with the device's certificate, once enrolled
+        self.identity: identity.Identity | None = None
         self.outbox = Outbox(config.state_dir / "outbox.sqlite", max_records=config.outbox_max_records)
         self.inference = InferenceLoop(rate=config.event_rate, emit=self.outbox.append)
         self.meter = ProcessMeter(config.state_dir)
@@ -82,6 +82,7 @@ class Agent:
         self.lifecycle: Lifecycle | None = None
         self.activations = {"ok": 0, "failed": 0}
         self.hints_received = 0
+        self.status_book = StatusBook(config.state_dir)
 
     # --- identity -------------------------------------------------------------------
     @property
@@ -102,35 +103,35 @@ class Agent:
         )
 
     def ensure_enrolled(self) -> None:
-        saved = read_json(self.credential_file)
+        saved = identity.load(self.config.state_dir)
         if saved is None:
-            if not self.config.token:
-                raise EnrolmentError("not enrolled yet: pass --token with a one-time enrolment token")
-            try:
-                reply = self.client.enrol(self.config.token, self.config.name, self.attributes())
-            except grpc.RpcError as exc:
-                raise EnrolmentError(f"enrolment refused: {exc.details()}") from exc
-            saved = {
-                "device_id": reply.device_id,
-                "credential": reply.credential,
-                "release_public_key": base64.b64encode(reply.release_public_key).decode(),
-                "organisation_id": reply.organisation_id,
-                "gateway": self.config.gateway,
-            }
-            write_json_atomic(self.credential_file, saved, mode=0o600)  # the credential is a secret
-            log.info("enrolled as device %s", reply.device_id)
-        self.client.credential = saved["credential"]
-        self.device_id = saved["device_id"]
-        release_key = base64.b64decode(saved["release_public_key"])
-        organisation_id = str(saved.get("organisation_id", ""))
+            if not self.config.bundle:
+                raise EnrolmentError(
+                    "not enrolled yet: pass --bundle with the enrolment bundle (ferry-enrol-1:...)"
+                )
+            saved = identity.enrol(
+                self.config.bundle, self.config.state_dir, self.config.name, self.attributes()
+            )
+        if self.config.gateway:
+            saved.gateway = self.config.gateway
+        self.identity = saved
+        self.client = saved.client()
+        self.device_id = saved.device_id
+        self.interval = float(saved.checkin_interval_seconds or self.interval)
         self.installer = Installer(
-            self.config.state_dir, self.client, release_key, self.config.download_rules
+            self.config.state_dir,
+            self.client,
+            saved.release_public_keys[0],
+            self.config.download_rules,
         )
         self.lifecycle = Lifecycle(
             self.installer,
             device_class=self.device_class,
-            organisation_id=organisation_id,
-            trust=AssignmentTrust(self.config.state_dir, [release_key], self.device_id, organisation_id),
+            organisation_id=saved.organisation_id,
+            # the release keys came in the CA-signed enrolment grant; they sign packages and assignments
+            trust=AssignmentTrust(
+                self.config.state_dir, list(saved.release_public_keys), self.device_id, saved.organisation_id
+            ),
             report=self._report_activation,
             on_version_change=self._load_version,
             probation_seconds=self.config.probation_seconds,
@@ -172,6 +173,7 @@ class Agent:
         ]
         if self.config.watch_hints:
             threads.append(threading.Thread(target=self._watch_hints, name="hints"))
+        threads.append(threading.Thread(target=self._renew_certificate, name="renew"))
         for t in threads:
             t.daemon = True
             t.start()
@@ -186,7 +188,7 @@ class Agent:
                     backoff.reset()
                     wait = backoff.jittered(self.interval)
                 except grpc.RpcError as exc:
-                    if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                         log.error("the gateway refuses this device: %s", exc.details())
                     wait = backoff.failed()
                     log.warning("check-in failed (%s); retrying in %.0f s", exc.code().name, wait)
@@ -228,6 +230,24 @@ class Agent:
         cap = self.config.max_backoff
         return Backoff(first=min(2.0, cap), cap=cap, jitter=jitter)
 
+    def _renew_certificate(self) -> None:
+        """Renew the client certificate at two thirds of its lifetime; retry sooner on failure."""
+        # at least a second between renewals, whatever lifetime the gateway issues
+        while not self.stop_event.wait(max(1.0, identity.renewal_due_in(self.identity.certificate_pem))):
+            try:
+                identity.renew(self.config.state_dir, self.identity, self.client)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    log.error("the gateway refuses to renew this device's certificate: %s", exc.details())
+                retry = min(60.0, max(1.0, identity.renewal_due_in(self.identity.certificate_pem) * -0.1))
+                log.warning("certificate renewal failed (%s); retrying in %.0f s", exc.code().name, retry)
+                if self.stop_event.wait(retry):
+                    return
+            except EnrolmentError as exc:
+                log.error("%s", exc)
+                if self.stop_event.wait(60.0):
+                    return
+
     def _watch_hints(self) -> None:
         backoff = self._backoff(jitter=(0.5, 1.0))
         while not self.stop_event.is_set():
@@ -263,16 +283,35 @@ class Agent:
     def check_in(self) -> None:
         running = read_json(self.state_file, {}) or {}
         reply = self.client.check_in(
-            self.attributes(), self.inference.version, running.get("package_digest", "")
+            self.attributes(),
+            self.inference.version,
+            running.get("package_digest", ""),
+            update=self.update_status(),
         )
         self.interval = float(reply.checkin_interval_seconds or self.interval)
         if reply.HasField("desired"):
             self.lifecycle.offer_signed(offer_from(reply.desired))
         self.lifecycle.advance()
 
+    def update_status(self) -> agent_pb2.UpdateStatus:
+        """Where the update stands for the control plane: in progress, or how the last one ended."""
+        update = self.lifecycle.update
+        return update_status(
+            lifecycle_state=update.state,
+            offer=update.current_offer,
+            counter=update.counter,
+            entered_at=update.entered_at,
+            running_version=self.inference.version,
+            latest=self.status_book.latest(),
+        )
+
     # --- telemetry ----------------------------------------------------------------------
     def _report_activation(self, kind: str, payload: dict[str, Any], version_id: str) -> None:
         self.activations["ok" if payload.get("ok") else "failed"] += 1
+        update = self.lifecycle.update  # still on the offer: the lifecycle reports before it moves on
+        outcome = outcome_from_report(payload, update.current_offer, update.counter)
+        if outcome is not None:
+            self.status_book.record(outcome)
         self.outbox.append(kind, payload, version_id)
 
     def record_metrics(self) -> None:
@@ -295,6 +334,7 @@ class Agent:
         if dropped:
             figures["outbox_dropped"] = dropped
         figures["outbox_dropped_total"] = self.outbox.dropped_total()
+        figures["outbox_rejected_total"] = self.outbox.rejected_total()
         self.outbox.append("metrics", figures, version)
         if self.exporter is not None:
             device_id = getattr(self, "device_id", "")
@@ -310,7 +350,8 @@ class Agent:
             except BaseException:
                 self.outbox.release_in_flight()
                 raise
-            self.outbox.acknowledge(list(ack.stored_seqs) + list(ack.duplicate_seqs))
+            rejected = {r.seq: r.reason for r in ack.rejected}  # never valid: dropped, not re-sent
+            self.outbox.acknowledge(list(ack.stored_seqs) + list(ack.duplicate_seqs), rejected)
             if len(batch) < self.config.upload_batch:
                 return
 

@@ -23,3 +23,10 @@ class DownloadStalled(DownloadError):
 
 class DiskFullError(DownloadError):
     """Not enough free space for the package (checked first), or the disk filled up during the download."""
+
+
+class IncompatibleModel(ActivationError):
+    """The new model does not take what the device's pipeline feeds it; the message starts with
+    the machine-readable reason ``incompatible:`` and names the mismatch."""
+
+    reason = "incompatible"

@@ -70,7 +70,9 @@ def _concrete(shape: list) -> list[int]:
 class PipelineRunner:
     """One version's declarative pipeline on its own thread: source → ... → batched engine → sinks."""
 
-    def __init__(self, spec: dict, session, version_id: str, loop: InferenceLoop, emit=None) -> None:
+    def __init__(
+        self, spec: dict, session, version_id: str, loop: InferenceLoop, emit=None, recent=None
+    ) -> None:
         from agent import stream
 
         self.version_id = version_id
@@ -85,7 +87,7 @@ class PipelineRunner:
                 sinks.append(stream.socket_sink(sink["path"]))
             elif sink["type"] == "telemetry" and emit is not None:
                 sinks.append(lambda result: emit("event", {"pipeline": result}, version_id))
-        self.pipeline = stream.Pipeline(spec, infer=loop.timed(infer, version_id), sinks=sinks)
+        self.pipeline = stream.Pipeline(spec, infer=loop.timed(infer, version_id), sinks=sinks, recent=recent)
         self._thread = threading.Thread(
             target=self._run, args=(spec["source"],), name="pipeline", daemon=True
         )
@@ -149,7 +151,7 @@ class InferenceLoop:
                 self._session = None
                 self._loaded.clear()
         if spec is not None:
-            self._runner = PipelineRunner(spec, session, version_id, self, self.emit)
+            self._runner = PipelineRunner(spec, session, version_id, self, self.emit, _recent_ring(directory))
             log.info("pipeline of %s reads from %s", version_id, spec["source"]["type"])
 
     def timed(self, infer, version_id: str):
@@ -248,6 +250,15 @@ class InferenceLoop:
                     self._figures.top1[top1] += 1
             else:
                 self._figures.errors += 1
+
+
+def _recent_ring(directory: Path):
+    """The ring of recent events a pipeline keeps for the next health check (agent/stream/recent.py),
+    when the version is unpacked in an agent's state directory."""
+    from agent.stream.recent import EventRing, ring_path, state_dir_of
+
+    state_dir = state_dir_of(directory)
+    return None if state_dir is None else EventRing(ring_path(state_dir))
 
 
 def pipeline_spec(directory: Path) -> dict | None:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.errors import ActivationError, DiskFullError, DownloadError, DownloadStalled
+from agent.errors import ActivationError, DiskFullError, DownloadError, DownloadStalled, IncompatibleModel
 from agent.files import fsync_dir, switch_symlink
 from deploy.errors import PackageRejected
 from deploy.package import ClaimsCheck, VerifiedManifest, file_sha256, read_claims, verify_and_unpack
@@ -267,8 +267,11 @@ class Installer:
         return removed
 
 
-def health_check(directory: Path) -> None:
-    """Load the package and compare its self-test output with the one recorded at conversion."""
+def health_check(directory: Path, recent_events: Path | None = None) -> None:
+    """Load the package and compare its self-test output with the one recorded at conversion;
+    when it carries a pipeline, check that the pipeline's features fit the model's inputs and
+    run the pipeline's own feature assembly and the model on the device's recent real events
+    (``recent_events``, by default the ring in the state directory the version is unpacked in)."""
     import numpy as np
 
     from agent.stream import PipelineError
@@ -280,9 +283,12 @@ def health_check(directory: Path) -> None:
     try:
         from agent.inference import pipeline_spec
 
-        pipeline_spec(directory)  # a package whose pipeline is invalid must not go live
+        spec = pipeline_spec(directory)  # a package whose pipeline is invalid must not go live
         session = Session(directory)
         package = read_package(directory, verify=False)  # the unpack just verified every byte
+        if spec is not None:
+            _check_pipeline_fits(spec, package.manifest)
+            _replay_recent_events(spec, session, _recent_lines(directory, recent_events))
         selftest = package.manifest.get("metadata", {}).get("selftest")
         if not selftest:
             return
@@ -306,6 +312,56 @@ def health_check(directory: Path) -> None:
     except Exception as exc:  # any failure of an untrusted new version is its failure, not the agent's
         raise ActivationError(f"the new version does not load or run: {type(exc).__name__}: {exc}") from exc
     log.info("health check passed in %.1f ms", 1000 * (time.perf_counter() - started))
+
+
+def _check_pipeline_fits(spec: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """The tensor the pipeline assembles must fit the model's inputs (deploy/compat.py)."""
+    from deploy.compat import Contract, describe, mismatches, pipeline_inputs
+
+    inputs, outputs = manifest.get("inputs") or [], manifest.get("outputs") or []
+    found = mismatches(Contract(pipeline_inputs(spec, inputs), outputs), inputs, outputs)
+    if found:
+        raise IncompatibleModel(
+            f"incompatible: the model does not take what its pipeline feeds: {describe(found)}"
+        )
+
+
+def _recent_lines(directory: Path, recent_events: Path | None) -> list[str]:
+    from agent.stream.recent import load, ring_path, state_dir_of
+
+    if recent_events is None:
+        state_dir = state_dir_of(directory)
+        if state_dir is None:
+            return []
+        recent_events = ring_path(state_dir)
+    return load(recent_events)
+
+
+def _replay_recent_events(spec: dict[str, Any], session: Any, lines: list[str]) -> None:
+    """Run the new pipeline (parse, windows, triggers, features) and model on recent real events."""
+    if not lines or not spec.get("features"):
+        return
+    from agent.stream import Pipeline, engine_infer
+
+    features = spec["features"]
+    infer = engine_infer(session, features.get("input") or session.inputs[0].name)
+    failures: list[Exception] = []
+
+    def checked(rows):
+        try:
+            return infer(rows)
+        except Exception as exc:  # kept to name it; the pipeline itself only counts failures
+            failures.append(exc)
+            raise
+
+    replay = Pipeline({**spec, "sinks": []}, infer=checked)
+    stats = replay.run(iter(lines))
+    if failures:
+        raise IncompatibleModel(
+            f"incompatible: the model fails on {stats.inference_errors} feature row(s) its pipeline "
+            f"assembled from {len(lines)} recent real event(s): {type(failures[0]).__name__}: {failures[0]}"
+        )
+    log.info("health check replayed %d recent events: %d inferences", len(lines), stats.inferences)
 
 
 def _arrived_wrong(offer: Offer) -> DownloadError:

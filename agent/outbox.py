@@ -10,12 +10,19 @@ survives the loss of the record that carried an earlier count).
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
+# half the gateway's 4 MiB message limit (telemetry.schema.MAX_BATCH_BYTES), for protobuf's framing
+BATCH_MAX_BYTES = 2 * 1024 * 1024
+MAX_STRING_CHARS = 1024  # telemetry.schema's limits, which the agent cannot import
+MAX_KEY_CHARS = 128
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -27,7 +34,20 @@ CREATE TABLE IF NOT EXISTS records (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta VALUES ('next_seq', 1), ('dropped', 0), ('dropped_total', 0);
+INSERT OR IGNORE INTO meta VALUES ('rejected_total', 0);
 """
+
+
+def _fit(value: Any) -> Any:
+    """Long strings clipped to what the gateway's schema accepts: an activation whose reason
+    quotes a long error must still arrive (the schema refuses a string past 1024 characters)."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_STRING_CHARS else value[: MAX_STRING_CHARS - 1] + "…"
+    if isinstance(value, dict):
+        return {str(k)[:MAX_KEY_CHARS]: _fit(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_fit(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -64,7 +84,7 @@ class Outbox:
                 self._db.execute("UPDATE meta SET value=? WHERE key='next_seq'", (seq + 1,))
                 self._db.execute(
                     "INSERT INTO records VALUES (?, ?, ?, ?, ?)",
-                    (seq, kind, time.time(), version_id, json.dumps(payload, sort_keys=True)),
+                    (seq, kind, time.time(), version_id, json.dumps(_fit(payload), sort_keys=True)),
                 )
                 self._drop_oldest_over_bound()
                 self._db.execute("COMMIT")
@@ -100,21 +120,47 @@ class Outbox:
         with self._lock:
             return self._meta("dropped_total")
 
-    def batch(self, limit: int = 500) -> list[OutboxRecord]:
-        """The oldest records, marked in flight until acknowledge() or release_in_flight()."""
+    def batch(self, limit: int = 500, max_bytes: int = BATCH_MAX_BYTES) -> list[OutboxRecord]:
+        """The oldest records, marked in flight until acknowledge() or release_in_flight().
+
+        At most ``max_bytes`` of payload (but always one record), so a batch of large records
+        stays under the gateway's message limit instead of being refused whole forever."""
         with self._lock:
             rows = self._db.execute("SELECT * FROM records ORDER BY seq LIMIT ?", (limit,)).fetchall()
+            size = 0
+            for count, row in enumerate(rows):
+                size += len(row[4]) + len(row[3]) + len(row[1]) + 32
+                if size > max_bytes and count:
+                    rows = rows[:count]
+                    break
             self._in_flight = (rows[0][0], rows[-1][0]) if rows else None
         return [
             OutboxRecord(seq, kind, ts, version, json.loads(payload))
             for seq, kind, ts, version, payload in rows
         ]
 
-    def acknowledge(self, seqs: list[int]) -> None:
+    def acknowledge(self, seqs: list[int], rejected: dict[int, str] | None = None) -> None:
+        """Delete the records the gateway stored, and those it refused (seq -> reason).
+
+        A refused record breaks the gateway's schema and would be refused on every re-send,
+        so keeping it would only block the outbox; it is logged, counted and dropped. Only
+        refusals within the batch in flight are believed: a gateway's reply names that batch.
+        """
         with self._lock:
+            low, high = self._in_flight or (0, -1)
             self._in_flight = None
             if seqs:
                 self._db.executemany("DELETE FROM records WHERE seq=?", [(s,) for s in seqs])
+            refused = {seq: reason for seq, reason in (rejected or {}).items() if low <= seq <= high}
+            for seq, reason in sorted(refused.items()):
+                if self._db.execute("DELETE FROM records WHERE seq=?", (seq,)).rowcount:
+                    log.warning("telemetry record %d refused by the gateway and dropped: %r", seq, reason)
+                    self._db.execute("UPDATE meta SET value=value+1 WHERE key='rejected_total'")
+
+    def rejected_total(self) -> int:
+        """Every record the gateway ever refused (reported with each metrics record)."""
+        with self._lock:
+            return self._meta("rejected_total")
 
     def release_in_flight(self) -> None:
         """The upload failed: the batch may be dropped again if the bound needs it."""

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(BENCH)]
 
-from gateway import ENROLMENT_TOKEN, ORGANISATION_ID, BenchGateway, serve  # noqa: E402  (bench/ is not a package)
+from gateway import ORGANISATION_ID, BenchGateway, bundle, serve  # noqa: E402  (bench/ is not a package)
 
 from converter import convert  # noqa: E402
 from converter.samples import build_image_classifier  # noqa: E402
@@ -105,8 +105,8 @@ def main() -> None:
         agent_args += [
             "--state-dir",
             str(tmp / "agent"),
-            "--token",
-            ENROLMENT_TOKEN,
+            "--bundle",
+            bundle(port),
             "--log-level",
             "WARNING",
         ]

@@ -8,6 +8,11 @@ and only their telemetry on the release's version; a selected device that has no
 yet is *pending*, not healthy. While no selected device has reported, the gate neither
 passes nor fails: it is pending and the release waits.
 
+A selected device that refused or failed the update (its agent says so at check-in: a
+package signed for another device class, a failed health check, ...) is a failure, counted
+in ``devices_refused`` with its reason codes; its refusal is evidence enough, so the gate
+is not pending while one exists.
+
 Inference error rate = errors / (errors + inferences): the agent's metrics payload counts
 a successful inference in ``inferences`` and a failed one in ``errors`` only (see
 agent/inference.py), so the attempts are their sum.
@@ -38,6 +43,8 @@ class CohortFigures:
     top1_histogram: Mapping[str, int] = field(default_factory=dict)
     devices_pending: int = 0  # selected devices with no report in the window yet
     records_skipped: int = 0  # malformed records left out (a field that is not a number)
+    devices_refused: int = 0  # selected devices that refused, failed or rolled back the update
+    refusal_reasons: Mapping[str, int] = field(default_factory=dict)  # reason code -> devices
 
     @property
     def activation_failure_rate(self) -> float:
@@ -118,6 +125,14 @@ def drift(release: Mapping[str, int], baseline: Mapping[str, int]) -> float | No
     return 0.5 * sum(abs(release.get(c, 0) / total_r - baseline.get(c, 0) / total_b) for c in classes)
 
 
+def refusal_failure(figures: CohortFigures) -> str:
+    """The gate failure that names how many devices refused or failed, and why."""
+    reasons = ", ".join(f"{code or 'unknown'}: {n}" for code, n in sorted(figures.refusal_reasons.items()))
+    return f"{figures.devices_refused} device(s) refused or failed the update" + (
+        f" ({reasons})" if reasons else ""
+    )
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
@@ -145,6 +160,8 @@ def evaluate_gate(
         ("restarts per device", restarts_per_device, thresholds.max_restarts_per_device),
         ("output drift", drift_value, thresholds.max_drift),
     ]
+    if release.devices_refused:
+        failures.append(refusal_failure(release))
     for name, value, limit in checks:
         if value is not None and limit is not None and value > limit:
             failures.append(f"{name} {value:.4g} > {limit:.4g}")
@@ -152,6 +169,8 @@ def evaluate_gate(
         "devices_reporting": release.devices_reporting,
         "devices_pending": release.devices_pending,
         "records_skipped": release.records_skipped,
+        "devices_refused": release.devices_refused,
+        "refusal_reasons": dict(release.refusal_reasons),
         "baseline_devices_reporting": baseline.devices_reporting if baseline else 0,
         "activation_failure_rate": _round(release.activation_failure_rate),
         "error_rate": _round(release.error_rate),
@@ -162,7 +181,7 @@ def evaluate_gate(
         "restarts_per_device": _round(restarts_per_device),
         "drift": _round(drift_value),
     }
-    pending = release.devices_reporting == 0
+    pending = release.devices_reporting == 0 and not release.devices_refused
     return GateResult(
         passed=not failures and not pending, failures=tuple(failures), figures=figures, pending=pending
     )

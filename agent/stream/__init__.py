@@ -31,11 +31,13 @@ inference.  bench/agent_stream.py measures the throughput.
 
 One module per idea: ``spec`` (schema, validation), ``parsing`` (lines to events, filters),
 ``windows``, ``triggers``, ``pipeline`` (the hot loop, batching, post-processing),
-``sources`` and ``sinks``; the public names are re-exported here.
+``sources`` and ``sinks``, ``recent`` (the durable ring of recent events a health check
+replays); the public names are re-exported here.
 """
 
 from agent.stream.parsing import make_filter, make_parser
 from agent.stream.pipeline import Pipeline, Stats, engine_infer, postprocess
+from agent.stream.recent import EventRing
 from agent.stream.sinks import file_sink, socket_sink
 from agent.stream.sources import listen_unix, source_lines
 from agent.stream.spec import AGGREGATES, OPS, SCHEMA, PipelineError, load_spec
@@ -44,6 +46,7 @@ from agent.stream.windows import Window
 
 __all__ = [
     "AGGREGATES",
+    "EventRing",
     "OPS",
     "SCHEMA",
     "Pipeline",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.stream.parsing import make_filter, make_parser
+from agent.stream.recent import EventRing
 from agent.stream.spec import AGGREGATES, load_spec
 from agent.stream.triggers import TriggerTrie
 from agent.stream.windows import Window
@@ -39,8 +40,10 @@ class Pipeline:
         *,
         infer: Callable[[Any], Any] | None = None,
         sinks: list[Callable[[dict], None]] | None = None,
+        recent: EventRing | None = None,
     ) -> None:
         self.spec = load_spec(spec)
+        self.recent = recent  # the last raw lines, kept for the next version's health check
         self.parse = make_parser(self.spec)
         self.keep = make_filter(self.spec)
         self.time_field = self.spec.get("time_field", "ts")
@@ -199,15 +202,25 @@ class Pipeline:
                     continue
             if buffer:
                 self.feed(buffer)
+                self._remember(buffer)
                 buffer = []
             if not line and self._rows and time.monotonic() - self._first_row_at >= self.max_wait:
                 self.flush()
+            if not line and self.recent is not None:
+                self.recent.save_if_due()
             if stop is not None and stop.is_set():
                 break
         if buffer:
             self.feed(buffer)
+            self._remember(buffer)
         self.flush()
+        if self.recent is not None:
+            self.recent.save()
         return self.stats
+
+    def _remember(self, lines: list[str]) -> None:
+        if self.recent is not None:
+            self.recent.extend(lines)
 
 
 def postprocess(scores: Any, rules: dict[str, Any]) -> dict[str, Any]:

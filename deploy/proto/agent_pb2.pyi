@@ -26,38 +26,80 @@ class DeviceAttributes(_message.Message):
     def __init__(self, hardware: _Optional[str] = ..., os: _Optional[str] = ..., agent_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class EnrolRequest(_message.Message):
-    __slots__ = ("token", "name", "attributes")
+    __slots__ = ("token", "name", "attributes", "csr")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    CSR_FIELD_NUMBER: _ClassVar[int]
     token: str
     name: str
     attributes: DeviceAttributes
-    def __init__(self, token: _Optional[str] = ..., name: _Optional[str] = ..., attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ...) -> None: ...
+    csr: bytes
+    def __init__(self, token: _Optional[str] = ..., name: _Optional[str] = ..., attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., csr: _Optional[bytes] = ...) -> None: ...
+
+class EnrolGrant(_message.Message):
+    __slots__ = ("device_id", "organisation_id", "client_certificate", "release_public_keys", "checkin_interval_seconds")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    ORGANISATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_PUBLIC_KEYS_FIELD_NUMBER: _ClassVar[int]
+    CHECKIN_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    organisation_id: str
+    client_certificate: bytes
+    release_public_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    checkin_interval_seconds: int
+    def __init__(self, device_id: _Optional[str] = ..., organisation_id: _Optional[str] = ..., client_certificate: _Optional[bytes] = ..., release_public_keys: _Optional[_Iterable[bytes]] = ..., checkin_interval_seconds: _Optional[int] = ...) -> None: ...
 
 class EnrolResponse(_message.Message):
-    __slots__ = ("device_id", "credential", "release_public_key", "checkin_interval_seconds", "organisation_id")
-    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
-    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
-    RELEASE_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
-    CHECKIN_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    ORGANISATION_ID_FIELD_NUMBER: _ClassVar[int]
-    device_id: str
-    credential: str
-    release_public_key: bytes
-    checkin_interval_seconds: int
-    organisation_id: str
-    def __init__(self, device_id: _Optional[str] = ..., credential: _Optional[str] = ..., release_public_key: _Optional[bytes] = ..., checkin_interval_seconds: _Optional[int] = ..., organisation_id: _Optional[str] = ...) -> None: ...
+    __slots__ = ("grant", "signature")
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    grant: bytes
+    signature: bytes
+    def __init__(self, grant: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("csr",)
+    CSR_FIELD_NUMBER: _ClassVar[int]
+    csr: bytes
+    def __init__(self, csr: _Optional[bytes] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ("client_certificate",)
+    CLIENT_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    client_certificate: bytes
+    def __init__(self, client_certificate: _Optional[bytes] = ...) -> None: ...
 
 class CheckInRequest(_message.Message):
-    __slots__ = ("attributes", "running_version_id", "running_package_digest")
+    __slots__ = ("attributes", "running_version_id", "running_package_digest", "update")
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_VERSION_ID_FIELD_NUMBER: _ClassVar[int]
     RUNNING_PACKAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
     attributes: DeviceAttributes
     running_version_id: str
     running_package_digest: str
-    def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ...) -> None: ...
+    update: UpdateStatus
+    def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ..., update: _Optional[_Union[UpdateStatus, _Mapping]] = ...) -> None: ...
+
+class UpdateStatus(_message.Message):
+    __slots__ = ("state", "version_id", "release_id", "assignment_counter", "reason_code", "message", "at")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    REASON_CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    version_id: str
+    release_id: str
+    assignment_counter: int
+    reason_code: str
+    message: str
+    at: float
+    def __init__(self, state: _Optional[str] = ..., version_id: _Optional[str] = ..., release_id: _Optional[str] = ..., assignment_counter: _Optional[int] = ..., reason_code: _Optional[str] = ..., message: _Optional[str] = ..., at: _Optional[float] = ...) -> None: ...
 
 class PackageOffer(_message.Message):
     __slots__ = ("release_id", "version_id", "version_label", "model_name", "package_digest", "package_size", "download_only", "rollback", "window", "assignment", "assignment_signature")
@@ -142,12 +184,22 @@ class TelemetryBatch(_message.Message):
     def __init__(self, records: _Optional[_Iterable[_Union[TelemetryRecord, _Mapping]]] = ...) -> None: ...
 
 class TelemetryAck(_message.Message):
-    __slots__ = ("stored_seqs", "duplicate_seqs")
+    __slots__ = ("stored_seqs", "duplicate_seqs", "rejected")
     STORED_SEQS_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_SEQS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
     stored_seqs: _containers.RepeatedScalarFieldContainer[int]
     duplicate_seqs: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, stored_seqs: _Optional[_Iterable[int]] = ..., duplicate_seqs: _Optional[_Iterable[int]] = ...) -> None: ...
+    rejected: _containers.RepeatedCompositeFieldContainer[RejectedRecord]
+    def __init__(self, stored_seqs: _Optional[_Iterable[int]] = ..., duplicate_seqs: _Optional[_Iterable[int]] = ..., rejected: _Optional[_Iterable[_Union[RejectedRecord, _Mapping]]] = ...) -> None: ...
+
+class RejectedRecord(_message.Message):
+    __slots__ = ("seq", "reason")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    reason: str
+    def __init__(self, seq: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("running_version_id",)

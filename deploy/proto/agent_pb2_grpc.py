@@ -39,6 +39,11 @@ class AgentGatewayStub:
                 request_serializer=deploy_dot_proto_dot_agent__pb2.EnrolRequest.SerializeToString,
                 response_deserializer=deploy_dot_proto_dot_agent__pb2.EnrolResponse.FromString,
                 _registered_method=True)
+        self.Renew = channel.unary_unary(
+                '/ferry.agent.v1.AgentGateway/Renew',
+                request_serializer=deploy_dot_proto_dot_agent__pb2.RenewRequest.SerializeToString,
+                response_deserializer=deploy_dot_proto_dot_agent__pb2.RenewResponse.FromString,
+                _registered_method=True)
         self.CheckIn = channel.unary_unary(
                 '/ferry.agent.v1.AgentGateway/CheckIn',
                 request_serializer=deploy_dot_proto_dot_agent__pb2.CheckInRequest.SerializeToString,
@@ -65,7 +70,15 @@ class AgentGatewayServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Enrol(self, request, context):
-        """Trade a one-time enrolment token for a device id and a per-device credential.
+        """Trade a one-time enrolment token and a CSR (the key stays on the device) for a client
+        certificate, in a response signed with the CA key the agent pinned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Renew(self, request, context):
+        """A fresh client certificate for a new CSR, before the current one expires (mTLS port).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,6 +120,11 @@ def add_AgentGatewayServicer_to_server(servicer, server):
                     servicer.Enrol,
                     request_deserializer=deploy_dot_proto_dot_agent__pb2.EnrolRequest.FromString,
                     response_serializer=deploy_dot_proto_dot_agent__pb2.EnrolResponse.SerializeToString,
+            ),
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=deploy_dot_proto_dot_agent__pb2.RenewRequest.FromString,
+                    response_serializer=deploy_dot_proto_dot_agent__pb2.RenewResponse.SerializeToString,
             ),
             'CheckIn': grpc.unary_unary_rpc_method_handler(
                     servicer.CheckIn,
@@ -156,6 +174,33 @@ class AgentGateway:
             '/ferry.agent.v1.AgentGateway/Enrol',
             deploy_dot_proto_dot_agent__pb2.EnrolRequest.SerializeToString,
             deploy_dot_proto_dot_agent__pb2.EnrolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.agent.v1.AgentGateway/Renew',
+            deploy_dot_proto_dot_agent__pb2.RenewRequest.SerializeToString,
+            deploy_dot_proto_dot_agent__pb2.RenewResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,16 @@ class ReleaseForm(forms.Form):
     window_duration_seconds = forms.IntegerField(required=False, min_value=60, label="Window duration (s)")
     window_timezone = forms.CharField(required=False, initial="UTC", label="Window time zone")
     priority = forms.IntegerField(initial=0)
+    allow_empty = forms.BooleanField(
+        required=False,
+        label="Allow empty",
+        help_text="Create it even if the target matches 0 devices now (devices that enrol later).",
+    )
+    new_pipeline = forms.BooleanField(
+        required=False,
+        label="Ships a new pipeline",
+        help_text="The version comes with what feeds it: skip the check that it fits what devices run now.",
+    )
     start = forms.BooleanField(required=False, initial=True)
 
     def __init__(self, *args, versions=(), groups=(), **kwargs):
@@ -64,14 +74,7 @@ class ReleaseForm(forms.Form):
 
     def service_arguments(self) -> dict:
         data = self.cleaned_data
-        target: dict = {}
-        if data["filter"].strip():
-            target["filter"] = data["filter"]
-        if data["group_ids"]:
-            target["group_ids"] = list(data["group_ids"])
-        device_ids = [line.strip() for line in data["device_ids"].splitlines() if line.strip()]
-        if device_ids:
-            target["device_ids"] = device_ids
+        target = target_from(data)
         phases = [
             {
                 "percentage": p,
@@ -93,7 +96,45 @@ class ReleaseForm(forms.Form):
             "window": window,
             "priority": data["priority"],
             "start": data["start"],
+            "allow_empty": data["allow_empty"],
+            "new_pipeline": data["new_pipeline"],
         }
+
+
+class TargetPreviewForm(forms.Form):
+    """The target fields of the New release form, as its preview sends them while one types."""
+
+    version = forms.CharField(required=False, max_length=64)
+    filter = forms.CharField(required=False, max_length=4000, strip=False)
+    group_ids = forms.MultipleChoiceField(required=False)
+    device_ids = forms.CharField(required=False, max_length=400_000)
+
+    def __init__(self, *args, versions=(), groups=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.versions = {str(v.pk): v for v in versions}
+        self.fields["group_ids"].choices = [(str(g.pk), g.name) for g in groups]
+
+    def clean_version(self):
+        version_id = self.cleaned_data["version"]
+        if version_id and version_id not in self.versions:
+            raise forms.ValidationError("No converted version by that id.")
+        return self.versions.get(version_id)
+
+    def target(self) -> dict:
+        return target_from(self.cleaned_data)
+
+
+def target_from(data: dict[str, Any]) -> dict:
+    """The release target the form's filter, group and device fields describe."""
+    target: dict = {}
+    if data["filter"].strip():
+        target["filter"] = data["filter"]
+    if data["group_ids"]:
+        target["group_ids"] = list(data["group_ids"])
+    device_ids = [line.strip() for line in data["device_ids"].splitlines() if line.strip()]
+    if device_ids:
+        target["device_ids"] = device_ids
+    return target
 
 
 class GroupForm(forms.Form):

@@ -2,16 +2,25 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from console import views
+from console.pages import devices as device_pages
+from console.pages import models as model_pages
 
 app_name = "console"
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.dashboard, name="dashboard"),
+    path("models/", model_pages.models_list, name="models"),
+    path("models/<int:model_id>/", model_pages.model_detail, name="model"),
+    path("versions/<str:version_id>/", model_pages.version_detail, name="version"),
     path("groups/", views.groups, name="groups"),
     path("groups/<str:group_id>/pin/", views.group_pin, name="group-pin"),
+    path("devices/", device_pages.devices_list, name="devices"),
+    path("devices/bulk/", device_pages.devices_bulk, name="devices-bulk"),
+    path("devices/<str:device_id>/", device_pages.device_detail, name="device"),
     path("devices/<str:device_id>/pin/", views.device_pin_view, name="device-pin"),
     path("releases/new/", views.release_new, name="release-new"),
+    path("releases/new/preview/", views.release_preview, name="release-preview"),
     path("releases/<str:release_id>/", views.release_detail, name="release"),
     path("releases/<str:release_id>/gate/", views.release_gate, name="release-gate"),
     path("releases/<str:release_id>/<str:action>/", views.release_action, name="release-action"),

@@ -9,28 +9,37 @@ from accounts.models import Membership
 from accounts.selectors import membership_for_user, role_require
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponseNotAllowed
+from django.http import HttpResponseNotAllowed, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from ferry_cloud.errors import DomainError, NotFound
 from fleet.selectors import (
+    device_count,
     device_get,
     device_group_get,
     device_group_list,
     device_group_member_ids,
-    device_list,
     devices_per_version,
+    devices_recently_seen,
 )
 from fleet.services import device_group_create, device_group_update, device_pin
 from registry.models import ModelVersion
 from registry.selectors import model_list, version_get
-from releases.selectors import release_device_counts, release_get, release_list, release_phases
+from releases.preview import release_target_preview
+from releases.selectors import (
+    release_device_counts,
+    release_device_statuses,
+    release_get,
+    release_list,
+    release_phases,
+)
 from releases.services import release_create, release_gate_evaluate, release_transition
 from telemetry.selectors import fleet_rates
 
-from console.forms import GroupForm, ReleaseForm, window_from
+from console.forms import GroupForm, ReleaseForm, TargetPreviewForm, window_from
 
 Role = Membership.Role
+DASHBOARD_DEVICES = 20
 
 
 def role_required(**roles: str) -> Callable:
@@ -94,7 +103,9 @@ def dashboard(request):
         "versions": _ready_versions(org),
         "models": model_list(organisation=org),
         "releases": release_list(organisation=org),
-        "devices": device_list(organisation=org),
+        # a glance, not the fleet: the list with filters and pages is the Devices page
+        "devices": devices_recently_seen(organisation=org, limit=DASHBOARD_DEVICES),
+        "device_count": device_count(organisation=org),
         "spread": devices_per_version(organisation=org),
         "rates": fleet_rates(organisation=org),
     }
@@ -151,6 +162,7 @@ def release_detail(request, release_id: str):
             for i, p in enumerate(phases)
         ],
         "counts": release_device_counts(release=release),
+        "device_statuses": release_device_statuses(release=release)[:500],
         "events": release.events.select_related("actor"),
         "gate": release.gate_status,
         "actions": _actions_for(release.state, release.download_only),
@@ -187,6 +199,8 @@ def release_gate(request, release_id: str):
 
 @role_required(get=Role.RELEASE_MANAGER, post=Role.RELEASE_MANAGER)
 def release_new(request):
+    """The New release form; static/console/release_preview.js shows, while one types, how many
+    devices the target matches and whether the version fits them (release_preview below)."""
     org = _organisation(request)
     groups = device_group_list(organisation=org)
     form = ReleaseForm(request.POST or None, versions=_ready_versions(org), groups=groups)
@@ -204,6 +218,24 @@ def release_new(request):
         except DomainError as exc:
             form.add_error(None, str(exc))
     return render(request, "console/release_new.html", {"organisation": org, "form": form})
+
+
+@role_required(get=Role.RELEASE_MANAGER)
+def release_preview(request):
+    """JSON for the New release form: {"matching": n, "compatibility": {...}} or {"error": ...}."""
+    org = _organisation(request)
+    form = TargetPreviewForm(
+        request.GET, versions=_ready_versions(org), groups=device_group_list(organisation=org)
+    )
+    if not form.is_valid():
+        errors = "; ".join(f"{field}: {' '.join(e)}" for field, e in form.errors.items())
+        return JsonResponse({"error": errors}, status=400)
+    version = form.cleaned_data["version"]
+    try:
+        preview = release_target_preview(organisation=org, target=form.target(), version=version)
+    except DomainError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    return JsonResponse(preview.as_dict(version))
 
 
 @role_required(get=Role.VIEWER, post=Role.RELEASE_MANAGER)
@@ -273,4 +305,6 @@ def device_pin_view(request, device_id: str):
         messages.success(request, f"Device {device.name}: pin saved.")
     except DomainError as exc:
         messages.error(request, str(exc))
+    if request.POST.get("next") == "device":
+        return redirect("console:device", device_id=device.pk)
     return redirect("console:dashboard")

@@ -21,8 +21,10 @@ from pathlib import Path
 import requests
 from django.conf import settings
 
+from deploy.trust.bundle import EnrolmentBundle, encode_bundle
 from ferry_cloud.broker import broker_prepare
 from ferry_cloud.celery import app as celery_app
+from ferry_cloud.device_ca import ensure_pki_files
 
 MANAGE = str(settings.REPO_ROOT / "manage.py")
 CONTROL_PLANE = ("web", "gateway", "worker", "beat")
@@ -58,6 +60,14 @@ def _terminate(processes: list[tuple[str, subprocess.Popen]], deadline: float) -
             os.killpg(process.pid, signal.SIGKILL)
             codes[name] = process.wait()
     return codes
+
+
+PKI_FILES = {
+    "FERRY_DEVICE_CA_CERT_FILE": "ca.pem",
+    "FERRY_DEVICE_CA_KEY_FILE": "ca.key",
+    "FERRY_GATEWAY_TLS_CERT_FILE": "gateway.pem",
+    "FERRY_GATEWAY_TLS_KEY_FILE": "gateway.key",
+}
 
 
 class RestError(Exception):
@@ -114,6 +124,26 @@ class Stack:
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     processes: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    enrol_port: int = 0  # the gateway's enrolment port, once started
+
+    def prepare_pki(self) -> Path:
+        """The stack's dev CA and gateway certificate under its data dir's pki/, generated if
+        missing, and named in the children's environment; returns the CA certificate's path."""
+        data_dir = Path(
+            self.env.get("FERRY_DATA_DIR") or os.environ.get("FERRY_DATA_DIR") or settings.DATA_DIR
+        )
+        paths = {
+            name: Path(self.env.get(name) or data_dir / "pki" / file) for name, file in PKI_FILES.items()
+        }
+        ensure_pki_files(
+            ca_cert=paths["FERRY_DEVICE_CA_CERT_FILE"],
+            ca_key=paths["FERRY_DEVICE_CA_KEY_FILE"],
+            server_cert=paths["FERRY_GATEWAY_TLS_CERT_FILE"],
+            server_key=paths["FERRY_GATEWAY_TLS_KEY_FILE"],
+            names=["localhost", "127.0.0.1"],
+        )
+        self.env.update({name: str(path) for name, path in paths.items()})
+        return paths["FERRY_DEVICE_CA_CERT_FILE"]
 
     def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +162,15 @@ class Stack:
         return process
 
     def start_control_plane(self, http_port: int, gateway_port: int) -> None:
+        """Also generates the dev device CA and gateway certificate (prepare_pki) if missing, and
+        gives the gateway a free enrolment port (enrol_port)."""
         broker_prepare(celery_app)  # tables and queues exist before worker, beat and web race for them
+        self.prepare_pki()  # before any process could race to create it
+        self.enrol_port = free_port()
+        self.env["FERRY_GATEWAY_ENROL_ADDRESS"] = f"127.0.0.1:{self.enrol_port}"
+        # what the REST API puts in enrolment bundles
+        self.env["FERRY_GATEWAY_PUBLIC_ADDRESS"] = f"127.0.0.1:{gateway_port}"
+        self.env["FERRY_GATEWAY_PUBLIC_ENROL_ADDRESS"] = f"127.0.0.1:{self.enrol_port}"
         web = self.spawn("web", [sys.executable, MANAGE, "runserver", f"127.0.0.1:{http_port}", "--noreload"])
         gateway = self.spawn(
             "gateway", [sys.executable, MANAGE, "gateway", "--address", f"127.0.0.1:{gateway_port}"]
@@ -143,6 +181,7 @@ class Stack:
         self.spawn("beat", [*celery, "beat", "--loglevel", "INFO"])
         wait_for_port(http_port, 60, process=web)
         wait_for_port(gateway_port, 60, process=gateway)
+        wait_for_port(self.enrol_port, 60, process=gateway)
 
     def start_agent(
         self,
@@ -153,22 +192,25 @@ class Stack:
         labels: dict[str, str],
         extra: list[str] | None = None,
     ) -> subprocess.Popen:
-        args = [
-            sys.executable,
-            "-m",
-            "agent.cli",
-            "run",
-            "--gateway",
-            f"127.0.0.1:{gateway_port}",
-            "--state-dir",
-            str(state_dir),
-            "--name",
-            name,
-        ]
+        address = f"127.0.0.1:{gateway_port}"
+        args = [sys.executable, "-m", "agent.cli", "run", "--gateway", address]
+        args += ["--state-dir", str(state_dir), "--name", name]
         if token:
-            args += ["--token", token]
+            args += ["--bundle", self.bundle(token, gateway_port)]
         args += [arg for k, v in labels.items() for arg in ("--label", f"{k}={v}")]
         return self.spawn(name, args + (extra or []))
+
+    def bundle(self, token: str, gateway_port: int) -> str:
+        """The enrolment bundle an operator would paste: addresses, token, and the stack's CA."""
+        ca_pem = self.prepare_pki().read_bytes()  # already there once the control plane runs
+        return encode_bundle(
+            EnrolmentBundle(
+                gateway=f"127.0.0.1:{gateway_port}",
+                enrol=f"127.0.0.1:{self.enrol_port}",
+                token=token,
+                ca_pem=ca_pem,
+            )
+        )
 
     def check_alive(self) -> None:
         for name, process in self.processes:

@@ -26,6 +26,11 @@ class TokenOutput(serializers.Serializer):
     token = serializers.CharField(help_text="Shown once; give it to one device.")
     expires_at = serializers.DateTimeField()
     labels = serializers.DictField()
+    bundle = serializers.CharField(
+        help_text="The line a device enrols with (`ferry-agent enrol <bundle>`): gateway addresses, "
+        "the token and the device CA. Empty unless FERRY_GATEWAY_PUBLIC_ADDRESS and "
+        "FERRY_GATEWAY_PUBLIC_ENROL_ADDRESS are set."
+    )
 
 
 class EnrolmentTokenCreateApi(OrganisationApi):
@@ -39,7 +44,12 @@ class EnrolmentTokenCreateApi(OrganisationApi):
             labels=data.validated_data["labels"],
             ttl=timedelta(hours=data.validated_data["ttl_hours"]),
         )
-        body = {"token": issued.token, "expires_at": issued.record.expires_at, "labels": issued.record.labels}
+        body = {
+            "token": issued.token,
+            "expires_at": issued.record.expires_at,
+            "labels": issued.record.labels,
+            "bundle": services.enrolment_bundle_for_token(issued.token),
+        }
         return Response(TokenOutput(body).data, status=status.HTTP_201_CREATED)
 
 

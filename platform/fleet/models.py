@@ -20,7 +20,9 @@ class Device(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="devices")
     name = models.CharField(max_length=200)
-    credential_sha256 = models.CharField(max_length=64)
+    # the client certificate issued last (enrolment or renewal); the TLS peer is the identity
+    certificate_serial = models.CharField(max_length=40, blank=True)
+    certificate_expires_at = models.DateTimeField(null=True, blank=True)
     attributes = models.JSONField(default=dict, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     running_version = models.ForeignKey(

@@ -1,23 +1,26 @@
-"""Writes for the fleet: enrolment tokens, enrolment, authentication, check-in."""
+"""Writes for the fleet: enrolment tokens, enrolment and client certificates, check-in."""
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
 from accounts.models import Organisation
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+from ferry_cloud.device_ca import device_ca, device_ca_certificate
 from ferry_cloud.errors import Invalid, PermissionDenied, Unauthenticated
 from ferry_cloud.events import FleetChanged, publish
 from registry.models import ModelVersion
 
 from deploy.errors import PolicyError
 from deploy.filters import Filter
+from deploy.trust.bundle import EnrolmentBundle, encode_bundle
+from deploy.trust.certificates import CertificateError, IssuedCertificate, load_csr, sign_client_certificate
 from deploy.windows import MaintenanceWindow
 from fleet.models import Device, DeviceGroup, DeviceVersionChange, EnrolmentToken
 
@@ -28,6 +31,14 @@ class EnrolmentRefused(PermissionDenied):
 
 class DeviceUnauthenticated(Unauthenticated):
     code = "unauthenticated"
+
+
+class DeviceRevoked(PermissionDenied):
+    code = "device_revoked"
+
+
+class InvalidCertificateRequest(Invalid):
+    code = "invalid_csr"
 
 
 def _sha256(text: str) -> str:
@@ -53,15 +64,58 @@ def enrolment_token_create(
     return IssuedToken(token=token, record=record)
 
 
+def enrolment_bundle(*, token: str, gateway_address: str, enrol_address: str) -> str:
+    """The one line a device enrols with: the gateway's two addresses, the token and this control
+    plane's device CA (deploy/trust/bundle.py)."""
+    return encode_bundle(
+        EnrolmentBundle(
+            gateway=gateway_address, enrol=enrol_address, token=token, ca_pem=device_ca_certificate()
+        )
+    )
+
+
+def enrolment_bundle_for_token(token: str) -> str:
+    """The bundle for token at the gateway's public addresses; "" when they are not configured."""
+    gateway = settings.FERRY_GATEWAY_PUBLIC_ADDRESS
+    enrol = settings.FERRY_GATEWAY_PUBLIC_ENROL_ADDRESS
+    if not gateway or not enrol:
+        return ""
+    return enrolment_bundle(token=token, gateway_address=gateway, enrol_address=enrol)
+
+
 @dataclass(frozen=True)
 class Enrolment:
     device: Device
-    credential: str  # "<device id>.<secret>", shown once
+    certificate: IssuedCertificate | None  # None when no CSR was sent (tests, imports)
+
+
+def _issue(device: Device, csr_der: bytes) -> IssuedCertificate:
+    """Sign the device's CSR into a client certificate naming it, and remember serial and expiry."""
+    try:
+        issued = sign_client_certificate(
+            device_ca(),
+            csr_der,
+            device_id=str(device.pk),
+            lifetime=timedelta(hours=settings.FERRY_DEVICE_CERT_HOURS),
+        )
+    except CertificateError as exc:
+        raise InvalidCertificateRequest(f"Bad certificate request: {exc}") from None
+    device.certificate_serial = issued.serial
+    device.certificate_expires_at = issued.not_after
+    device.save(update_fields=["certificate_serial", "certificate_expires_at"])
+    return issued
 
 
 @transaction.atomic
-def device_enrol(*, token: str, name: str, attributes: dict[str, str], labels: dict[str, str]) -> Enrolment:
-    """Spend a one-time token on a new device and issue its credential."""
+def device_enrol(
+    *, token: str, name: str, attributes: dict[str, str], labels: dict[str, str], csr_der: bytes = b""
+) -> Enrolment:
+    """Spend a one-time token on a new device and, given its CSR, issue its client certificate.
+
+    The token row is locked, so two concurrent enrolments with one token cannot both succeed;
+    a bad CSR rolls the whole enrolment back and leaves the token unspent."""
+    if csr_der:
+        load_csr_or_refuse(csr_der)  # refuse a bad CSR before the token is looked at
     record = EnrolmentToken.objects.select_for_update().filter(token_sha256=_sha256(token)).first()
     now = timezone.now()
     if record is None:
@@ -70,31 +124,42 @@ def device_enrol(*, token: str, name: str, attributes: dict[str, str], labels: d
         raise EnrolmentRefused("This enrolment token has already been used; ask for a new one.")
     if record.expires_at <= now:
         raise EnrolmentRefused("This enrolment token has expired; ask for a new one.")
-    secret = secrets.token_urlsafe(32)
     device = Device.objects.create(
         organisation=record.organisation,
         name=name or "device",
-        credential_sha256=_sha256(secret),
         attributes=attributes,
         labels={**labels, **record.labels},
         last_seen_at=now,
     )
     record.used_at = now
     record.save(update_fields=["used_at"])
-    return Enrolment(device=device, credential=f"{device.id}.{secret}")
+    return Enrolment(device=device, certificate=_issue(device, csr_der) if csr_der else None)
 
 
-def device_authenticate(*, credential: str) -> Device:
-    device_id, _, secret = credential.partition(".")
+def load_csr_or_refuse(csr_der: bytes) -> None:
+    try:
+        load_csr(csr_der)
+    except CertificateError as exc:
+        raise InvalidCertificateRequest(f"Bad certificate request: {exc}") from None
+
+
+def device_for_certificate(*, device_id: str) -> Device:
+    """The device a verified client certificate names; revoked devices are refused."""
     try:
         device = Device.objects.select_related("organisation").get(pk=device_id)
     except (Device.DoesNotExist, ValueError, ValidationError):
-        raise DeviceUnauthenticated("Unknown device credential.") from None
-    if not hmac.compare_digest(device.credential_sha256, _sha256(secret)):
-        raise DeviceUnauthenticated("Unknown device credential.")
+        raise DeviceUnauthenticated(
+            "This client certificate names no device of this control plane."
+        ) from None
     if device.revoked_at is not None:
-        raise DeviceUnauthenticated("This device has been revoked.")
+        raise DeviceRevoked("This device has been revoked; enrol it again with a new token.")
     return device
+
+
+def device_renew_certificate(*, device: Device, csr_der: bytes) -> IssuedCertificate:
+    """A fresh client certificate for a (still valid, not revoked) device's new key."""
+    device = device_for_certificate(device_id=str(device.pk))
+    return _issue(device, csr_der)
 
 
 def device_revoke(*, device: Device) -> None:

@@ -72,11 +72,17 @@ class GatewayHealth:
 
 
 def probe(address: str, service: str = "", timeout: float = 3.0) -> bool:
-    """One grpc.health.v1 Check: True when SERVING (for container health checks)."""
+    """One grpc.health.v1 Check: True when SERVING (for container health checks).
+
+    The gateway serves mutual TLS only, so the probe runs where the gateway's files are: it
+    mints itself a short-lived client certificate with the device CA (naming no device, so it
+    can call nothing but Health) and checks the server's name from the gateway's certificate."""
     import grpc
     from grpc_health.v1 import health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    credentials, server_name = _probe_credentials()
+    options = [("grpc.ssl_target_name_override", server_name)]
+    with grpc.secure_channel(address, credentials, options=options) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout
@@ -86,8 +92,36 @@ def probe(address: str, service: str = "", timeout: float = 3.0) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def _probe_credentials():
+    from datetime import timedelta
+
+    import grpc
+    from cryptography import x509
+    from ferry_cloud.device_ca import device_ca, gateway_server_certificate
+
+    from deploy.trust import certificates
+
+    ca = device_ca()
+    key = certificates.create_private_key()
+    issued = certificates.sign_client_certificate(
+        ca, certificates.create_csr(key), device_id=PROBE_ID, lifetime=timedelta(minutes=5)
+    )
+    server = certificates.load_certificate(gateway_server_certificate().certificate_pem)
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = names.get_values_for_type(x509.DNSName)
+    server_name = dns[0] if dns else str(names.get_values_for_type(x509.IPAddress)[0])
+    credentials = grpc.ssl_channel_credentials(ca.certificate_pem, key, issued.certificate_pem)
+    return credentials, server_name
+
+
+PROBE_ID = "00000000-0000-0000-0000-000000000000"  # no device has it: the probe can only ask Health
+
+
 if __name__ == "__main__":
     # python -m gateway.health [host:port]: exit 0 when the gateway is SERVING, 1 otherwise
+    import os
     import sys
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")  # the probe reads the PKI files
 
     sys.exit(0 if probe(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:50051") else 1)

@@ -7,6 +7,10 @@ device until its next regular check-in.  Two ways to hear about a change:
   organisation's id on one channel, and every gateway replica hears it;
 - otherwise (the embedded profile) a short poll of the releases table: a change of the
   organisation's release count or newest ``updated_at`` is a change.
+
+A device holds at most one stream: a new WatchHints of the same device closes its old one,
+so one device cannot take the hub's slots from the rest of the fleet.  The hub's thread also
+looks up, every second, whether a watching device was revoked, and closes its stream.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -25,6 +31,19 @@ from ferry_cloud.events import FleetChanged
 
 log = logging.getLogger(__name__)
 CHANNEL = "ferry:fleet-changed"
+REVOCATION_CHECK_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class StreamClosed:
+    """Put on a stream's queue instead of a reason: the stream must end, and why."""
+
+    revoked: bool
+    message: str
+
+
+REPLACED = StreamClosed(False, "a newer WatchHints stream of this device replaced this one")
+REVOKED = StreamClosed(True, "This device has been revoked; its streams are closed.")
 
 
 def hint_fleet_changed(event: FleetChanged) -> None:
@@ -80,6 +99,8 @@ class HintHub:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen: dict[int, tuple] = {}  # polling mode: organisation -> (release count, newest change)
+        self._by_device: dict[str, queue.Queue] = {}  # the one open stream of each device
+        self._revocations_checked = 0.0
 
     @classmethod
     def from_settings(cls) -> HintHub:
@@ -90,16 +111,25 @@ class HintHub:
         with self._lock:
             return sum(len(s) for s in self._subscribers.values())
 
-    def subscribe(self, organisation_id: int) -> queue.Queue | None:
-        """A queue that receives a reason per change; None when the hub is full (the agent polls)."""
+    def subscribe(self, organisation_id: int, device_id: str = "") -> queue.Queue | None:
+        """A queue that receives a reason per change; None when the hub is full (the agent polls).
+
+        Given the device's id, its previous stream (if any) receives REPLACED and ends."""
         if not self.redis_url and organisation_id not in self._seen:
             # the baseline is taken now, so a change right after the stream opens is not missed
             self._seen[organisation_id] = _release_states([organisation_id]).get(organisation_id, (0, None))
         with self._lock:
+            previous = self._by_device.pop(device_id, None) if device_id else None
+            if previous is not None:
+                _close(previous, REPLACED)
+                for subscribers in self._subscribers.values():
+                    subscribers.discard(previous)  # its slot is free for the new stream now
             if sum(len(s) for s in self._subscribers.values()) >= self.max_watchers:
                 return None
             q: queue.Queue = queue.Queue(maxsize=8)
             self._subscribers[organisation_id].add(q)
+            if device_id:
+                self._by_device[device_id] = q
             if self._thread is None or not self._thread.is_alive():
                 self._stop.clear()
                 target = self._listen_redis if self.redis_url else self._poll_database
@@ -112,6 +142,44 @@ class HintHub:
             self._subscribers[organisation_id].discard(q)
             if not self._subscribers[organisation_id]:
                 del self._subscribers[organisation_id]
+            for device_id, held in list(self._by_device.items()):
+                if held is q:
+                    del self._by_device[device_id]
+
+    def close_device(self, device_id: str, closing: StreamClosed = REVOKED) -> bool:
+        """End the device's open stream, if it has one; returns whether it had."""
+        with self._lock:
+            q = self._by_device.pop(device_id, None)
+            if q is None:
+                return False
+            for subscribers in self._subscribers.values():
+                subscribers.discard(q)
+        _close(q, closing)
+        return True
+
+    def close_revoked(self) -> int:
+        """Close the streams of watching devices revoked since; at most once a second. How many closed."""
+        now = time.monotonic()
+        if now - self._revocations_checked < REVOCATION_CHECK_SECONDS:
+            return 0
+        self._revocations_checked = now
+        with self._lock:
+            watching = list(self._by_device)
+        if not watching:
+            return 0
+        from fleet.models import Device
+
+        try:
+            revoked = Device.objects.filter(pk__in=watching, revoked_at__isnull=False).values_list(
+                "pk", flat=True
+            )
+            closed = sum(self.close_device(str(pk)) for pk in revoked)
+        except Exception as exc:  # database briefly unavailable: check again next second
+            log.warning("hint hub could not check revocations: %s", exc)
+            return 0
+        finally:
+            connection.close()
+        return closed
 
     def notify(self, organisation_id: int, reason: str) -> int:
         """Wake every stream of the organisation; returns how many were woken."""
@@ -143,6 +211,7 @@ class HintHub:
                     message = pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message and message["type"] == "message":
                         self.notify(int(message["data"]), "release changed")
+                    self.close_revoked()
                 pubsub.close()
             except Exception as exc:  # connection lost: agents still poll; resubscribe shortly
                 log.warning("hint hub lost Redis (%s); resubscribing", exc)
@@ -150,6 +219,7 @@ class HintHub:
 
     def _poll_database(self) -> None:
         while not self._stop.wait(self.poll_seconds):
+            self.close_revoked()
             organisations = self._organisations()
             if not organisations:
                 continue
@@ -165,6 +235,15 @@ class HintHub:
                 if org in self._seen and self._seen[org] != state:
                     self.notify(org, "release changed")
                 self._seen[org] = state
+
+
+def _close(q: queue.Queue, closing: StreamClosed) -> None:
+    """Make closing the next thing the stream reads, whatever hints were pending."""
+    with contextlib.suppress(queue.Empty):
+        while True:
+            q.get_nowait()
+    with contextlib.suppress(queue.Full):
+        q.put_nowait(closing)
 
 
 def _release_states(organisations: list[int]) -> dict[int, tuple]:

@@ -1,16 +1,14 @@
 """Metrics and one structured log line per RPC, as a server interceptor.
 
 Every call gets a request id (an x-request-id metadata value if well formed) and, when the
-caller presents a device credential, the device id it claims, bound to the log context so
-the servicer's own lines carry them too.  The credential's secret part is never read here
-beyond splitting it off.
+caller presented a client certificate, the device id it names (verified by TLS), bound to
+the log context so the servicer's own lines carry them too.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,7 +16,9 @@ import grpc
 import structlog
 from ferry_cloud.observability.context import request_id_from
 
+from deploy.proto import agent_pb2
 from gateway import metrics
+from gateway.tls import peer_device_id
 from gateway.wrapping import wrap_handler
 
 log = structlog.get_logger("ferry.rpc")
@@ -43,7 +43,7 @@ class _Call:
         self.service = service
         self.method = method
         self.request_id = request_id_from(metadata.get("x-request-id"))
-        self.device_id = _claimed_device_id(metadata.get("authorization", ""))
+        self.device_id: str | None = None  # read from the TLS peer when the call runs
 
     @classmethod
     def start(cls, details: grpc.HandlerCallDetails) -> _Call:
@@ -53,7 +53,7 @@ class _Call:
 
     def wrap_unary(self, behaviour: Callable) -> Callable:
         def wrapped(request, context):
-            started = self._bind()
+            started = self._bind(context)
             code = grpc.StatusCode.UNKNOWN
             try:
                 response = behaviour(request, context)
@@ -70,7 +70,7 @@ class _Call:
 
     def wrap_stream(self, behaviour: Callable) -> Callable:
         def wrapped(request, context) -> Iterator:
-            started = self._bind()
+            started = self._bind(context)
             code = grpc.StatusCode.UNKNOWN
             watching = self.method == WATCH_HINTS
             if watching:
@@ -93,8 +93,9 @@ class _Call:
 
         return wrapped
 
-    def _bind(self) -> float:
+    def _bind(self, context: grpc.ServicerContext) -> float:
         structlog.contextvars.clear_contextvars()
+        self.device_id = peer_device_id(context)
         fields: dict[str, Any] = {"request_id": self.request_id}
         if self.device_id:
             fields["device_id"] = self.device_id
@@ -109,8 +110,8 @@ class _Call:
         elif self.method == "ReportTelemetry":
             metrics.TELEMETRY_RECORDS.labels("stored").inc(len(response.stored_seqs))
             metrics.TELEMETRY_RECORDS.labels("duplicate").inc(len(response.duplicate_seqs))
-        elif self.method == "Enrol" and response.device_id:
-            self.device_id = response.device_id
+        elif self.method == "Enrol" and response.grant:
+            self.device_id = agent_pb2.EnrolGrant.FromString(response.grant).device_id or None
 
     def _count_chunk(self, response: Any) -> None:
         if self.method == "DownloadPackage":
@@ -144,15 +145,3 @@ def _code(context: grpc.ServicerContext, default: grpc.StatusCode) -> grpc.Statu
     if isinstance(code, grpc.StatusCode):
         return code
     return default
-
-
-def _claimed_device_id(authorization: str) -> str | None:
-    """The device id part of "Bearer <device id>.<secret>", if it is a UUID (it is verified later)."""
-    scheme, _, credential = authorization.partition(" ")
-    if scheme != "Bearer" or "." not in credential:
-        return None
-    candidate = credential.split(".", 1)[0]
-    try:
-        return str(uuid.UUID(candidate))
-    except ValueError:
-        return None

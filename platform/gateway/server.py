@@ -15,6 +15,7 @@ from gateway.health import GatewayHealth
 from gateway.hints import HintHub
 from gateway.interceptors import ObservabilityInterceptor
 from gateway.servicer import AgentGatewayServicer
+from gateway.tls import enrol_address_for, server_credentials
 from gateway.wrapping import wrap_handler
 
 
@@ -46,10 +47,28 @@ def _streaming(behaviour: Callable) -> Callable:
     return wrapped
 
 
+class Bound(tuple):
+    """(server, port) as build_server always returned, plus the enrolment port as .enrol_port."""
+
+    enrol_port: int
+
+    def __new__(cls, server: grpc.Server, port: int, enrol_port: int) -> Bound:
+        bound = super().__new__(cls, (server, port))
+        bound.enrol_port = enrol_port
+        return bound
+
+
 def build_server(
-    address: str, *, workers: int = 16, hub: HintHub | None = None, health: GatewayHealth | None = None
-) -> tuple[grpc.Server, int]:
-    """A server bound to address ("host:port"; port 0 picks a free one); returns it and its port.
+    address: str,
+    *,
+    workers: int = 16,
+    hub: HintHub | None = None,
+    health: GatewayHealth | None = None,
+    enrol_address: str = "",
+) -> Bound:
+    """A server with mutual TLS on address ("host:port"; port 0 picks a free one) and
+    server-only TLS for enrolment on enrol_address (default: gateway.tls.enrol_address_for);
+    returns (server, port) with .enrol_port.
 
     It also answers grpc.health.v1 from ``health`` (NOT_SERVING until that checks the
     database: `manage.py gateway` starts its checks), and every call is counted and logged.
@@ -65,7 +84,11 @@ def build_server(
     )
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(AgentGatewayServicer(hub), server)
     health_pb2_grpc.add_HealthServicer_to_server((health or GatewayHealth()).servicer, server)
-    port = server.add_insecure_port(address)
+    port = server.add_secure_port(address, server_credentials(require_client_certificate=True))
     if port == 0:
         raise RuntimeError(f"cannot listen on {address}")
-    return server, port
+    enrol_address = enrol_address or enrol_address_for(address)
+    enrol_port = server.add_secure_port(enrol_address, server_credentials(require_client_certificate=False))
+    if enrol_port == 0:
+        raise RuntimeError(f"cannot listen on {enrol_address} (the enrolment port)")
+    return Bound(server, port, enrol_port)

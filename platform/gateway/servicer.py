@@ -1,11 +1,13 @@
 """The agents' gRPC door: authenticate, then hand over to fleet/releases/telemetry services.
 
+A device is whoever its verified client certificate names (gateway.tls.peer_device_id),
+never a message field or metadata; Enrol is the one call that needs no certificate.
+
 Domain errors the services raise are left to rise: gateway.errors.DomainErrorInterceptor
 (installed by gateway.server) turns them into gRPC statuses for every method."""
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import time
@@ -14,20 +16,29 @@ from collections.abc import Iterator
 import grpc
 from django.conf import settings
 from django.db import close_old_connections, connection
+from ferry_cloud.device_ca import device_ca
 from ferry_cloud.release_key import release_public_key
 from fleet.models import Device
-from fleet.services import device_authenticate, device_enrol, device_record_check_in
+from fleet.services import (
+    device_enrol,
+    device_for_certificate,
+    device_record_check_in,
+    device_renew_certificate,
+)
 from registry import storage
 from registry.models import Artifact
 from releases.assignments import assignment_for, package_assigned_to
-from telemetry.services import IncomingRecord, telemetry_ingest
+from releases.device_status import device_status_record, update_report_from
+from telemetry.schema import RecordRefused, check_batch, validate_record
+from telemetry.services import telemetry_ingest
 
 from deploy.proto import agent_pb2, agent_pb2_grpc
-from gateway.hints import HintHub
+from deploy.trust.certificates import certificate_der, sign
+from gateway.hints import HintHub, StreamClosed
+from gateway.tls import peer_device_id
 
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 256 * 1024
-MAX_BATCH = 1000
 # A watch stream ends after this long; the agent reopens it (keeps dead peers from holding threads).
 WATCH_MAX_SECONDS = 300.0
 WATCH_TICK_SECONDS = 5.0
@@ -39,13 +50,30 @@ def _attributes(message: agent_pb2.DeviceAttributes) -> tuple[dict[str, str], di
 
 
 def _device(context: grpc.ServicerContext) -> Device:
-    metadata = dict(context.invocation_metadata())
-    scheme, _, credential = metadata.get("authorization", "").partition(" ")
-    if scheme != "Bearer" or not credential:
+    device_id = peer_device_id(context)
+    if device_id is None:
         context.abort(
-            grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization: Bearer <credential>' metadata"
+            grpc.StatusCode.UNAUTHENTICATED,
+            "this call needs the device's client certificate: enrol first, then use the mutual-TLS port",
         )
-    return device_authenticate(credential=credential)  # refusals: gateway.errors' interceptor
+    return device_for_certificate(device_id=device_id)  # refusals: gateway.errors' interceptor
+
+
+def _update_report(request: agent_pb2.CheckInRequest):
+    """The check-in's UpdateStatus, validated (InvalidUpdateStatus -> INVALID_ARGUMENT naming the
+    field); None from an agent that sends none."""
+    if not request.HasField("update"):
+        return None
+    u = request.update
+    return update_report_from(
+        state=u.state,
+        version_id=u.version_id,
+        release_id=u.release_id,
+        assignment_counter=u.assignment_counter,
+        reason_code=u.reason_code,
+        message=u.message,
+        at=u.at,
+    )
 
 
 class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
@@ -54,24 +82,41 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
 
     def Enrol(self, request, context):
         close_old_connections()
+        if not request.csr:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Enrol needs a CSR for the device's own key")
         attributes, labels = _attributes(request.attributes)
-        enrolment = device_enrol(token=request.token, name=request.name, attributes=attributes, labels=labels)
-        log.info("device %s enrolled as %s", enrolment.device.name, enrolment.device.pk)
-        return agent_pb2.EnrolResponse(
-            device_id=str(enrolment.device.pk),
-            credential=enrolment.credential,
-            release_public_key=release_public_key(),
-            checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS,
-            organisation_id=str(enrolment.device.organisation_id),
+        enrolment = device_enrol(
+            token=request.token, name=request.name, attributes=attributes, labels=labels, csr_der=request.csr
         )
+        log.info("device %s enrolled as %s", enrolment.device.name, enrolment.device.pk)
+        grant = agent_pb2.EnrolGrant(
+            device_id=str(enrolment.device.pk),
+            organisation_id=str(enrolment.device.organisation_id),
+            client_certificate=certificate_der(enrolment.certificate.certificate_pem),
+            release_public_keys=[release_public_key()],
+            checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS,
+        ).SerializeToString()
+        # signed with the CA key the agent pinned from its bundle: a gateway of another CA cannot
+        # hand it another release key
+        return agent_pb2.EnrolResponse(grant=grant, signature=sign(device_ca().key_pem, grant))
+
+    def Renew(self, request, context):
+        close_old_connections()
+        device = _device(context)
+        issued = device_renew_certificate(device=device, csr_der=request.csr)
+        log.info("device %s renewed its certificate until %s", device.pk, issued.not_after.isoformat())
+        return agent_pb2.RenewResponse(client_certificate=certificate_der(issued.certificate_pem))
 
     def CheckIn(self, request, context):
         close_old_connections()
         device = _device(context)
+        report = _update_report(request)  # checked before anything is stored
         attributes, _ = _attributes(request.attributes)
         device = device_record_check_in(
             device=device, attributes=attributes, running_version_id=request.running_version_id
         )
+        if report is not None:
+            device_status_record(device=device, report=report)
         response = agent_pb2.CheckInResponse(checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS)
         issued = assignment_for(device)
         if issued is not None:
@@ -120,28 +165,45 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
                 offset += len(data)
 
     def ReportTelemetry(self, request, context):
+        """Store the batch's valid records exactly once; refuse each invalid one with its reason."""
         close_old_connections()
         device = _device(context)
-        if len(request.records) > MAX_BATCH:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"at most {MAX_BATCH} records per batch")
-        records = []
+        check_batch(records=len(request.records), message_bytes=request.ByteSize())  # Invalid: whole call
+        valid, rejected = [], []
         for r in request.records:
             try:
-                payload = json.loads(r.payload_json or "{}")
-            except ValueError:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record {r.seq}: payload_json is not JSON")
-            if not isinstance(payload, dict):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record {r.seq}: payload must be an object")
-            records.append(IncomingRecord(r.seq, r.kind, r.timestamp, r.version_id, payload))
-        result = telemetry_ingest(device=device, records=records)
-        return agent_pb2.TelemetryAck(stored_seqs=result.stored, duplicate_seqs=result.duplicates)
+                valid.append(
+                    validate_record(
+                        seq=r.seq,
+                        kind=r.kind,
+                        timestamp=r.timestamp,
+                        version_id=r.version_id,
+                        payload_json=r.payload_json,
+                    )
+                )
+            except RecordRefused as refusal:
+                rejected.append(agent_pb2.RejectedRecord(seq=r.seq, reason=str(refusal)))
+        if rejected:
+            log.info(
+                "device %s: %d telemetry records refused, e.g. %r",
+                device.pk,
+                len(rejected),
+                rejected[0].reason,
+            )
+        result = telemetry_ingest(device=device, records=valid)  # committed before we acknowledge
+        return agent_pb2.TelemetryAck(
+            stored_seqs=result.stored, duplicate_seqs=result.duplicates, rejected=rejected
+        )
 
     def WatchHints(self, request, context) -> Iterator[agent_pb2.Hint]:
-        """Hold the stream open and push a Hint whenever the device's organisation's releases change."""
+        """Hold the stream open and push a Hint whenever the device's organisation's releases change.
+
+        One stream per device: opening another closes this one (ABORTED); revoking the device
+        closes it (PERMISSION_DENIED)."""
         close_old_connections()
         device = _device(context)
         organisation_id = device.organisation_id
-        hints = self.hub.subscribe(organisation_id)
+        hints = self.hub.subscribe(organisation_id, str(device.pk))
         connection.close()  # a long-lived stream must not hold a database connection
         if hints is None:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many open watch streams; keep polling")
@@ -153,6 +215,9 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
                     reason = hints.get(timeout=WATCH_TICK_SECONDS)
                 except queue.Empty:
                     continue
+                if isinstance(reason, StreamClosed):
+                    code = grpc.StatusCode.PERMISSION_DENIED if reason.revoked else grpc.StatusCode.ABORTED
+                    context.abort(code, reason.message)
                 yield agent_pb2.Hint(reason=reason)
         finally:
             self.hub.unsubscribe(organisation_id, hints)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from accounts.models import Organisation
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import Count, Max, Q, QuerySet
 from ferry_cloud.errors import NotFound
 
 from registry.models import Model, ModelVersion
@@ -28,3 +28,19 @@ def version_get(*, organisation: Organisation, version_id) -> ModelVersion:
         )
     except (ModelVersion.DoesNotExist, ValueError, ValidationError):
         raise NotFound(f"No model version {version_id} in this organisation.") from None
+
+
+def model_search(*, organisation: Organisation, query: str = "") -> QuerySet[Model]:
+    """The organisation's models whose name or description holds ``query``, by name, each with
+    ``version_count`` and ``latest_version_at``."""
+    models = Model.objects.filter(organisation=organisation)
+    if query:
+        models = models.filter(Q(name__icontains=query) | Q(description__icontains=query))
+    return models.annotate(
+        version_count=Count("versions"), latest_version_at=Max("versions__created_at")
+    ).order_by("name", "pk")
+
+
+def model_versions(*, model: Model) -> QuerySet[ModelVersion]:
+    """A model's versions, newest first, with what their rows show (package, job)."""
+    return model.versions.select_related("package", "job").order_by("-created_at")

@@ -5,13 +5,15 @@ from __future__ import annotations
 from accounts.api import OrganisationApi
 from accounts.permissions import OperatorWrites, ReadOnly
 from drf_spectacular.utils import extend_schema
+from ferry_cloud.errors import Invalid
 from registry.selectors import version_get
 from rest_framework import serializers, status
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from releases import selectors, services
-from releases.models import Release, ReleaseEvent
+from releases.models import DeviceReleaseStatus, Release, ReleaseEvent
 
 
 class EventOutput(serializers.ModelSerializer):
@@ -93,7 +95,10 @@ class ReleaseOutput(serializers.ModelSerializer):
             self.context["spread"] = selectors.fleet_version_spread(organisation_id=obj.organisation_id)
         counts = selectors.release_device_counts(release=obj, spread=self.context["spread"])
         # the target's live matching devices, as of the last start, advance or gate evaluation
-        return {**counts, "matching": obj.matching_devices}
+        devices = {**counts, "matching": obj.matching_devices}
+        if self.context.get("detail"):  # per-device states cost a selection: the detail view only
+            devices["by_state"] = selectors.release_device_summary(release=obj)
+        return devices
 
     def get_percentage(self, obj: Release) -> float:
         return selectors.release_phases(obj)[obj.current_phase].percentage
@@ -158,6 +163,11 @@ class ReleaseInput(StrictSerializer):
         default=False,
         help_text="Create the release even if its target matches 0 devices now (devices that enrol later).",
     )
+    new_pipeline = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="The release ships a new pipeline: skip the check that the version fits what devices feed.",
+    )
 
 
 class ActionInput(StrictSerializer):
@@ -181,6 +191,7 @@ def _plain(data):
 
 class ReleaseListCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
+
     @extend_schema(responses=ReleaseOutput(many=True))
     def get(self, request):
         releases = selectors.release_list(organisation=self.organisation).prefetch_related("events__actor")
@@ -205,6 +216,7 @@ class ReleaseListCreateApi(OrganisationApi):
             actor=request.user,
             start=values["start"],
             allow_empty=values["allow_empty"],
+            new_pipeline=values["new_pipeline"],
         )
         release = selectors.release_get(organisation=self.organisation, release_id=release.pk)
         return Response(ReleaseOutput(release).data, status=status.HTTP_201_CREATED)
@@ -212,15 +224,52 @@ class ReleaseListCreateApi(OrganisationApi):
 
 class ReleaseDetailApi(OrganisationApi):
     permission_classes = [ReadOnly]
+
     @extend_schema(responses=ReleaseOutput)
     def get(self, request, release_id):
-        return Response(
-            ReleaseOutput(selectors.release_get(organisation=self.organisation, release_id=release_id)).data
-        )
+        release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        return Response(ReleaseOutput(release, context={"detail": True}).data)
+
+
+class DeviceStatusOutput(serializers.Serializer):
+    device_id = serializers.CharField()
+    device_name = serializers.CharField()
+    state = serializers.ChoiceField(choices=DeviceReleaseStatus.State.choices)
+    reason_code = serializers.CharField(help_text="Machine-readable: verification, device_class, ...")
+    message = serializers.CharField(help_text="The device's own words, at most 500 characters.")
+    assignment_counter = serializers.IntegerField()
+    reported_at = serializers.DateTimeField(allow_null=True, help_text="When the device entered the state.")
+    updated_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the control plane last heard a change."
+    )
+
+
+class InvalidStateFilter(Invalid):
+    code = "invalid_filter"
+
+
+class ReleaseDevicesApi(OrganisationApi):
+    permission_classes = [ReadOnly]
+
+    @extend_schema(responses=DeviceStatusOutput(many=True))
+    def get(self, request, release_id):
+        """Each device's status with this release (pending: selected, no report yet); ?state= filters."""
+        release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        state = request.query_params.get("state") or None
+        if state is not None and state not in DeviceReleaseStatus.State.values:
+            raise InvalidStateFilter(
+                f"Unknown state {state[:40]!r}; use one of {', '.join(DeviceReleaseStatus.State.values)}.",
+                fields={"state": ["unknown state"]},
+            )
+        rows = selectors.release_device_statuses(release=release, state=state)
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(rows, request, view=self)
+        return paginator.get_paginated_response(DeviceStatusOutput(page, many=True).data)
 
 
 class ReleaseActionApi(OrganisationApi):
     permission_classes = [OperatorWrites]
+
     @extend_schema(request=ActionInput, responses=ReleaseOutput, operation_id="v1_releases_action")
     def post(self, request, release_id, action: str):
         """start, pause, resume, advance, abort, rollback or activate (download-only releases)."""
@@ -249,6 +298,7 @@ class GateStatusOutput(serializers.Serializer):
 
 class ReleaseGateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
+
     @extend_schema(request=None, responses=GateStatusOutput)
     def post(self, request, release_id):
         """Evaluate the release's health gate now and act on it, as the periodic task does."""

@@ -79,6 +79,38 @@ class ReleaseEvent(models.Model):
         ordering = ["at", "id"]
 
 
+class DeviceReleaseStatus(models.Model):
+    """Where one device stands with one release, as its agent last reported (see releases.device_status)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"  # never stored: a selected device with no report yet
+        IDLE = "idle", "Idle"
+        DOWNLOADING = "downloading", "Downloading"
+        VERIFYING = "verifying", "Verifying"
+        STAGED = "staged", "Staged"
+        INSTALLED = "installed", "Installed"
+        RUNNING = "running", "Running"
+        REFUSED = "refused", "Refused"
+        FAILED = "failed", "Failed"
+        ROLLED_BACK = "rolled_back", "Rolled back"
+
+    release = models.ForeignKey(Release, on_delete=models.CASCADE, related_name="device_statuses")
+    device = models.ForeignKey("fleet.Device", on_delete=models.CASCADE, related_name="release_statuses")
+    state = models.CharField(max_length=16, choices=State.choices)
+    reason_code = models.CharField(max_length=32, blank=True)
+    message = models.CharField(max_length=500, blank=True)
+    assignment_counter = models.PositiveBigIntegerField(default=0)
+    reported_at = models.DateTimeField(null=True, blank=True)  # the device's clock
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["release", "device"], name="one_status_per_release_device")
+        ]
+        indexes = [models.Index(fields=["release", "state"])]
+
+
 class DeviceAssignment(models.Model):
     """The signed assignment a device holds now: "run this package" (deploy.trust.assignment).
 

@@ -27,7 +27,7 @@ from deploy.rollout import (
     selection_threshold,
 )
 from deploy.windows import MaintenanceWindow
-from releases.models import Release
+from releases.models import DeviceReleaseStatus, Release
 
 TARGET_FIELDS = frozenset({"labels", "device_ids", "group_ids", "filter", "percentage"})
 # releases that have a say over devices (drafts have none yet)
@@ -97,6 +97,14 @@ def release_list(*, organisation: Organisation) -> QuerySet[Release]:
     return Release.objects.filter(organisation=organisation).select_related(
         "version__model", "version__package"
     )
+
+
+def releases_by_version(*, version_ids: list) -> dict[str, list[Release]]:
+    """{version id: the releases that shipped it, newest first} for many versions in one query."""
+    shipped: dict[str, list[Release]] = {str(v): [] for v in version_ids}
+    for release in Release.objects.filter(version_id__in=version_ids).order_by("-created_at"):
+        shipped[str(release.version_id)].append(release)
+    return shipped
 
 
 def release_get(*, organisation: Organisation, release_id) -> Release:
@@ -304,3 +312,80 @@ def release_selection(release: Release, groups: dict[str, DeviceGroup] | None = 
     target = Target(percentage=percentage, threshold=threshold)
     selected = frozenset(d for d, b in matching.items() if percentage > 0 and target.in_phase(b))
     return Selection(matching, threshold, selected)
+
+
+# --- per-device status ------------------------------------------------------------------------
+
+FAILED_DEVICE_STATES = ("refused", "failed", "rolled_back")
+
+
+def release_device_failures(*, release: Release, device_ids: frozenset[str] | set[str]) -> dict[str, int]:
+    """{reason code: devices} of these devices that refused, failed or rolled back the release."""
+    if not device_ids:
+        return {}
+    rows = (
+        DeviceReleaseStatus.objects.filter(
+            release=release, device_id__in=device_ids, state__in=FAILED_DEVICE_STATES
+        )
+        .values("reason_code")
+        .annotate(n=Count("id"))
+    )
+    return {r["reason_code"]: r["n"] for r in rows}
+
+
+def release_device_statuses(*, release: Release, state: str | None = None) -> list[dict[str, Any]]:
+    """Every device the release has a say over, with its reported status. A selected device
+    without a report (an agent older than UpdateStatus, or none yet) is ``running`` if its
+    check-ins say it runs the release's version, else ``pending``. Sorted: failures first,
+    then by device name.
+
+    ``state`` keeps only the devices in that state (the REST door checks it is one).
+    """
+    rows = {
+        str(s.device_id): s
+        for s in DeviceReleaseStatus.objects.filter(release=release).select_related("device")
+    }
+    selected: set[str] = set()
+    if release.state in ("active", "paused", "completed"):
+        selected = set(release_selection(release).selected)
+    missing = selected - set(rows)
+    unreported = Device.objects.filter(pk__in=missing).values_list("pk", "name", "running_version_id")
+    result = [
+        {
+            "device_id": device_id,
+            "device_name": row.device.name,
+            "state": row.state,
+            "reason_code": row.reason_code,
+            "message": row.message,
+            "assignment_counter": row.assignment_counter,
+            "reported_at": row.reported_at,
+            "updated_at": row.updated_at,
+        }
+        for device_id, row in rows.items()
+    ]
+    result += [
+        {
+            "device_id": str(pk),
+            "device_name": name,
+            "state": "running" if running == release.version_id else "pending",
+            "reason_code": "",
+            "message": "",
+            "assignment_counter": 0,
+            "reported_at": None,
+            "updated_at": None,
+        }
+        for pk, name, running in (unreported if missing else ())
+    ]
+    if state:
+        result = [r for r in result if r["state"] == state]
+    order = {s: i for i, s in enumerate(FAILED_DEVICE_STATES)}
+    result.sort(key=lambda r: (order.get(r["state"], len(order)), r["device_name"], r["device_id"]))
+    return result
+
+
+def release_device_summary(*, release: Release) -> dict[str, int]:
+    """{state: devices} over release_device_statuses (pending included)."""
+    summary: dict[str, int] = {}
+    for row in release_device_statuses(release=release):
+        summary[row["state"]] = summary.get(row["state"], 0) + 1
+    return summary

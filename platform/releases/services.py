@@ -4,6 +4,7 @@ periodic health-gate evaluation that advances, pauses or aborts releases."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -17,13 +18,24 @@ from registry.services import version_mark_released
 from telemetry.selectors import first_report_at, release_cohort_figures
 
 from deploy.errors import PolicyError
-from deploy.gates import GateThresholds, evaluate_gate
-from deploy.phases import ACTIONS, RolloutState, Status, Step, TransitionRefused, next_step, transition
+from deploy.gates import GateThresholds, evaluate_gate, refusal_failure
+from deploy.phases import (
+    ACTIONS,
+    RolloutState,
+    Status,
+    Step,
+    StepDecision,
+    TransitionRefused,
+    next_step,
+    transition,
+)
+from releases.compatibility import require_compatible
 from releases.models import Release, ReleaseEvent
 from releases.selectors import (
     Selection,
     organisation_groups,
     policy_from_release,
+    release_device_failures,
     release_phases,
     release_selection,
 )
@@ -99,11 +111,14 @@ def release_create(
     actor=None,
     start: bool = False,
     allow_empty: bool = True,
+    new_pipeline: bool = False,
 ) -> Release:
     """Create (and optionally start) a release.
 
     ``allow_empty=False`` (the REST API's default) refuses a target that matches no device
     now; pass True for a target meant for devices that enrol later (e.g. a dynamic group).
+    A version whose signature does not fit what the targeted devices run now is refused
+    (IncompatibleVersion) unless ``new_pipeline`` says the release ships what feeds it.
     """
     if version.model.organisation_id != organisation.pk:
         raise InvalidRelease("That version belongs to another organisation.")
@@ -133,6 +148,9 @@ def release_create(
             f"The target ({describe_target(release.target or {})}) has 0 matching devices. "
             'Pass "allow_empty": true to create it anyway, e.g. for devices that enrol later.'
         )
+    override = require_compatible(
+        version=version, device_ids=list(selection.matching), new_pipeline=new_pipeline
+    )
     ReleaseEvent.objects.create(
         release=release,
         action="create",
@@ -141,6 +159,8 @@ def release_create(
         actor=actor,
         from_phase=0,
         to_phase=0,
+        reason="ships a new pipeline: the version does not fit what its devices run now" if override else "",
+        details=override,
     )
     version_mark_released(version=version)
     if start:
@@ -277,6 +297,7 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
         since=since,
         device_ids=set(selection.selected),
     )
+    treated = _with_refusals(release, selection, treated)
     result = evaluate_gate(thresholds, treated, baseline)
     result.figures.update(
         devices_matching=len(selection.matching),
@@ -286,6 +307,8 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
     soaked = (now - reporting_since).total_seconds() if reporting_since else 0.0
     state = RolloutState(Status(release.state), release.current_phase)
     decision = next_step(phases, state, soaked, result, thresholds.on_failure)
+    if treated.devices_refused:  # a device said it cannot run the release: waiting cannot help
+        decision = StepDecision(Step.ABORT, "health gate failed: " + refusal_failure(treated))
     status = {
         "step": decision.step.value,
         "reason": decision.reason,
@@ -308,6 +331,21 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
         except TransitionConflict as exc:  # a person acted meanwhile: theirs stands
             log.info("gate of release %s: %s", release.pk, exc)
     return status
+
+
+def _with_refusals(release: Release, selection: Selection, figures):
+    """The cohort's figures with the selected devices that refused, failed or rolled back the
+    release (their agents' reports): failures, no longer pending."""
+    reasons = release_device_failures(release=release, device_ids=selection.selected)
+    refused = sum(reasons.values())
+    if not refused:
+        return figures
+    return replace(
+        figures,
+        devices_refused=refused,
+        refusal_reasons=reasons,
+        devices_pending=max(0, figures.devices_pending - refused),
+    )
 
 
 def _phase_reporting_since(release: Release, selection: Selection, started):

@@ -20,6 +20,7 @@ class SummaryOutput(serializers.Serializer):
 
 class FleetSummaryApi(OrganisationApi):
     permission_classes = [ReadOnly]
+
     @extend_schema(responses=SummaryOutput)
     def get(self, request):
         org = self.organisation

@@ -23,8 +23,8 @@ def fleet_rates(*, organisation: Organisation, window_seconds: int = 15) -> dict
     ).values_list("payload", flat=True)
     # a field that is not a number (a broken or hostile agent) counts as absent, never raises
     payloads = [p for p in metrics if isinstance(p, dict)]
-    inferences = sum(int(_number(p.get("inferences")) or 0) for p in payloads)
-    latencies = [v for p in payloads if (v := _number(p.get("latency_ms_p50"))) is not None]
+    inferences = sum(int(finite_number(p.get("inferences")) or 0) for p in payloads)
+    latencies = [v for p in payloads if (v := finite_number(p.get("latency_ms_p50"))) is not None]
     return {
         "window_seconds": window_seconds,
         "inferences_per_second": inferences / window_seconds,
@@ -44,7 +44,7 @@ def record_counts(*, organisation: Organisation) -> dict[str, int]:
 _COUNTS = ("inferences", "errors", "restarts")
 
 
-def _number(value: object) -> float | None:
+def finite_number(value: object) -> float | None:
     """The value as a finite number, or None for anything else (bools, strings, NaN, objects)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -55,12 +55,12 @@ def _well_formed(payload: dict) -> bool:
     """Whether every figure the gate reads is absent or a number (one bad field spoils the record)."""
     for name in (*_COUNTS, "latency_ms_p95"):
         value = payload.get(name)
-        if value is not None and _number(value) is None:
+        if value is not None and finite_number(value) is None:
             return False
     histogram = payload.get("top1_histogram")
     if histogram is None:
         return True
-    return isinstance(histogram, dict) and all(_number(v) is not None for v in histogram.values())
+    return isinstance(histogram, dict) and all(finite_number(v) is not None for v in histogram.values())
 
 
 def _cohort(
@@ -133,3 +133,31 @@ def first_report_at(
         device_id__in=device_ids, version_id=version_id, kind="metrics", received_at__gte=since
     ).aggregate(first=Min("received_at"))["first"]
     return first
+
+
+def device_recent_records(*, device, limit: int = 20) -> list[dict]:
+    """The device's latest records, newest first, with the figures a person reads off them
+    (a figure that is not a number shows as absent)."""
+    records = TelemetryRecord.objects.filter(device=device).order_by("-seq")[:limit]
+    rows = []
+    for record in records:
+        payload = record.payload if isinstance(record.payload, dict) else {}
+        rows.append(
+            {
+                "seq": record.seq,
+                "kind": record.kind,
+                "timestamp": record.timestamp,
+                "version_id": record.version_id,
+                "inferences": _number(payload.get("inferences")),
+                "errors": _number(payload.get("errors")),
+                "latency_ms_p50": _number(payload.get("latency_ms_p50")),
+                "latency_ms_p95": _number(payload.get("latency_ms_p95")),
+                "detail": _detail(payload),
+            }
+        )
+    return rows
+
+
+def _detail(payload: dict) -> str:
+    """What a non-metrics record says in words (an activation's or a refusal's reason)."""
+    return str(payload.get("reason") or payload.get("message") or payload.get("event") or "")[:200]

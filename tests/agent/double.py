@@ -2,8 +2,10 @@
 
 It serves packages from files, offers whatever the test says, pushes hints, stores telemetry
 by sequence number (counting duplicates) and can throttle or corrupt downloads, so the agent
-process under test meets every failure over a real socket.  The real gateway is tested in
-tests/platform and end to end in tests/e2e.
+process under test meets every failure over a real socket.  Like the real gateway it serves
+TLS only: enrolment on a server-TLS port, everything else with the client certificate it
+issued (one CA per test process).  The real gateway is tested in tests/platform and end to
+end in tests/e2e.
 """
 
 from __future__ import annotations
@@ -23,15 +25,50 @@ from pathlib import Path
 
 import grpc
 
+from agent.client import GatewayClient
 from deploy.package import KeyPair, file_sha256
 from deploy.package.digest import bytes_sha256
 from deploy.proto import agent_pb2, agent_pb2_grpc
+from deploy.trust import certificates
 from deploy.trust.assignment import Assignment, sign_assignment
+from deploy.trust.bundle import EnrolmentBundle, encode_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
-CREDENTIAL = "device-1.secret"
-DEVICE_ID = "device-1"
-ORGANISATION_ID = "org-1"  # packages for the double's device are signed for it
+DEVICE_ID = "00000000-0000-4000-8000-000000000001"
+ORGANISATION_ID = "1"  # the double's grant names it; packages for its device are signed for it
+_PKI: dict[str, certificates.KeyPair] = {}
+_ENROL_PORT_OF: dict[int, int] = {}  # the double's mutual-TLS port -> its enrolment port
+
+
+def pki() -> tuple[certificates.KeyPair, certificates.KeyPair]:
+    """The double's CA and its server certificate for 127.0.0.1 (made once per test process)."""
+    if not _PKI:
+        _PKI["ca"] = certificates.create_ca("double CA")
+        _PKI["server"] = certificates.create_server_certificate(_PKI["ca"], ip_addresses=["127.0.0.1"])
+    return _PKI["ca"], _PKI["server"]
+
+
+def bundle(port: int, token: str = "good-token") -> str:
+    """The enrolment bundle for the double serving on port."""
+    ca, _ = pki()
+    return encode_bundle(
+        EnrolmentBundle(
+            gateway=f"127.0.0.1:{port}",
+            enrol=f"127.0.0.1:{_ENROL_PORT_OF[port]}",
+            token=token,
+            ca_pem=ca.certificate_pem,
+        )
+    )
+
+
+def device_client(port: int) -> GatewayClient:
+    """A client holding a certificate the double issued to DEVICE_ID."""
+    ca, _ = pki()
+    key = certificates.create_private_key()
+    issued = certificates.sign_client_certificate(ca, certificates.create_csr(key), device_id=DEVICE_ID)
+    return GatewayClient(
+        f"127.0.0.1:{port}", ca_pem=ca.certificate_pem, key_pem=key, certificate_pem=issued.certificate_pem
+    )
 
 
 def manifest_sha256(archive: Path) -> str:
@@ -55,6 +92,8 @@ class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
         self.duplicates = 0
         self.download_offsets: list[int] = []
         self.check_ins = 0
+        self.certificate_lifetime = certificates.DEFAULT_CLIENT_LIFETIME
+        self.renewals = 0
         self._watchers: list[queue.Queue] = []
         self._lock = threading.Lock()
 
@@ -124,18 +163,35 @@ class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
 
     # --- the service ------------------------------------------------------------------------
     def _auth(self, context) -> None:
-        if dict(context.invocation_metadata()).get("authorization") != f"Bearer {CREDENTIAL}":
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown credential")
+        uris = [v.decode() for v in context.auth_context().get("x509_subject_alternative_name", ())]
+        if uris != [certificates.device_uri(DEVICE_ID)]:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "no client certificate of this double")
 
     def Enrol(self, request, context):
         if request.token != "good-token":
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "unknown enrolment token")
-        return agent_pb2.EnrolResponse(
+        ca, _ = pki()
+        issued = certificates.sign_client_certificate(
+            ca, request.csr, device_id=DEVICE_ID, lifetime=self.certificate_lifetime
+        )
+        grant = agent_pb2.EnrolGrant(
             device_id=DEVICE_ID,
-            credential=CREDENTIAL,
-            release_public_key=self.public_key,
-            checkin_interval_seconds=self.interval,
             organisation_id=ORGANISATION_ID,
+            client_certificate=certificates.certificate_der(issued.certificate_pem),
+            release_public_keys=[self.public_key],
+            checkin_interval_seconds=self.interval,
+        ).SerializeToString()
+        return agent_pb2.EnrolResponse(grant=grant, signature=certificates.sign(ca.key_pem, grant))
+
+    def Renew(self, request, context):
+        self._auth(context)
+        ca, _ = pki()
+        issued = certificates.sign_client_certificate(
+            ca, request.csr, device_id=DEVICE_ID, lifetime=self.certificate_lifetime
+        )
+        self.renewals += 1
+        return agent_pb2.RenewResponse(
+            client_certificate=certificates.certificate_der(issued.certificate_pem)
         )
 
     def CheckIn(self, request, context):
@@ -190,9 +246,16 @@ class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
 
 
 def serve(double: GatewayDouble, port: int = 0) -> tuple[grpc.Server, int]:
+    """The double on port (mutual TLS) and on a free enrolment port (server TLS)."""
+    ca, server_pair = pki()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(double, server)
-    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    pairs = [(server_pair.key_pem, server_pair.certificate_pem)]
+    mutual = grpc.ssl_server_credentials(
+        pairs, root_certificates=ca.certificate_pem, require_client_auth=True
+    )
+    port = server.add_secure_port(f"127.0.0.1:{port}", mutual)
+    _ENROL_PORT_OF[port] = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(pairs))
     server.start()
     return server, port
 
@@ -225,11 +288,20 @@ class AgentProcess:
         extra=(),
         preexec=None,
         token: str = "good-token",
+        bundle_text: str | None = None,
     ):
+        """bundle_text: the enrolment bundle of a real gateway; by default, the double's for token."""
         self.state_dir = state_dir
         self.log = state_dir.parent / f"{state_dir.name}.log"
         args = [sys.executable, "-m", "agent.cli", "run", "--gateway", f"127.0.0.1:{port}"]
-        args += ["--state-dir", str(state_dir), "--token", token, *AGENT_ARGS, *extra]
+        args += [
+            "--state-dir",
+            str(state_dir),
+            "--bundle",
+            bundle_text if bundle_text is not None else bundle(port, token) if token else "",
+            *AGENT_ARGS,
+            *extra,
+        ]
         self._log_file = open(self.log, "ab")  # noqa: SIM115 - closed in stop()/kill()
         self.process = subprocess.Popen(
             args,

@@ -15,6 +15,7 @@ from agent.inference import InferenceLoop
 from agent.install import Installer, Offer, health_check, package_check
 from deploy.errors import IntegrityError, SignatureError
 from deploy.package import SignedClaims, digest, file_sha256, generate_keypair, sign_package
+from tests.agent.double import ORGANISATION_ID
 from tests.agent.packages import convert_classifier
 
 KEYS = generate_keypair()
@@ -23,7 +24,7 @@ KEYS = generate_keypair()
 def _signed(tmp_path: Path, name: str, *, seed: int = 0, break_selftest: bool = False) -> Path:
     unsigned = convert_classifier(tmp_path / f"{name}.unsigned", seed, break_selftest=break_selftest)
     signed = tmp_path / f"{name}.ferry"
-    sign_package(unsigned, signed, KEYS.private_key, SignedClaims(organisation="org-1"))
+    sign_package(unsigned, signed, KEYS.private_key, SignedClaims(organisation=ORGANISATION_ID))
     return signed
 
 
@@ -71,10 +72,9 @@ def test_package_signed_by_another_key_never_reaches_versions(tmp_path: Path):
 
 
 def test_a_slow_download_stops_keeps_its_part_and_resumes(tmp_path: Path):
-    from agent.client import GatewayClient
     from agent.errors import DownloadStalled
     from agent.install import DownloadRules
-    from tests.agent.double import GatewayDouble, serve
+    from tests.agent.double import GatewayDouble, device_client, serve
 
     archive = _signed(tmp_path, "one")
     double = GatewayDouble(KEYS)
@@ -82,7 +82,7 @@ def test_a_slow_download_stops_keeps_its_part_and_resumes(tmp_path: Path):
     try:
         double.publish(archive, "v1", hint=False)
         double.chunk_bytes, double.chunk_delay = 1024, 0.05  # about 20 KB/s
-        client = GatewayClient(f"127.0.0.1:{port}", credential="device-1.secret")
+        client = device_client(port)
         slow_rules = DownloadRules(min_bytes_per_second=1 << 20, speed_window_seconds=0.2, reserve_bytes=0)
         installer = Installer(tmp_path / "state", client, KEYS.public_key, slow_rules)
         offer = _offer("v1", archive)
@@ -127,9 +127,8 @@ def test_one_activation_hashes_each_byte_of_the_package_once(tmp_path: Path, mon
     """Download, verify and unpack, health check, then the inference loop's load: the archive
     is hashed once (it must be the assigned one), the manifest and every file once while
     unpacking; the engine's loads of the unpacked directory hash nothing."""
-    from agent.client import GatewayClient
     from agent.install import DownloadRules
-    from tests.agent.double import GatewayDouble, manifest_sha256, serve
+    from tests.agent.double import GatewayDouble, device_client, manifest_sha256, serve
 
     archive = _signed(tmp_path, "one")
     hashed = HashedBytes()
@@ -145,13 +144,13 @@ def test_one_activation_hashes_each_byte_of_the_package_once(tmp_path: Path, mon
     loop.start()
     try:
         double.publish(archive, "v1", hint=False)
-        client = GatewayClient(f"127.0.0.1:{port}", credential="device-1.secret")
+        client = device_client(port)
         installer = Installer(tmp_path / "state", client, KEYS.public_key, DownloadRules(reserve_bytes=0))
         offer = _offer("v1", archive)
         assigned = manifest_sha256(archive)
         hashed.total = 0  # what making the offer took is not the device's
         part = installer.download(offer)
-        check = package_check(device_class="pi4", organisation_id="org-1", manifest_sha256=assigned)
+        check = package_check(device_class="pi4", organisation_id=ORGANISATION_ID, manifest_sha256=assigned)
         directory = installer.unpack(offer, part, check=check)
         health_check(directory)
         loop.load(directory, "v1")

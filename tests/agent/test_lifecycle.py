@@ -225,7 +225,7 @@ def test_refused_packages_leave_the_running_version_untouched(world, packages):
     cases = [
         ("tampered", "weights.bin does not match the sha256 and size in the signed manifest"),
         ("other-key", "does not verify against the trusted release key"),
-        ("other-tenant", "signed for organisation 'org-2'; this device belongs to 'org-1'"),
+        ("other-tenant", "signed for organisation 'org-2'; this device belongs to '1'"),
         ("dotdot", "has an unsafe path"),
         ("symlink", "is not a regular file"),
         ("bigger-file", "larger than the"),

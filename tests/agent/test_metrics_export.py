@@ -11,7 +11,7 @@ from ferry_cloud.stack import free_port
 
 from agent.metrics_export import MetricsExporter
 from deploy.package import generate_keypair
-from tests.agent.double import AgentProcess, GatewayDouble, serve, wait_for
+from tests.agent.double import DEVICE_ID, AgentProcess, GatewayDouble, serve, wait_for
 
 READING = {
     "version": "v1",
@@ -87,7 +87,7 @@ def test_a_running_agent_writes_its_textfile_and_serves_its_port(tmp_path: Path)
     try:
         wait_for(lambda: textfile.exists(), 60, "the metrics textfile", agent)
         samples = _samples(textfile.read_text())
-        assert samples['ferry_agent_info{device_id="device-1",version=""}'] == 1
+        assert samples[f'ferry_agent_info{{device_id="{DEVICE_ID}",version=""}}'] == 1
         assert samples["ferry_agent_resident_memory_bytes"] > 1_000_000
         assert samples["ferry_agent_cpu_seconds_total"] > 0
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:

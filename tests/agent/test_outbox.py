@@ -67,3 +67,38 @@ def test_a_failed_upload_releases_its_batch_to_the_bound(tmp_path: Path):
     outbox.append("event", {})
     assert outbox.take_dropped() == 1
     assert [r.seq for r in outbox.batch(10)] == [2, 3]
+
+
+def test_refused_records_are_dropped_counted_and_only_from_the_batch_in_flight(tmp_path: Path, caplog):
+    # a refused record breaks the gateway's schema on every re-send: keeping it would block the outbox
+    outbox = Outbox(tmp_path / "o.sqlite")
+    for i in range(5):
+        outbox.append("metrics", {"i": i})
+    assert [r.seq for r in outbox.batch(3)] == [1, 2, 3]
+    outbox.acknowledge([1, 3], {2: "payload.i must be a whole number", 5: "not in this batch"})
+    assert [r.seq for r in outbox.batch(10)] == [4, 5]  # 5 was not in flight: a reply cannot drop it
+    assert outbox.rejected_total() == 1
+    assert "telemetry record 2 refused by the gateway and dropped" in caplog.text
+    outbox.acknowledge([4, 5], {4: "late refusal of a stored record"})  # already deleted: not counted
+    assert outbox.pending() == 0 and outbox.rejected_total() == 1
+    outbox.close()
+    assert Outbox(tmp_path / "o.sqlite").rejected_total() == 1  # survives a restart
+
+
+def test_a_batch_stays_under_the_byte_limit_but_always_holds_one_record(tmp_path: Path):
+    outbox = Outbox(tmp_path / "o.sqlite")
+    for i in range(4):
+        outbox.append("event", {"blob": "x" * 1000, "i": i})
+    assert [r.seq for r in outbox.batch(10, max_bytes=2500)] == [1, 2]
+    assert [r.seq for r in outbox.batch(10, max_bytes=10)] == [1]  # a large record still goes, alone
+    assert len(outbox.batch(10)) == 4
+
+
+def test_long_strings_are_clipped_to_what_the_gateway_accepts(tmp_path: Path):
+    outbox = Outbox(tmp_path / "o.sqlite")
+    outbox.append(
+        "activation", {"ok": False, "reason": "incompatible: " + "x" * 5000, "k" * 300: ["y" * 2000]}
+    )
+    payload = outbox.batch()[0].payload
+    assert len(payload["reason"]) == 1024 and payload["reason"].startswith("incompatible: ")
+    assert payload["k" * 128] == ["y" * 1023 + "…"]

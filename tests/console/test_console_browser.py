@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 from releases.services import release_create
 
 pytestmark = [pytest.mark.browser]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# Without these, Chromium tries to reach Google's services, which this network refuses.
-QUIET_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
 
 @pytest.fixture
-def page(monkeypatch):
-    # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes
-    # between browser steps are still plain synchronous code, so Django's guard is lifted.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=QUIET_FLAGS)
-        page = browser.new_page()
-        yield page
-        browser.close()
+def page(offline_page):
+    """Every console browser test runs offline (tests/console/conftest.py: offline_page)."""
+    return offline_page
 
 
 @pytest.fixture

@@ -10,20 +10,29 @@ templates: a viewer is shown no action button, an operator the ones it may use.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlencode
 
 import pytest
 from django.db import transaction
 from django.test import Client
+from fleet.models import Device
 
 from tests.platform.test_roles import ADMIN, OPERATOR, PUBLIC, RANK, VIEWER, Endpoint, endpoints, world  # noqa: F401
 
 DECLARED: dict[str, dict[str, str]] = {
     "console:dashboard": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:models": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:model": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:version": {"GET": VIEWER, "HEAD": VIEWER},
     "console:groups": {"GET": VIEWER, "HEAD": VIEWER, "POST": OPERATOR},
     "console:group-pin": {"POST": OPERATOR},
+    "console:devices": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:devices-bulk": {"POST": OPERATOR},
+    "console:device": {"GET": VIEWER, "HEAD": VIEWER},
     "console:device-pin": {"POST": OPERATOR},
     "console:release-new": {"GET": OPERATOR, "HEAD": OPERATOR, "POST": OPERATOR},
+    "console:release-preview": {"GET": OPERATOR, "HEAD": OPERATOR},
     "console:release": {"GET": VIEWER, "HEAD": VIEWER},
     "console:release-gate": {"POST": OPERATOR},
     "console:release-action": {"POST": OPERATOR},
@@ -33,6 +42,7 @@ BODIES: dict[tuple[str, str], dict[str, str]] = {
     ("console:groups", "POST"): {"name": "roles-group", "kind": "static"},
     ("console:group-pin", "POST"): {"version": ""},
     ("console:device-pin", "POST"): {"version": ""},
+    ("console:devices-bulk", "POST"): {"action": "unpin"},
     ("console:release-action", "POST"): {"reason": "roles"},
 }
 
@@ -121,23 +131,56 @@ def test_a_viewer_refused_a_post_is_told_which_role_it_needs(world, callers):  #
 
 
 def _pages(world) -> list[str]:  # noqa: F811
-    return ["/", "/groups/", f"/releases/{world.values['release_id']}/"]
+    values = world.values
+    return [
+        "/",
+        "/groups/",
+        f"/releases/{values['release_id']}/",
+        "/models/",
+        f"/models/{values['model_id']}/",
+        f"/versions/{values['version_id']}/",
+        "/devices/",
+        f"/devices/{values['device_id']}/",
+    ]
+
+
+def _without_searches(html: str) -> str:
+    """The page less its GET forms (search and filter boxes change nothing)."""
+    return re.sub(r'<form method="get".*?</form>', "", html, flags=re.S)
 
 
 def test_a_viewer_is_shown_no_action_button(world, callers):  # noqa: F811
     client = callers["viewer"][0]
     for page in _pages(world):
-        html = client.get(page).content.decode()
+        html = _without_searches(client.get(page).content.decode())
         # the only button left is the header's Log out; the only POST form, its form
         assert html.count("<button") == 1 and "Log out</button>" in html, page
         assert html.count('method="post"') == 1, page
     dashboard = client.get("/").content.decode()
     assert "New release" not in dashboard and "(not pinned)" in dashboard
+    version = client.get(f"/versions/{world.values['version_id']}/").content.decode()
+    assert "Release this version" not in version and "Digest (sha256)" in version
 
 
 def test_an_operator_is_shown_the_actions_it_may_use(world, callers):  # noqa: F811
     client = callers["operator"][0]
-    dashboard, groups, release = (client.get(page).content.decode() for page in _pages(world))
+    dashboard, groups, release, *_ = (client.get(page).content.decode() for page in _pages(world))
     assert "New release" in dashboard and ">Pause</button>" in dashboard and ">Pin</button>" in dashboard
     assert ">Pin</button>" in groups and "Create group</button>" in groups
     assert ">Evaluate now</button>" in release and ">Pause</button>" in release
+    version = client.get(f"/versions/{world.values['version_id']}/").content.decode()
+    assert "Release this version</a>" in version
+    devices = client.get("/devices/").content.decode()
+    assert "Review…</button>" in devices and 'value="revoke"' not in devices  # revoking: admins
+    assert "Save pin</button>" in client.get(f"/devices/{world.values['device_id']}/").content.decode()
+
+
+def test_revoking_devices_in_bulk_is_an_admins(world, callers):  # noqa: F811
+    device_id = world.values["device_id"]
+    body = {"action": "revoke", "device": device_id, "confirmed": "yes"}
+    refused = callers["operator"][0].post("/devices/bulk/", body)
+    assert refused.status_code == 403 and "admin role or above" in refused.content.decode()
+    assert Device.objects.get(pk=device_id).revoked_at is None
+    assert 'value="revoke"' in callers["admin"][0].get("/devices/").content.decode()
+    done = callers["admin"][0].post("/devices/bulk/", body)
+    assert done.status_code == 302 and Device.objects.get(pk=device_id).revoked_at is not None

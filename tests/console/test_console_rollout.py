@@ -36,6 +36,7 @@ def _form(version, **extra) -> dict:
         "window_duration_seconds": "3600",
         "window_timezone": "Europe/Berlin",
         "priority": "2",
+        "allow_empty": "on",  # made before its devices enrol; test_release_preview.py tests the refusal
         "start": "on",
     }
     return {**data, **extra}
@@ -99,6 +100,7 @@ def test_release_page_in_a_browser(transactional_db, admin, ready_version, live_
     page.get_by_role("link", name="New release").click()
     page.get_by_label("Name").fill("canary")
     page.get_by_label("Phases").fill("5, 100")
+    page.get_by_label("Allow empty").check()  # no device has enrolled
     page.get_by_role("button", name="Create release").click()
     expect(page.locator("#release-state")).to_contain_text("Active")
     expect(page.locator("#phases")).to_contain_text("current")

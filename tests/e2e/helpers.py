@@ -39,3 +39,13 @@ def wait_until(what: str, check: Callable[[], object], stack: Stack, timeout: fl
             return result
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}; logs in {stack.log_dir}")
+
+
+def enrolment_bundle_for(token: str, port: int, enrol_port: int) -> str:
+    """The bundle an agent enrols with at a gateway this test serves in-process on loopback
+    (build_server(f"127.0.0.1:{port}", enrol_address=f"127.0.0.1:{enrol_port}"))."""
+    from fleet.services import enrolment_bundle
+
+    return enrolment_bundle(
+        token=token, gateway_address=f"127.0.0.1:{port}", enrol_address=f"127.0.0.1:{enrol_port}"
+    )

@@ -17,6 +17,7 @@ from gateway.server import build_server
 from telemetry.models import TelemetryRecord
 
 from tests.agent.double import AgentProcess, wait_for
+from tests.e2e.helpers import enrolment_bundle_for
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +35,9 @@ def _outbox(state_dir: Path) -> tuple[int, int]:
         db.close()
 
 
-def _serve(port: int):
+def _serve(port: int, enrol_port: int):
     hub = HintHub(poll_seconds=0.5)
-    server, _ = build_server(f"127.0.0.1:{port}", workers=4, hub=hub)
+    server, _ = build_server(f"127.0.0.1:{port}", workers=4, hub=hub, enrol_address=f"127.0.0.1:{enrol_port}")
     server.start()
     return server, hub
 
@@ -44,11 +45,13 @@ def _serve(port: int):
 def test_offline_telemetry_arrives_exactly_once(transactional_db, tmp_path: Path):
     org = organisation_ensure(name="Offline")
     token = enrolment_token_create(organisation=org).token
-    port = free_port()
-    server, hub = _serve(port)
+    port, enrol_port = free_port(), free_port()
+    server, hub = _serve(port, enrol_port)
     state_dir = tmp_path / "agent"
     args = ["--metrics-interval", "0.1", "--upload-interval", "0.2", "--outbox-max-records", str(BOUND)]
-    agent = AgentProcess(state_dir, port, extra=args, token=token)
+    agent = AgentProcess(
+        state_dir, port, extra=args, bundle_text=enrolment_bundle_for(token, port, enrol_port)
+    )
     try:
         device_id = wait_for(lambda: _device_id(state_dir), 30, "enrolment", agent)
         wait_for(
@@ -61,7 +64,7 @@ def test_offline_telemetry_arrives_exactly_once(transactional_db, tmp_path: Path
         agent.kill()  # and the device loses power while offline
         agent = AgentProcess(state_dir, port, extra=args, token="")
         wait_for(lambda: _outbox(state_dir)[0] >= 3 * BOUND, 60, "more records than the bound", agent)
-        server, hub = _serve(port)  # back
+        server, hub = _serve(port, enrol_port)  # back
         wait_for(lambda: _outbox(state_dir)[1] == 0, 60, "the outbox drained", agent)
         assert agent.stop() == 0
         last, pending = _outbox(state_dir)

@@ -24,6 +24,7 @@ from telemetry.models import TelemetryRecord
 
 from converter.samples import build_image_classifier
 from tests.agent.double import AgentProcess, read_state, wait_for
+from tests.e2e.helpers import enrolment_bundle_for
 
 pytestmark = pytest.mark.slow
 
@@ -42,13 +43,14 @@ def test_update_from_the_real_control_plane_survives_a_sigkill(transactional_db,
     org = organisation_ensure(name="Update")
     version = _ready_version(org)
     hub = HintHub(redis_url=os.environ.get("REDIS_URL", ""), poll_seconds=0.5)
-    port = free_port()
-    server, _ = build_server(f"127.0.0.1:{port}", workers=4, hub=hub)
+    port, enrol_port = free_port(), free_port()
+    server, _ = build_server(f"127.0.0.1:{port}", workers=4, hub=hub, enrol_address=f"127.0.0.1:{enrol_port}")
     server.start()
     state_dir = tmp_path / "agent"
     token = enrolment_token_create(organisation=org, labels={"site": "lab"}).token
     pause = {"FERRY_AGENT_PAUSE_AT": "switched", "FERRY_AGENT_PAUSE_SECONDS": "60"}
-    agent = AgentProcess(state_dir, port, token=token, env=pause, extra=["--hardware", "generic"])
+    bundle = enrolment_bundle_for(token, port, enrol_port)
+    agent = AgentProcess(state_dir, port, bundle_text=bundle, env=pause, extra=["--hardware", "generic"])
     try:
         wait_for(lambda: (state_dir / "credential.json").exists(), 30, "enrolment", agent)
         wait_for(lambda: hub.watchers == 1, 30, "the hints stream", agent)

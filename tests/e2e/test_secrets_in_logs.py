@@ -141,15 +141,15 @@ def test_no_secret_appears_in_any_process_log(environment, tmp_path: Path):
     finally:
         stack.stop()
 
-    credential = json.loads((state_dir / "credential.json").read_text())["credential"]
-    device_secret = credential.split(".", 1)[1]
+    device_key = (state_dir / "device.pem").read_text().split("-----BEGIN CERTIFICATE-----")[0]
+    ca_key = (tmp_path / "data" / "pki" / "ca.key").read_text()
     django_secret = (tmp_path / "data" / "secret_key").read_text().strip()
     secrets_used = {
         "admin password": password,
         "API token": api_token,
         "enrolment token": enrolment_token,
-        "device credential": credential,
-        "device credential's secret": device_secret,
+        "device private key": device_key.splitlines()[1],  # a line of its base64 body
+        "device CA private key": ca_key.splitlines()[1],
         "Django secret key": django_secret,
     }
     logs = {p.name: p.read_text(errors="replace") for p in sorted(stack.log_dir.glob("*.log"))}

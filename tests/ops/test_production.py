@@ -26,7 +26,9 @@ import yaml
 from accounts.services import organisation_ensure, user_ensure_admin
 from django.db import connection
 from django.urls import NoReverseMatch, reverse
+from ferry_cloud.device_ca import ensure_device_pki
 from ferry_cloud.stack import free_port, wait_for_port
+from gateway.tls import server_credentials
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +96,9 @@ def test_compose_runs_each_role_in_production_with_healthchecks():
     assert (ROOT / GUNICORN_CONF).is_file()
     assert web["environment"]["PROMETHEUS_MULTIPROC_DIR"]
     assert "/readyz" in " ".join(web["healthcheck"]["test"])
-    assert "grpc_health.v1" in " ".join(services["gateway"]["healthcheck"]["test"])
+    assert "gateway.health" in " ".join(
+        services["gateway"]["healthcheck"]["test"]
+    )  # grpc.health.v1 over mTLS
     assert services["gateway"]["command"][:3] == ["python", "manage.py", "gateway"]
     assert services["worker"]["command"][4:6] == ["ferry_cloud", "worker"]
     assert services["beat"]["command"][4:6] == ["ferry_cloud", "beat"]
@@ -133,7 +137,8 @@ def test_gateway_healthcheck_speaks_grpc_health():
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    ensure_device_pki()  # the probe, run with this process's settings, mints its certificate from it
+    server.add_secure_port(f"127.0.0.1:{port}", server_credentials(require_client_certificate=True))
     server.start()
     code = _healthcheck_code("gateway").replace("127.0.0.1:50051", f"127.0.0.1:{port}")
     try:
@@ -385,6 +390,12 @@ def test_gateway_healthcheck_against_the_gateway_process(transactional_db, tmp_p
     passes once the gateway's health service says SERVING."""
     port = free_port()
     env = _production_env(tmp_path, FERRY_DATABASE_URL=_database_url(), FERRY_S3_BUCKET="")
+    env["FERRY_GATEWAY_ENROL_ADDRESS"] = f"127.0.0.1:{free_port()}"
+    # production generates no PKI on its own: compose's setup runs device_pki first
+    pki = subprocess.run(
+        [sys.executable, "manage.py", "device_pki"], cwd=ROOT, env={**os.environ, **env}, capture_output=True
+    )
+    assert pki.returncode == 0 and b"device CA sha256" in pki.stdout, pki.stderr[-2000:]
     command = _compose()["services"]["gateway"]["command"]
     assert command[-2:] == ["--address", "0.0.0.0:50051"]
     log = tmp_path / "gateway.log"
@@ -402,7 +413,10 @@ def test_gateway_healthcheck_against_the_gateway_process(transactional_db, tmp_p
         wait_for_port(port, 60, process=gateway)
 
         def passes() -> bool:
-            check = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
+            probe_env = {**os.environ, **env}  # the probe reads the gateway's PKI files, as in its container
+            check = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, timeout=30, env=probe_env
+            )
             return check.returncode == 0
 
         _wait(passes, 60, "the gateway's healthcheck to pass", log)

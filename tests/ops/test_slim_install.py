@@ -23,7 +23,7 @@ from accounts.services import organisation_ensure
 from django.utils import timezone
 from ferry_cloud.stack import free_port
 from fleet.models import Device
-from fleet.services import enrolment_token_create
+from fleet.services import enrolment_bundle, enrolment_token_create
 from gateway.hints import HintHub
 from gateway.server import build_server
 from telemetry.models import TelemetryRecord
@@ -188,14 +188,17 @@ def test_slim_agent_enrols_and_checks_in_with_the_real_gateway(
     settings.FERRY_CHECKIN_INTERVAL_SECONDS = 1
     org = organisation_ensure(name="Slim")
     token = enrolment_token_create(organisation=org, labels={"install": "slim"}).token
-    port = free_port()
+    port, enrol_port = free_port(), free_port()
     hub = HintHub(poll_seconds=0.5)
-    server, _ = build_server(f"127.0.0.1:{port}", workers=4, hub=hub)
+    server, _ = build_server(f"127.0.0.1:{port}", workers=4, hub=hub, enrol_address=f"127.0.0.1:{enrol_port}")
     server.start()
     state_dir = tmp_path / "agent"
     log = tmp_path / "agent.log"
     args = [str(slim_venv / "bin" / "ferry-agent"), "run", "--gateway", f"127.0.0.1:{port}"]
-    args += ["--state-dir", str(state_dir), "--token", token, "--name", "slim-1"]
+    bundle = enrolment_bundle(
+        token=token, gateway_address=f"127.0.0.1:{port}", enrol_address=f"127.0.0.1:{enrol_port}"
+    )
+    args += ["--state-dir", str(state_dir), "--bundle", bundle, "--name", "slim-1"]
     args += ["--metrics-interval", "0.5", "--upload-interval", "0.3"]
     with open(log, "ab") as out:
         agent = subprocess.Popen(args, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=_device_env())

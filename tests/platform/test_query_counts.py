@@ -26,7 +26,8 @@ PINNED = {
     "device-groups/": 5,
     "device-groups/{group}/": 4,
     "releases/": 5,
-    "releases/{release}/": 5,
+    "releases/{release}/": 6,  # + the per-device states (releases.selectors.release_device_statuses)
+    "releases/{release}/devices/": 4,
     "fleet/summary/": 5,
 }
 

@@ -61,6 +61,7 @@ DECLARED: dict[str, dict[str, str]] = {
     "api:releases": {"GET": VIEWER, "POST": OPERATOR},
     "api:release": {"GET": VIEWER},
     "api:release-gate": {"POST": OPERATOR},
+    "api:release-devices": {"GET": VIEWER},
     "api:release-action": {"POST": OPERATOR},
     "api:fleet-summary": {"GET": VIEWER},
 }

@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from here: the docs work offline
     "django_prometheus",
     "ferry_cloud",
     "accounts",
@@ -73,6 +74,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "console.csp.ContentSecurityPolicyMiddleware",  # pages load scripts from this origin only
     "django_prometheus.middleware.PrometheusAfterMiddleware",  # last: sees the view and the status
 ]
 

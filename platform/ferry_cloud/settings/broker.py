@@ -31,5 +31,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "registry.tasks.requeue_stale_conversions",
         "schedule": float(os.environ.get("FERRY_REQUEUE_INTERVAL_SECONDS", "10")),
     },
+    "roll-up-old-telemetry": {
+        "task": "telemetry.tasks.roll_up_old_telemetry",
+        "schedule": float(os.environ.get("FERRY_TELEMETRY_ROLLUP_INTERVAL_SECONDS", "3600")),
+    },
 }
+# Raw telemetry is kept this many days, then rolled up per version and hour (telemetry.retention).
+FERRY_TELEMETRY_RAW_DAYS = int(os.environ.get("FERRY_TELEMETRY_RAW_DAYS", "14"))
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")

@@ -12,8 +12,11 @@ Imported after base.py by the package's __init__, so ALLOWED_HOSTS here replaces
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+
+from .base import DATA_DIR
 
 _ENVIRONMENTS = ("development", "production")
 
@@ -98,3 +101,27 @@ SECURE_HSTS_PRELOAD = _flag("FERRY_HSTS_PRELOAD", False)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
+
+# --- The device channel's PKI (deploy/trust/certificates.py, ferry_cloud/device_ca.py) ------
+# The gateway serves TLS only: devices dial FERRY_GATEWAY_ADDRESS with their client
+# certificate (mutual TLS) and FERRY_GATEWAY_ENROL_ADDRESS to enrol (server TLS only; empty:
+# the same host, the next port). Outside production a dev CA and a server certificate for
+# FERRY_GATEWAY_TLS_NAMES are generated once under DATA_DIR/pki. In production nothing is
+# generated: point these four files at your own CA (its key signs device certificates and
+# enrolment responses, so keep it to the gateway's hosts) and a server certificate it issued
+# for the names devices dial.
+_PKI_DIR = Path(os.environ.get("FERRY_PKI_DIR", DATA_DIR / "pki"))
+FERRY_DEVICE_CA_CERT_FILE = Path(os.environ.get("FERRY_DEVICE_CA_CERT_FILE", _PKI_DIR / "ca.pem"))
+FERRY_DEVICE_CA_KEY_FILE = Path(os.environ.get("FERRY_DEVICE_CA_KEY_FILE", _PKI_DIR / "ca.key"))
+FERRY_GATEWAY_TLS_CERT_FILE = Path(os.environ.get("FERRY_GATEWAY_TLS_CERT_FILE", _PKI_DIR / "gateway.pem"))
+FERRY_GATEWAY_TLS_KEY_FILE = Path(os.environ.get("FERRY_GATEWAY_TLS_KEY_FILE", _PKI_DIR / "gateway.key"))
+# SANs of the generated dev server certificate (names and IP addresses, comma-separated).
+FERRY_GATEWAY_TLS_NAMES = _hosts(os.environ.get("FERRY_GATEWAY_TLS_NAMES", "localhost,127.0.0.1,::1"))
+FERRY_GATEWAY_ENROL_ADDRESS = os.environ.get("FERRY_GATEWAY_ENROL_ADDRESS", "")
+# What devices dial (host:port of the mutual-TLS and the enrolment port): when set, a new
+# enrolment token comes with its one-line bundle (POST /api/v1/enrolment-tokens/).
+FERRY_GATEWAY_PUBLIC_ADDRESS = os.environ.get("FERRY_GATEWAY_PUBLIC_ADDRESS", "")
+FERRY_GATEWAY_PUBLIC_ENROL_ADDRESS = os.environ.get("FERRY_GATEWAY_PUBLIC_ENROL_ADDRESS", "")
+# Lifetime of a device's client certificate; agents renew at two thirds of it.
+FERRY_DEVICE_CERT_HOURS = float(os.environ.get("FERRY_DEVICE_CERT_HOURS", "24") or 24)
+FERRY_DEVICE_PKI_GENERATE = not PRODUCTION

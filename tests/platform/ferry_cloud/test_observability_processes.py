@@ -17,16 +17,20 @@ import pytest
 import redis
 import requests
 from accounts.services import organisation_ensure, user_ensure_admin
+from django.conf import settings
 from django.db import connection
-from ferry_cloud.stack import free_port, wait_for_port
-from fleet.services import device_enrol, enrolment_token_create
+from ferry_cloud.device_ca import ensure_device_pki
+from ferry_cloud.stack import PKI_FILES, free_port, wait_for_port
+from fleet.models import Device
+from fleet.services import device_enrol, device_revoke, enrolment_token_create
+from gateway.health import _probe_credentials
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agent.client import GatewayClient
 from agent.outbox import OutboxRecord
 from deploy.proto import agent_pb2
 from tests.platform.conftest import onnx_bytes
 from tests.platform.ferry_cloud.test_observability import sample, samples
+from tests.platform.gateway.devices import Served, enrol
 
 ROOT = Path(__file__).resolve().parents[3]
 # a Redis database of these tests' own: other suites' workers must not take our tasks
@@ -109,6 +113,8 @@ def _env(tmp_path: Path, **overrides: str) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    ensure_device_pki()  # a gateway child shares the test's dev CA, so the test can enrol and probe
+    env.update({name: str(getattr(settings, name)) for name in PKI_FILES})
     env.update(overrides)
     return env
 
@@ -211,7 +217,10 @@ def test_readyz_names_the_database_and_broker_when_they_are_down(tmp_path, proce
 
 
 def _health(address: str, service: str = "") -> int:
-    with grpc.insecure_channel(address) as channel:
+    credentials, name = _probe_credentials()  # the gateway serves mutual TLS only
+    with grpc.secure_channel(
+        address, credentials, options=[("grpc.ssl_target_name_override", name)]
+    ) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
 
@@ -219,8 +228,8 @@ def _health(address: str, service: str = "") -> int:
 def test_gateway_health_metrics_and_rpc_lines(transactional_db, tmp_path, processes):
     org = organisation_ensure(name="Gatewayed")
     token = enrolment_token_create(organisation=org).token
-    env = _env(tmp_path)
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, enrol_port = free_port(), free_port(), free_port()
+    env = _env(tmp_path, FERRY_GATEWAY_ENROL_ADDRESS=f"127.0.0.1:{enrol_port}")
     args = [sys.executable, "manage.py", "gateway", "--address", f"127.0.0.1:{port}"]
     child = processes.spawn("gateway", [*args, "--metrics-port", str(metrics_port)], env)
     wait_for_port(port, 60, process=child)
@@ -234,18 +243,18 @@ def test_gateway_health_metrics_and_rpc_lines(transactional_db, tmp_path, proces
         _health(address, "no.such.Service")
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
 
-    client = GatewayClient(address)
     attrs = agent_pb2.DeviceAttributes(hardware="pi4", os="linux", agent_version="test")
-    reply = client.enrol(token, "observed", attrs)
-    client.credential = reply.credential
+    client, reply = enrol(Served(address, f"127.0.0.1:{enrol_port}"), org, name="observed", token=token)
+    client_key = reply.key_pem
     assert not client.check_in(attrs, "", "").HasField("desired")
     records = [OutboxRecord(seq, "metrics", 1.7e9 + seq, "", {"inferences": seq}) for seq in (1, 2)]
     client.report(records)
     client.report(records)  # replayed: both duplicates
-    stranger = GatewayClient(address, credential=f"{reply.device_id}.wrong-secret-value")
+    device_revoke(device=Device.objects.get(pk=reply.device_id))
     with pytest.raises(grpc.RpcError) as refused:
-        stranger.check_in(attrs, "", "")
-    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        client.check_in(attrs, "", "")
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    Device.objects.filter(pk=reply.device_id).update(revoked_at=None)  # back, for the stream below
     stream = client.watch("", timeout=60)
 
     def scrape() -> dict[str, float]:
@@ -256,7 +265,7 @@ def test_gateway_health_metrics_and_rpc_lines(transactional_db, tmp_path, proces
     rpcs = "ferry_gateway_rpcs_total"
     assert sample(found, rpcs, method="AgentGateway/Enrol", code="OK") == 1
     assert sample(found, rpcs, method="AgentGateway/CheckIn", code="OK") == 1
-    assert sample(found, rpcs, method="AgentGateway/CheckIn", code="UNAUTHENTICATED") == 1
+    assert sample(found, rpcs, method="AgentGateway/CheckIn", code="PERMISSION_DENIED") == 1
     assert sample(found, rpcs, method="AgentGateway/ReportTelemetry", code="OK") == 2
     assert sample(found, "ferry_gateway_rpc_duration_seconds_count", method="AgentGateway/CheckIn") == 2
     assert sample(found, "ferry_gateway_check_ins_total", offered="no") == 1
@@ -270,11 +279,12 @@ def test_gateway_health_metrics_and_rpc_lines(transactional_db, tmp_path, proces
     check_ins = [x for x in lines if x.get("event") == "rpc" and x.get("method") == "AgentGateway/CheckIn"]
     assert [(x["code"], x["device_id"]) for x in check_ins] == [
         ("OK", reply.device_id),
-        ("UNAUTHENTICATED", reply.device_id),
+        ("PERMISSION_DENIED", reply.device_id),
     ]
     assert all(isinstance(x["duration_ms"], float) and x["request_id"] for x in check_ins)
     log = processes.log("gateway")
-    assert reply.credential.split(".", 1)[1] not in log and token not in log
+    key_line = client_key.splitlines()[1].decode()  # a line of the device key's base64 body
+    assert key_line not in log and token not in log
 
 
 def test_gateway_is_not_serving_without_its_database(tmp_path, processes):

@@ -23,7 +23,7 @@ def _verified(reply, offer, last_counter: int = 0):
     return verify_assignment(
         offer.assignment,
         offer.assignment_signature,
-        [reply.release_public_key],
+        list(reply.release_public_keys),
         device_id=reply.device_id,
         organisation_id=reply.organisation_id,
         last_counter=last_counter,
@@ -39,7 +39,7 @@ def test_assignments_are_reused_until_something_changes_then_only_go_up(
     gateway,  # noqa: F811
 ):
     client, reply = _enrolled(org, gateway)
-    assert reply.organisation_id == str(org.pk) and reply.release_public_key == release_public_key()
+    assert reply.organisation_id == str(org.pk) and list(reply.release_public_keys) == [release_public_key()]
     release_create(
         organisation=org,
         version=ready_version,

@@ -6,27 +6,23 @@ import threading
 
 import grpc
 import pytest
-from fleet.services import enrolment_token_create
 from gateway.hints import HintHub
 from gateway.server import build_server
 from releases.services import release_create, release_transition
 
-from agent.client import GatewayClient
 from deploy.proto import agent_pb2
-
-ATTRS = agent_pb2.DeviceAttributes(hardware="pi4", os="linux", agent_version="test", labels={"fleet": "demo"})
+from tests.platform.gateway.devices import Served, enrol
 
 
 def _serve(hub: HintHub):
-    server, port = build_server("127.0.0.1:0", workers=2, hub=hub)
+    server, port = bound = build_server("127.0.0.1:0", workers=2, hub=hub)
     server.start()
-    return server, f"127.0.0.1:{port}"
+    return server, Served(f"127.0.0.1:{port}", f"127.0.0.1:{bound.enrol_port}")
 
 
-def _watch(address: str, org) -> tuple[list[str], threading.Event, grpc.Future]:
-    client = GatewayClient(address)
-    client.credential = client.enrol(enrolment_token_create(organisation=org).token, "d", ATTRS).credential
-    stream = client._stub.WatchHints(agent_pb2.WatchRequest(), metadata=client._metadata(), timeout=30)
+def _watch(gateway: Served, org) -> tuple[list[str], threading.Event, grpc.Future]:
+    client, _ = enrol(gateway, org, name="d")
+    stream = client._stub.WatchHints(agent_pb2.WatchRequest(), timeout=30)
     hints: list[str] = []
     got = threading.Event()
 
@@ -47,9 +43,9 @@ def test_a_release_change_reaches_a_watching_agent(mode, org, admin, ready_versi
     import os
 
     hub = HintHub(redis_url=os.environ["REDIS_URL"] if mode == "redis" else "", poll_seconds=0.2)
-    server, address = _serve(hub)
+    server, gateway = _serve(hub)
     try:
-        hints, got, stream = _watch(address, org)
+        hints, got, stream = _watch(gateway, org)
         for _ in range(100):
             if hub.watchers == 1:
                 break
@@ -74,11 +70,11 @@ def test_a_release_change_reaches_a_watching_agent(mode, org, admin, ready_versi
         hub.stop()
 
 
-def test_watch_without_credential_is_refused(transactional_db):
+def test_watch_without_a_client_certificate_is_refused(transactional_db):
     hub = HintHub(poll_seconds=0.2)
-    server, address = _serve(hub)
+    server, gateway = _serve(hub)
     try:
-        stream = GatewayClient(address)._stub.WatchHints(agent_pb2.WatchRequest(), timeout=5)
+        stream = gateway.enrol_client()._stub.WatchHints(agent_pb2.WatchRequest(), timeout=5)
         with pytest.raises(grpc.RpcError) as refused:
             next(iter(stream))
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -88,13 +84,10 @@ def test_watch_without_credential_is_refused(transactional_db):
 
 def test_full_hub_tells_the_agent_to_poll(org, transactional_db):
     hub = HintHub(poll_seconds=0.2, max_watchers=0)
-    server, address = _serve(hub)
+    server, gateway = _serve(hub)
     try:
-        client = GatewayClient(address)
-        client.credential = client.enrol(
-            enrolment_token_create(organisation=org).token, "d", ATTRS
-        ).credential
-        stream = client._stub.WatchHints(agent_pb2.WatchRequest(), metadata=client._metadata(), timeout=5)
+        client, _ = enrol(gateway, org, name="d")
+        stream = client._stub.WatchHints(agent_pb2.WatchRequest(), timeout=5)
         with pytest.raises(grpc.RpcError) as refused:
             next(iter(stream))
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

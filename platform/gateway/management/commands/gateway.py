@@ -28,10 +28,12 @@ class Command(BaseCommand):
 
     def handle(self, *args, address, metrics_port, metrics_address, **options):
         health = GatewayHealth()
-        server, port = build_server(address, health=health)
+        server, port = bound = build_server(address, health=health)
         server.start()
         health.start()  # NOT_SERVING until the database answers
-        self.stdout.write(f"gateway listening on {address.rsplit(':', 1)[0]}:{port}", ending="\n")
+        host = address.rsplit(":", 1)[0]
+        self.stdout.write(f"gateway listening on {host}:{port} (mutual TLS)", ending="\n")
+        self.stdout.write(f"gateway enrolment on port {bound.enrol_port} (TLS)", ending="\n")
         if metrics_port:
             served = metrics.serve(metrics_port, metrics_address)
             self.stdout.write(f"gateway metrics on http://{metrics_address}:{served}/metrics", ending="\n")

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ('fleet', '0002_groups_pins_version_history'),
         ('registry', '0003_conversion_claimed_by'),
-        ('releases', '0003_phase_thresholds'),
+        ('releases', '0004_status_devices'),
     ]
 
     operations = [

@@ -1,0 +1,131 @@
+"""Models list, one model's versions, one version's conversion report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.paginator import Paginator
+from django.shortcuts import render
+from ferry_cloud.errors import DomainError
+from registry.models import ModelVersion
+from registry.selectors import model_get, model_search, model_versions, version_get
+from releases.selectors import releases_by_version
+
+from console.views import Role, _can, _error_page, _organisation, role_required
+
+MODELS_PER_PAGE = 25
+
+
+@role_required(get=Role.VIEWER)
+def models_list(request):
+    org = _organisation(request)
+    query = request.GET.get("q", "").replace("\x00", "").strip()[:200]  # PostgreSQL refuses NULs
+    page = Paginator(model_search(organisation=org, query=query), MODELS_PER_PAGE).get_page(
+        request.GET.get("page")
+    )
+    context = {"organisation": org, "can": _can(request), "query": query, "page": page}
+    return render(request, "console/pages/models.html", context)
+
+
+@role_required(get=Role.VIEWER)
+def model_detail(request, model_id: int):
+    org = _organisation(request)
+    try:
+        model = model_get(organisation=org, model_id=model_id)
+    except DomainError as exc:
+        return _error_page(request, exc)
+    versions = list(model_versions(model=model))
+    shipped = releases_by_version(version_ids=[v.pk for v in versions])
+    rows = [{"version": v, "sizes": sizes(v), "releases": shipped[str(v.pk)]} for v in versions]
+    context = {"organisation": org, "can": _can(request), "model": model, "rows": rows}
+    return render(request, "console/pages/model.html", context)
+
+
+@role_required(get=Role.VIEWER)
+def version_detail(request, version_id: str):
+    org = _organisation(request)
+    try:
+        version = version_get(organisation=org, version_id=version_id)
+    except DomainError as exc:
+        return _error_page(request, exc)
+    report = version.report or {}
+    context = {
+        "organisation": org,
+        "can": _can(request),
+        "version": version,
+        "report": report,
+        "sizes": sizes(version),
+        "accuracy": accuracy_rows(report),
+        "passes": passes_that_changed(report),
+        "job": getattr(version, "job", None),
+        "releases": releases_by_version(version_ids=[version.pk])[str(version.pk)],
+        "releasable": version.status == ModelVersion.Status.READY and version.package_id is not None,
+    }
+    return render(request, "console/pages/version.html", context)
+
+
+def precision(report: dict[str, Any]) -> str:
+    return str(report.get("quantize") or "float32")
+
+
+def sizes(version: ModelVersion) -> list[dict[str, Any]]:
+    """[{"precision", "bytes"}]: the float32 graph, the converted one if reduced, the package."""
+    report = version.report or {}
+    rows = []
+    if report.get("fp32_package_size"):
+        rows.append({"precision": "float32", "bytes": report["fp32_package_size"]})
+    if report.get("quantize") and report.get("converted_size"):
+        rows.append(
+            {
+                "precision": precision(report),
+                "bytes": report["converted_size"],
+                "ratio": report.get("size_ratio"),
+            }
+        )
+    if version.package_id:
+        rows.append({"precision": f"package ({precision(report)}, signed)", "bytes": version.package.size})
+    return rows
+
+
+def passes_that_changed(report: dict[str, Any]) -> list[str]:
+    """The optimisation passes that removed nodes, as "name: nodes before → after"."""
+    lines, nodes = [], report.get("nodes_before")
+    for step in report.get("passes") or []:
+        if isinstance(step, dict) and step.get("nodes") != nodes:
+            lines.append(f"{step.get('pass')}: {nodes} → {step.get('nodes')} nodes")
+            nodes = step.get("nodes")
+    return lines
+
+
+def accuracy_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (precision, output): the metric each precision is judged by, against float32."""
+    rows = []
+    if report.get("fp16_cosine_similarity") is not None:
+        rows.append(
+            {
+                "precision": "fp16",
+                "output": "all outputs",
+                "metric": "cosine similarity",
+                "cosine": report["fp16_cosine_similarity"],
+                "max_abs_error": report.get("fp16_max_abs_error"),
+                "top1": None,
+            }
+        )
+    accuracy = report.get("accuracy") or {}
+    for name, figures in sorted((accuracy.get("outputs") or {}).items()):
+        if not isinstance(figures, dict):
+            continue
+        rows.append(
+            {
+                "precision": precision(report),
+                "output": name,
+                "metric": "top-1 agreement"
+                if figures.get("top1_agreement") is not None
+                else "cosine similarity",
+                "cosine": figures.get("cosine_similarity"),
+                "max_abs_error": figures.get("max_abs_error"),
+                "top1": figures.get("top1_agreement"),
+                "samples": f"{accuracy.get('samples')} {accuracy.get('inputs')}",
+            }
+        )
+    return rows

@@ -1,0 +1,28 @@
+"""The API docs page works with nothing but the server: Swagger UI comes from vendored files."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.console.browser import screenshot
+
+pytestmark = [pytest.mark.browser]
+
+
+def test_swagger_ui_renders_the_schema_without_the_internet(
+    transactional_db, live_server, offline_page, offline
+):
+    offline_page.goto(f"{live_server.url}/api/docs/")
+    expect(offline_page.locator(".swagger-ui .info .title")).to_contain_text("Ferry control plane API")
+    expect(offline_page.locator(".opblock-tag-section").first).to_be_visible()
+    screenshot(offline_page, "api-docs")
+    assert any("/static/drf_spectacular_sidecar/" in url for url in offline.loaded), offline.loaded
+    assert not offline.outside
+
+
+def test_every_page_carries_a_policy_that_refuses_inline_script(client, db):
+    for url in ("/login/", "/api/docs/"):
+        policy = client.get(url).headers["Content-Security-Policy"]
+        scripts = policy.split("script-src")[1].split(";")[0]
+        assert scripts.strip() == "'self'", policy

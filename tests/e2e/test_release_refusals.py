@@ -1,0 +1,176 @@
+"""Refusals are visible, with real processes: web, Celery worker and beat, the gRPC gateway and
+three real agents, everything read through the REST API.
+
+A version signed for another device class is released to the fleet: the one agent of that
+class installs it, the two others refuse it. Within a check-in the release shows both
+refusals per device with their reason; the gate counts them as failures and aborts the
+release, with the reason on it, and the device that had moved goes back to v1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from ferry_cloud.stack import RestClient, Stack, free_port
+
+from converter.samples import build_image_classifier
+from tests.e2e.helpers import own_database, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+LABELS = {"fleet": "e2e"}
+CHECKIN_SECONDS = 2
+
+pytestmark = [pytest.mark.slow, pytest.mark.services]
+
+BOOTSTRAP = """
+import json
+from django.core.management import call_command
+from accounts.services import organisation_ensure, user_ensure_admin
+call_command("migrate", verbosity=0)
+org = organisation_ensure(name="Refusals E2E")
+print(json.dumps({"token": user_ensure_admin(organisation=org, username="admin", password="pw")[1]}))
+"""
+
+# The REST API offers no device-class option yet: the version is made by the registry's own
+# service, and converted and signed by the running worker like any other.
+FOR_ANOTHER_CLASS = """
+import io, json, os
+from registry.models import Model
+from registry.services import version_upload
+data = open(os.environ["E2E_ONNX_FILE"], "rb").read()
+model = Model.objects.get(pk=int(os.environ["E2E_MODEL_ID"]))
+version = version_upload(model=model, label="v2-jetson", stream=io.BytesIO(data), size=len(data),
+                         options={"device_class": "jetson"})
+print(json.dumps({"id": str(version.pk)}))
+"""
+
+
+@pytest.fixture
+def environment(tmp_path: Path):
+    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
+    with own_database("ferry_refusals") as database_url:
+        yield {
+            "FERRY_DATA_DIR": str(tmp_path / "data"),
+            "FERRY_DATABASE_URL": database_url,
+            "FERRY_S3_BUCKET": "",
+            "FERRY_CHECKIN_INTERVAL_SECONDS": str(CHECKIN_SECONDS),
+            "FERRY_GATE_INTERVAL_SECONDS": "1",
+            "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
+        }
+
+
+def _manage_shell(env: dict[str, str], script: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _running(api: RestClient) -> dict[str, str | None]:
+    return {d["name"]: (d["running_version"] or {}).get("label") for d in api.call("GET", "devices/")}
+
+
+def _statuses(api: RestClient, release_id: str) -> dict[str, dict]:
+    return {d["device_name"]: d for d in api.call("GET", f"releases/{release_id}/devices/")["results"]}
+
+
+def test_refusing_devices_show_their_reason_and_abort_the_release(environment, tmp_path: Path):
+    env = {**os.environ, **environment}
+    token = _manage_shell(env, BOOTSTRAP)["token"]
+    stack = Stack(log_dir=tmp_path / "logs", env=environment)
+    http_port, gateway_port = free_port(), free_port()
+    onnx_file = tmp_path / "model.onnx"
+    onnx_file.write_bytes(build_image_classifier().SerializeToString())
+    try:
+        stack.start_control_plane(http_port, gateway_port)
+        api = RestClient(f"http://127.0.0.1:{http_port}", token)
+        model = api.call("POST", "models/", json={"name": "classifier"})
+        files = {"file": ("model.onnx", onnx_file.read_bytes())}
+        v1 = api.call("POST", f"models/{model['id']}/versions/", files=files, data={"label": "v1"})["id"]
+        more = {"E2E_MODEL_ID": str(model["id"]), "E2E_ONNX_FILE": str(onnx_file)}
+        v2 = _manage_shell({**env, **more}, FOR_ANOTHER_CLASS)["id"]
+        wait_until(
+            "both versions converted",
+            lambda: all(api.call("GET", f"versions/{v}/")["status"] == "ready" for v in (v1, v2)),
+            stack,
+            timeout=90,
+        )
+        api.call(
+            "POST",
+            "releases/",
+            json={
+                "name": "v1",
+                "version": v1,
+                "target": {"labels": LABELS},
+                "start": True,
+                "allow_empty": True,
+            },
+        )
+        for i, hardware in enumerate(("jetson", "generic", "generic")):
+            enrolment = api.call("POST", "enrolment-tokens/", json={"labels": LABELS})["token"]
+            stack.start_agent(
+                f"agent-{i}",
+                gateway_port,
+                tmp_path / f"agent-{i}",
+                enrolment,
+                {},
+                extra=["--hardware", hardware, "--metrics-interval", "1", "--upload-interval", "1"],
+            )
+        wait_until(
+            "three agents on v1", lambda: list(_running(api).values()) == ["v1"] * 3, stack, timeout=60
+        )
+
+        release = api.call(
+            "POST",
+            "releases/",
+            json={"name": "v2 for jetson", "version": v2, "target": {"labels": LABELS}, "start": True},
+        )
+        started = time.monotonic()
+        refused = wait_until(
+            "both generic agents' refusals on the release",
+            lambda: (
+                (s := _statuses(api, release["id"]))
+                and [s.get(f"agent-{i}", {}).get("state") for i in (1, 2)] == ["refused", "refused"]
+                and s
+            ),
+            stack,
+        )
+        # the refusal reaches the control plane at the check-in after the one that offered v2
+        # (download + verify happen in between): two intervals and some slack for the download
+        assert time.monotonic() - started < 4 * CHECKIN_SECONDS + 6
+        for name in ("agent-1", "agent-2"):
+            row = refused[name]
+            assert row["reason_code"] == "device_class", row
+            assert "jetson" in row["message"] and "generic" in row["message"], row
+            assert row["reported_at"] and row["updated_at"]
+
+        aborted = wait_until(
+            "the gate to abort the release",
+            lambda: (r := api.call("GET", f"releases/{release['id']}/"))["state"] == "aborted" and r,
+            stack,
+        )
+        abort = next(e for e in aborted["events"] if e["action"] == "abort")
+        assert abort["actor"] is None and "refused or failed the update (device_class: 2)" in abort["reason"]
+        audited = {e["reason"].split(":")[0] for e in aborted["events"] if e["action"] == "device_refused"}
+        assert audited == {"device agent-1", "device agent-2"}
+        assert aborted["devices"]["by_state"].get("refused") == 2
+
+        # the jetson agent had installed v2: the abort sends it back; nobody stays on v2
+        wait_until("every agent on v1 again", lambda: list(_running(api).values()) == ["v1"] * 3, stack)
+        refused_only = api.call("GET", f"releases/{release['id']}/devices/", params={"state": "refused"})
+        assert refused_only["count"] == 2
+    finally:
+        codes = stack.stop()
+    assert all(code in (0, -15) for name, code in codes.items() if name.startswith("agent")), codes
