@@ -22,12 +22,13 @@ from agent import __version__, identity
 from agent.errors import EnrolmentError
 from agent.files import read_json, write_json_atomic
 from agent.inference import InferenceLoop
-from agent.install import DownloadRules, Installer, Offer
+from agent.install import DownloadRules, Installer
 from agent.lifecycle import IDLE, Lifecycle
 from agent.metrics import ProcessMeter
 from agent.metrics_export import MetricsExporter
 from agent.outbox import Outbox
 from agent.retry import Backoff
+from agent.trust import AssignmentTrust, SignedOffer, display_text
 from agent.update_status import StatusBook, outcome_from_report, update_status
 from deploy.proto import agent_pb2
 
@@ -126,6 +127,11 @@ class Agent:
         self.lifecycle = Lifecycle(
             self.installer,
             device_class=self.device_class,
+            organisation_id=saved.organisation_id,
+            # the release keys came in the CA-signed enrolment grant; they sign packages and assignments
+            trust=AssignmentTrust(
+                self.config.state_dir, list(saved.release_public_keys), self.device_id, saved.organisation_id
+            ),
             report=self._report_activation,
             on_version_change=self._load_version,
             probation_seconds=self.config.probation_seconds,
@@ -284,7 +290,7 @@ class Agent:
         )
         self.interval = float(reply.checkin_interval_seconds or self.interval)
         if reply.HasField("desired"):
-            self.lifecycle.offer(offer_from(reply.desired))
+            self.lifecycle.offer_signed(offer_from(reply.desired))
         self.lifecycle.advance()
 
     def update_status(self) -> agent_pb2.UpdateStatus:
@@ -350,22 +356,12 @@ class Agent:
                 return
 
 
-def offer_from(d: agent_pb2.PackageOffer) -> Offer:
-    window = None
-    if d.HasField("window") and d.window.cron:
-        window = {
-            "cron": d.window.cron,
-            "duration_seconds": int(d.window.duration_seconds),
-            "timezone": d.window.timezone or "UTC",
-        }
-    return Offer(
-        d.release_id,
-        d.version_id,
-        d.version_label,
-        d.model_name,
-        d.package_digest,
-        d.package_size,
-        download_only=d.download_only,
-        rollback=d.rollback,
-        window=window,
+def offer_from(d: agent_pb2.PackageOffer) -> SignedOffer:
+    """The offer as received: only its signed assignment is acted on (Lifecycle.offer_signed);
+    the gateway's other fields are display text, bounded here."""
+    return SignedOffer(
+        assignment=bytes(d.assignment),
+        signature=bytes(d.assignment_signature),
+        version_label=display_text(d.version_label),
+        model_name=display_text(d.model_name),
     )

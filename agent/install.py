@@ -7,12 +7,13 @@ On-disk layout under the state directory:
   current -> versions/<id>  the active version, switched by an atomic rename
   previous -> versions/<id> what ran before, kept for rollback
 
-Each byte of a package is hashed once per activation: while it is unpacked (deploy.package
-checks the signature first, then hashes every file as it streams to disk).  The download is
-checked for its size only; the archive's own sha256 (the offer's digest) is computed only when
-verification refuses it, to tell bytes damaged on the way (a download error, retried later)
-from a bad package (refused for good).  The engine loads the unpacked directory without
-hashing it again.
+An offer here is built from a verified signed assignment (agent.trust): its digest, size,
+version id and manifest digest are the control plane's signed words, and ids are opaque
+tokens (deploy.trust.assignment refuses anything path-like).  A download must match the
+assigned archive's size and sha256 before it is unpacked; then deploy.package checks the
+signature, the device class, the organisation and the assigned manifest digest, and hashes
+every file as it streams to disk.  The engine loads the unpacked directory without hashing it
+again.
 
 numpy and the engine are imported only when a package is checked or loaded, so an idle
 agent with no model stays small.
@@ -32,7 +33,8 @@ from typing import Any
 from agent.errors import ActivationError, DiskFullError, DownloadError, DownloadStalled, IncompatibleModel
 from agent.files import fsync_dir, switch_symlink
 from deploy.errors import PackageRejected
-from deploy.package import ClaimsCheck, SignedClaims, file_sha256, read_claims, verify_and_unpack
+from deploy.package import ClaimsCheck, VerifiedManifest, file_sha256, read_claims, verify_and_unpack
+from deploy.trust.assignment import Assignment
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,25 @@ class Offer:
     download_only: bool = False
     rollback: bool = False
     window: dict[str, Any] | None = None  # {"cron", "duration_seconds", "timezone"}
+    counter: int = 0  # the signed assignment's counter
+    manifest_sha256: str = ""  # the manifest digest the assignment names ("" : not checked)
+
+    @classmethod
+    def assigned(cls, assignment: Assignment, version_label: str = "", model_name: str = "") -> Offer:
+        """The offer a verified assignment makes; the labels are display text only."""
+        return cls(
+            release_id=assignment.release_id,
+            version_id=assignment.version_id,
+            version_label=version_label,
+            model_name=model_name,
+            package_digest=assignment.package_digest,
+            package_size=assignment.package_size,
+            download_only=assignment.download_only,
+            rollback=assignment.rollback,
+            window=assignment.window,
+            counter=assignment.counter,
+            manifest_sha256=assignment.manifest_sha256,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -183,26 +204,22 @@ class Installer:
     def unpack(self, offer: Offer, archive: Path, check: ClaimsCheck | None = None) -> Path:
         """Verify and unpack into versions/<id>, via a staging directory renamed into place.
 
-        A refusal of an archive that is not the offered one (its sha256 differs) is the
-        download's fault: DownloadError, and the archive is deleted for a fresh download.
+        An archive that is not the assigned one (its sha256 differs) is the download's fault:
+        DownloadError, and the archive is deleted for a fresh download.
         """
-        try:
-            return self._unpack(offer, archive, check)
-        except PackageRejected as refusal:
-            if file_sha256(archive) != offer.package_digest:
-                archive.unlink(missing_ok=True)
-                raise _arrived_wrong(offer) from refusal
-            raise
+        if file_sha256(archive) != offer.package_digest:
+            archive.unlink(missing_ok=True)
+            raise _arrived_wrong(offer)
+        return self._unpack(offer, archive, check)
 
     def _unpack(self, offer: Offer, archive: Path, check: ClaimsCheck | None) -> Path:
         final = self.state_dir / "versions" / offer.version_id
         staging = self.staging_dir(offer)
         shutil.rmtree(staging, ignore_errors=True)  # a half-unpacked leftover of a crash
         if final.exists():
-            # unpacked before (a rollback package of a version kept on disk): check its claims anyway
+            # unpacked before (a version kept on disk, assigned again): check its claims anyway
             if check is not None:
-                verified = read_claims(archive, self.public_key)
-                check(verified.claims, verified.manifest)
+                check(read_claims(archive, self.public_key))
             return final
         verify_and_unpack(archive, staging, self.public_key, check=check)
         for child in staging.iterdir():
@@ -351,20 +368,43 @@ def _arrived_wrong(offer: Offer) -> DownloadError:
     return DownloadError(f"package {offer.package_digest[:12]} arrived with the wrong size or digest")
 
 
-def claims_check(*, device_class: str, counter_floor: int) -> ClaimsCheck:
-    """Refuse a package for another device class, or older than what this device has run."""
+class PackageRefused(PackageRejected):
+    """A validly signed package this device must not run; ``code`` says why."""
 
-    def check(claims: SignedClaims, manifest: dict[str, Any]) -> None:
+    code = "package_refused"
+
+
+class WrongDeviceClass(PackageRefused):
+    code = "wrong_device_class"
+
+
+class WrongTenant(PackageRefused):
+    code = "wrong_tenant"
+
+
+class NotAssigned(PackageRefused):
+    code = "not_assigned"
+
+
+def package_check(*, device_class: str, organisation_id: str, manifest_sha256: str = "") -> ClaimsCheck:
+    """Refuse a package for another device class or organisation, or not the assigned one."""
+
+    def check(verified: VerifiedManifest) -> None:
+        claims = verified.claims
         if not claims.matches(device_class):
-            raise PackageRejected(
+            raise WrongDeviceClass(
                 f"the package is signed for device class {claims.device_class!r}; "
                 f"this device is {device_class!r}"
             )
-        if claims.counter < counter_floor:
-            kind = "rollback package" if claims.rollback else "package"
-            raise PackageRejected(
-                f"the {kind} is older than what this device has run (signed counter {claims.counter} < "
-                f"{counter_floor}); going back needs a rollback signed with a newer counter"
+        if claims.organisation != organisation_id:
+            raise WrongTenant(
+                f"the package is signed for organisation {claims.organisation!r:.40}; "
+                f"this device belongs to {organisation_id!r}"
+            )
+        if manifest_sha256 and verified.manifest_sha256 != manifest_sha256:
+            raise NotAssigned(
+                f"the package's manifest is {verified.manifest_sha256[:12]}, the assignment names "
+                f"{manifest_sha256[:12]}: not the assigned package"
             )
 
     return check

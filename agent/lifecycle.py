@@ -9,7 +9,10 @@ resumes where it was:
                                               unhealthy / crash loop ─┴─► rolling_back ─► idle
 
 - downloading: resumable (downloads/<digest>.part); a broken link or a slow one keeps the part.
-- verifying: signature, device class, release counter, every file's sha256 and size, strict
+- offer: the signed assignment is verified first (agent.trust: this device, its tenant, not
+  expired, a counter above the last accepted); nothing is fetched for a refused one.
+- verifying: the archive's sha256 and size as assigned, then the signature, device class,
+  organisation, the assigned manifest digest, every file's sha256 and size, strict
   unpack into a staging directory renamed into versions/<id> (deploy.package, one pass). A
   refused archive that is not the offered one (its sha256) is a download error, retried.
 - staged: verified and waiting: a download-only offer, or a maintenance window not open yet.
@@ -20,8 +23,9 @@ resumes where it was:
   first ``probation_seconds`` still rolls back to the previous version.
 - rolling_back: `current` is switched back to the previous version.
 
-``running.json`` always names the version `current` points at once it is committed, and
-the highest release counter this device has run (older packages are refused).
+``running.json`` always names the version `current` points at once it is committed, and the
+assignment counter that put it there.  Refusals are reported with ``stage``, ``reason`` and a
+machine-readable ``code``.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ import grpc
 
 from agent.errors import ActivationError, AgentError, DiskFullError, DownloadError, DownloadStalled
 from agent.files import read_json, write_json_atomic
-from agent.install import Installer, Offer, claims_check, health_check
+from agent.install import Installer, Offer, health_check, package_check
+from agent.trust import AssignmentTrust, SignedOffer
 from deploy.errors import PackageRejected
+from deploy.trust.assignment import AssignmentRefused
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +84,7 @@ class UpdateState:
     previous: str = ""  # what `current` pointed at before the switch ("" = nothing)
     attempts: int = 0  # process starts seen in switching / probation
     probation_until: float = 0.0
-    counter: int = 0  # the offered package's signed counter, known after verifying
+    counter: int = 0  # the counter of the assignment being carried out
     clean_stop: bool = False  # the last process ended with SIGTERM, not a crash
     entered_at: float = field(default_factory=time.time)
 
@@ -95,6 +101,8 @@ class Lifecycle:
         installer: Installer,
         *,
         device_class: str,
+        organisation_id: str = "",
+        trust: AssignmentTrust | None = None,
         report: Callable[[str, dict[str, Any], str], None],
         on_version_change: Callable[[str], None],
         probation_seconds: float = 120.0,
@@ -102,6 +110,8 @@ class Lifecycle:
     ) -> None:
         self.installer = installer
         self.device_class = device_class
+        self.organisation_id = organisation_id
+        self.trust = trust
         self.report = report
         self.on_version_change = on_version_change
         self.probation_seconds = probation_seconds
@@ -134,9 +144,6 @@ class Lifecycle:
 
     def running(self) -> dict[str, Any]:
         return read_json(self.running_file, {}) or {}
-
-    def counter_floor(self) -> int:
-        return int(self.running().get("counter_floor", 0))
 
     def refused(self) -> dict[str, dict[str, Any]]:
         return read_json(self.refused_file, {}) or {}
@@ -176,8 +183,31 @@ class Lifecycle:
     def state(self) -> str:
         return self.update.state
 
+    def offer_signed(self, signed: SignedOffer) -> None:
+        """An offer from the gateway: act on its signed assignment, or report why not."""
+        if self.trust is None:
+            raise AgentError("lifecycle bug: no trusted keys to verify assignments with")
+        try:
+            assignment = self.trust.accept(signed)
+        except AssignmentRefused as exc:
+            self._refuse_assignment(signed, exc)
+            return
+        self.offer(Offer.assigned(assignment, signed.version_label, signed.model_name))
+
+    def _refuse_assignment(self, signed: SignedOffer, exc: AssignmentRefused) -> None:
+        """Report a refused assignment once (it comes again at every check-in); the update in
+        progress, if any, carries on: a replayed or forged assignment must not disturb it."""
+        key = f"assignment:{signed.sha256}"
+        if key in self.refused():
+            return
+        log.error("assignment refused (%s): %s", exc.code, exc)
+        refused = self.refused()
+        refused[key] = {"version_id": "", "reason": str(exc), "at": time.time(), "retry_at": None}
+        write_json_atomic(self.refused_file, refused)
+        self._report_refusal("", "assignment", str(exc), exc.code)
+
     def offer(self, offer: Offer) -> None:
-        """The control plane wants this package; start (or keep on) fetching it."""
+        """The control plane wants this package (a verified assignment); start or keep fetching it."""
         current = self.update.current_offer
         if offer.same_package(current):
             if self.update.state == STAGED and current != offer:
@@ -260,18 +290,20 @@ class Lifecycle:
 
     def _step_verifying(self) -> None:
         offer = self.update.current_offer
-        check = claims_check(device_class=self.device_class, counter_floor=self.counter_floor())
-        seen: dict[str, int] = {}
+        check = package_check(
+            device_class=self.device_class,
+            organisation_id=self.organisation_id,
+            manifest_sha256=offer.manifest_sha256,
+        )
 
-        def check_and_remember(claims, manifest) -> None:
-            check(claims, manifest)
-            seen["counter"] = claims.counter
+        def check_and_pause(verified) -> None:
+            check(verified)
             self._maybe_pause("unpacking")  # the staging directory exists, no file is written yet
 
         try:
-            self.installer.unpack(offer, self.installer.part_file(offer), check=check_and_remember)
+            self.installer.unpack(offer, self.installer.part_file(offer), check=check_and_pause)
         except PackageRejected as exc:
-            self._refuse(offer, "verify", str(exc))
+            self._refuse(offer, "verify", str(exc), code=getattr(exc, "code", "bad_package"))
             return
         except DownloadError as exc:  # refused, and not the offered bytes: the download's fault
             self._refuse(offer, "download", str(exc), retry_after=REFUSED_RETRY_SECONDS)
@@ -281,7 +313,7 @@ class Lifecycle:
             self.update.state = DOWNLOADING
             self._save()
             return
-        self._transition("verified", counter=seen.get("counter", 0))
+        self._transition("verified", counter=offer.counter)
 
     def _step_staged(self) -> None:
         offer = self.update.current_offer
@@ -298,7 +330,7 @@ class Lifecycle:
                 f"crash loop: the agent died {self.update.attempts} times while checking "
                 f"{offer.version_label or offer.version_id}"
             )
-            self._roll_back(reason, "health")
+            self._roll_back(reason, "health", "crash_loop")
             return
         self.installer.switch_to(offer.version_id)
         self._maybe_pause("switched")
@@ -320,7 +352,6 @@ class Lifecycle:
                 "version_id": offer.version_id,
                 "package_digest": offer.package_digest,
                 "counter": self.update.counter,
-                "counter_floor": max(self.update.counter, int(running.get("counter_floor", 0))),
                 "previous": previous,
             },
         )
@@ -348,6 +379,7 @@ class Lifecycle:
                 f"crash loop: the agent restarted {self.update.attempts} times within "
                 f"{self.probation_seconds:.0f} s of activating {offer.version_label or offer.version_id}",
                 "probation",
+                "crash_loop",
             )
             return
         if time.time() >= self.update.probation_until:
@@ -371,7 +403,6 @@ class Lifecycle:
                     if before.get("version_id") == previous
                     else "",
                     "counter": before.get("counter", 0),
-                    "counter_floor": running.get("counter_floor", 0),  # never goes down
                     "previous": {},
                 },
             )
@@ -382,7 +413,7 @@ class Lifecycle:
         log.error("rolled back to %s after %s failed", previous or "nothing", offer.version_id)
 
     # --- failures ---------------------------------------------------------------------------
-    def _roll_back(self, reason: str, stage: str) -> None:
+    def _roll_back(self, reason: str, stage: str, code: str = "health_check_failed") -> None:
         offer = self.update.current_offer
         self._remember_refusal(offer, reason, None)
         self.report(
@@ -392,6 +423,7 @@ class Lifecycle:
                 "version_id": offer.version_id,
                 "reason": reason,
                 "stage": stage,
+                "code": code,
                 "rolled_back_to": self.update.previous,
             },
             self.update.previous,
@@ -400,16 +432,28 @@ class Lifecycle:
         self._transition(event)
         self._step_rolling_back()
 
-    def _refuse(self, offer: Offer, stage: str, reason: str, retry_after: float | None = None) -> None:
+    def _refuse(
+        self, offer: Offer, stage: str, reason: str, retry_after: float | None = None, code: str = ""
+    ) -> None:
         log.error("update to %s refused at %s: %s", offer.version_label or offer.version_id, stage, reason)
         self.installer.discard(offer)
         self._remember_refusal(offer, reason, retry_after)
+        self._report_refusal(offer.version_id, stage, reason, code or stage)
+        self._transition("refused")
+
+    def _report_refusal(self, version_id: str, stage: str, reason: str, code: str) -> None:
         self.report(
             "activation",
-            {"ok": False, "version_id": offer.version_id, "reason": reason, "stage": stage, "refused": True},
+            {
+                "ok": False,
+                "version_id": version_id,
+                "reason": reason,
+                "stage": stage,
+                "code": code,
+                "refused": True,
+            },
             self.installer.current_version(),
         )
-        self._transition("refused")
 
     def _remember_refusal(self, offer: Offer, reason: str, retry_after: float | None) -> None:
         refused = self.refused()
@@ -423,8 +467,10 @@ class Lifecycle:
 
 
 def _refusal_key(offer: Offer) -> str:
-    # the size is part of the key: a wrong size is the offer's fault, not the package's
-    return f"{offer.package_digest}:{offer.package_size}"
+    # the size is part of the key: a wrong size is the offer's fault, not the package's; so is
+    # the assignment's counter: a new assignment of a refused package (a re-release) is a new
+    # instruction and is tried again, the same one seen at every check-in is not
+    return f"{offer.package_digest}:{offer.package_size}:{offer.counter}"
 
 
 def _window_open(window: dict[str, Any]) -> bool:

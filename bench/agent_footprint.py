@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(BENCH)]
 
-from gateway import BenchGateway, bundle, serve  # noqa: E402  (bench/ is not a package)
+from gateway import ORGANISATION_ID, BenchGateway, bundle, serve  # noqa: E402  (bench/ is not a package)
 
 from converter import convert  # noqa: E402
 from converter.samples import build_image_classifier  # noqa: E402
@@ -83,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
 
     keys = generate_keypair()
-    gateway = BenchGateway(keys.public_key, interval=30)
+    gateway = BenchGateway(keys, interval=30)
     server, port = serve(gateway)
     rows: list[tuple[str, float, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="ferry-footprint-") as tmp:
@@ -116,7 +116,12 @@ def main() -> None:
                 ("ferry-agent idle, no model (30 s check-ins)", *measure(agent, args.seconds, args.warmup))
             )
             convert(build_image_classifier(seed=0), tmp / "u.ferry")
-            sign_package(tmp / "u.ferry", tmp / "v1.ferry", keys.private_key, SignedClaims(counter=1))
+            sign_package(
+                tmp / "u.ferry",
+                tmp / "v1.ferry",
+                keys.private_key,
+                SignedClaims(organisation=ORGANISATION_ID),
+            )
             gateway.publish(tmp / "v1.ferry", "v1")
             deadline = time.monotonic() + 60
             while not (tmp / "agent" / "current").is_symlink() and time.monotonic() < deadline:

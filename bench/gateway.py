@@ -11,27 +11,33 @@ not depend on the test suite.
 from __future__ import annotations
 
 import queue
+import tarfile
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 
-from deploy.package import file_sha256
+from deploy.package import KeyPair, file_sha256
+from deploy.package.digest import bytes_sha256
 from deploy.proto import agent_pb2, agent_pb2_grpc
 from deploy.trust import certificates
+from deploy.trust.assignment import Assignment, sign_assignment
 from deploy.trust.bundle import EnrolmentBundle, encode_bundle
 
 DEVICE_ID = "00000000-0000-4000-8000-00000000be0c"
 ENROLMENT_TOKEN = "good-token"
+ORGANISATION_ID = "bench"  # packages for the bench agent are signed for it
 CHUNK_BYTES = 64 * 1024
 CA = certificates.create_ca("bench CA")
 SERVER = certificates.create_server_certificate(CA, ip_addresses=["127.0.0.1"])
 
 
 class BenchGateway(agent_pb2_grpc.AgentGatewayServicer):
-    def __init__(self, public_key: bytes, interval: int = 30) -> None:
-        self.public_key = public_key
+    def __init__(self, keys: KeyPair, interval: int = 30) -> None:
+        self.keys = keys
+        self.public_key = keys.public_key
         self.interval = interval
         self.offer: agent_pb2.PackageOffer | None = None
         self.packages: dict[str, bytes] = {}
@@ -43,6 +49,22 @@ class BenchGateway(agent_pb2_grpc.AgentGatewayServicer):
         data = archive.read_bytes()
         digest = file_sha256(archive)
         self.packages[digest] = data
+        with tarfile.open(archive) as tar:
+            manifest = tar.extractfile(tar.next()).read()
+        now = int(time.time())
+        assignment = Assignment(
+            device_id=DEVICE_ID,
+            organisation_id=ORGANISATION_ID,
+            counter=int(time.time() * 1000),
+            issued_at=now,
+            expires_at=now + 3600,
+            version_id=version_id,
+            release_id="bench",
+            package_digest=digest,
+            package_size=len(data),
+            manifest_sha256=bytes_sha256(manifest),
+        )
+        blob, signature = sign_assignment(assignment, self.keys.private_key)
         self.offer = agent_pb2.PackageOffer(
             release_id="bench",
             version_id=version_id,
@@ -50,6 +72,8 @@ class BenchGateway(agent_pb2_grpc.AgentGatewayServicer):
             model_name="classifier",
             package_digest=digest,
             package_size=len(data),
+            assignment=blob,
+            assignment_signature=signature,
         )
         with self._lock:
             for q in self._watchers:
@@ -68,7 +92,7 @@ class BenchGateway(agent_pb2_grpc.AgentGatewayServicer):
         issued = certificates.sign_client_certificate(CA, request.csr, device_id=DEVICE_ID)
         grant = agent_pb2.EnrolGrant(
             device_id=DEVICE_ID,
-            organisation_id="bench",
+            organisation_id=ORGANISATION_ID,
             client_certificate=certificates.certificate_der(issued.certificate_pem),
             release_public_keys=[self.public_key],
             checkin_interval_seconds=self.interval,

@@ -6,10 +6,10 @@ archive as ``manifest.sig``, the member right after ``manifest.json``, so a devi
 can check it before it reads (let alone unpacks) anything else.
 
 The envelope also carries claims the control plane makes about this package, signed
-with it: a release ``counter`` that only goes up across the organisation (a device
-refuses a package older than what it runs), the ``device_class`` it is meant for
-("*" for any) and a ``rollback`` flag.  The signed message is the manifest's sha256
-plus those claims, so a rollback re-signs an old package without touching its files.
+with it once, at conversion (the image role): the ``device_class`` it is meant for ("*"
+for any) and the ``organisation`` (tenant id) it belongs to.  Which device runs it, and
+in what order (rollbacks, pins), is a signed per-device assignment (deploy.trust), never
+a property of the package.
 """
 
 from __future__ import annotations
@@ -29,32 +29,32 @@ from deploy.package.manifest import MANIFEST, SIGNATURE
 
 ALGORITHM = "ed25519"
 ANY_DEVICE_CLASS = "*"
-SIGNED_MESSAGE_PREFIX = b"ferry-package-v1\n"
+SIGNED_MESSAGE_PREFIX = b"ferry-package-v2\n"  # v1 signed a release counter and a rollback flag
 
 
 @dataclass(frozen=True)
 class SignedClaims:
     """What the control plane vouches for beside the manifest's bytes."""
 
-    counter: int = 0
     device_class: str = ANY_DEVICE_CLASS
-    rollback: bool = False
+    organisation: str = ""  # the tenant id; a device refuses another tenant's package
 
     def __post_init__(self) -> None:
-        if not isinstance(self.counter, int) or isinstance(self.counter, bool) or self.counter < 0:
-            raise SignatureError(f"the release counter must be a non-negative integer, not {self.counter!r}")
         if not isinstance(self.device_class, str) or not self.device_class or "\n" in self.device_class:
             raise SignatureError(
                 f"the device class must be a non-empty single-line string, not {self.device_class!r}"
             )
-        if not isinstance(self.rollback, bool):
-            raise SignatureError(f"the rollback flag must be a boolean, not {self.rollback!r}")
+        organisation = self.organisation
+        if not isinstance(organisation, str) or len(organisation) > 128 or "\n" in organisation:
+            raise SignatureError(
+                f"the organisation must be one line of at most 128 characters, not {organisation!r:.80}"
+            )
 
     def matches(self, device_class: str) -> bool:
         return self.device_class in (ANY_DEVICE_CLASS, device_class)
 
 
-DEFAULT_CLAIMS = SignedClaims()  # counter 0, any device class, not a rollback
+DEFAULT_CLAIMS = SignedClaims()  # any device class, no organisation
 
 
 @dataclass(frozen=True)
@@ -62,18 +62,19 @@ class VerifiedManifest:
     manifest: dict
     claims: SignedClaims
     key_id: str
+    manifest_sha256: str = ""  # what a signed assignment names (deploy.trust)
 
 
-def signed_message(manifest: bytes, claims: SignedClaims) -> bytes:
-    """The exact bytes the release key signs: manifest digest and every claim, unambiguously."""
+def signed_message(manifest: bytes, claims: SignedClaims, manifest_sha256: str = "") -> bytes:
+    """The exact bytes the release key signs: manifest digest and every claim, unambiguously.
+    ``manifest_sha256`` passes the digest when the caller has it (each byte hashed once)."""
     return (
         SIGNED_MESSAGE_PREFIX
         + json.dumps(
             {
-                "manifest_sha256": bytes_sha256(manifest),
-                "counter": claims.counter,
+                "manifest_sha256": manifest_sha256 or bytes_sha256(manifest),
                 "device_class": claims.device_class,
-                "rollback": claims.rollback,
+                "organisation": claims.organisation,
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -117,9 +118,8 @@ def sign_manifest(manifest: bytes, private_key: bytes, claims: SignedClaims = Si
         "algorithm": ALGORITHM,
         "key_id": key_id(public_key_of(private)),
         "signature": base64.b64encode(signature).decode(),
-        "counter": claims.counter,
         "device_class": claims.device_class,
-        "rollback": claims.rollback,
+        "organisation": claims.organisation,
     }
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
@@ -129,9 +129,7 @@ def _parse_envelope(signature_file: bytes) -> tuple[dict, bytes, SignedClaims]:
         body = json.loads(signature_file)
         signature = base64.b64decode(body["signature"], validate=True)
         algorithm = body["algorithm"]
-        claims = SignedClaims(
-            counter=body["counter"], device_class=body["device_class"], rollback=body["rollback"]
-        )
+        claims = SignedClaims(device_class=body["device_class"], organisation=body["organisation"])
     except (ValueError, KeyError, TypeError) as exc:
         raise SignatureError(f"{SIGNATURE} is malformed ({type(exc).__name__}: {exc})") from exc
     if algorithm != ALGORITHM:
@@ -142,8 +140,11 @@ def _parse_envelope(signature_file: bytes) -> tuple[dict, bytes, SignedClaims]:
 def verify_envelope(manifest: bytes, signature_file: bytes, public_key: bytes) -> VerifiedManifest:
     """Check manifest.sig against the trusted key; return the manifest and the signed claims."""
     body, signature, claims = _parse_envelope(signature_file)
+    manifest_sha256 = bytes_sha256(manifest)
     try:
-        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, signed_message(manifest, claims))
+        Ed25519PublicKey.from_public_bytes(public_key).verify(
+            signature, signed_message(manifest, claims, manifest_sha256)
+        )
     except InvalidSignature:
         raise SignatureError(
             f"manifest signature does not verify against the trusted release key {key_id(public_key)} "
@@ -153,7 +154,9 @@ def verify_envelope(manifest: bytes, signature_file: bytes, public_key: bytes) -
         parsed = json.loads(manifest)
     except ValueError as exc:
         raise SignatureError(f"{MANIFEST} is signed but is not valid JSON ({exc})") from exc
-    return VerifiedManifest(manifest=parsed, claims=claims, key_id=key_id(public_key))
+    return VerifiedManifest(
+        manifest=parsed, claims=claims, key_id=key_id(public_key), manifest_sha256=manifest_sha256
+    )
 
 
 def verify_manifest(manifest: bytes, signature_file: bytes, public_key: bytes) -> dict:

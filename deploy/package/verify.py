@@ -1,12 +1,12 @@
 """Verify a signed package and unpack it, refusing anything unsafe, in one pass over its bytes.
 
 Order matters: the signature is checked on the manifest before any other member is read,
-the claims check (device class, release counter) runs before anything is written but the
-manifest, and every file is hashed while it streams to disk, so a tampered, oversized or
-hostile archive is refused without ever being trusted.  The archive is read once, forward
-only, and each byte of it is hashed at most once (the manifest for the signature, each file
-against its listed sha256).  The caller unpacks into a fresh directory and switches to it
-atomically only after this returns.
+the claims check (device class, organisation, the assigned manifest digest) runs before
+anything is written but the manifest, and every file is hashed while it streams to disk, so
+a tampered, oversized or hostile archive is refused without ever being trusted.  The
+archive is read once, forward only, and each byte of it is hashed at most once (the manifest
+for the signature, each file against its listed sha256).  The caller unpacks into a fresh
+directory and switches to it atomically only after this returns.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from deploy.errors import IntegrityError, UnsafeArchiveError
 from deploy.package import digest
 from deploy.package.manifest import MANIFEST, listed_files
 from deploy.package.reader import MAX_MANIFEST_BYTES, member_reader, open_stream, read_head, safe_name
-from deploy.package.signing import SignedClaims, verify_envelope
+from deploy.package.signing import SignedClaims, VerifiedManifest, verify_envelope
 
 __all__ = [
     "MAX_ENTRIES",
@@ -36,8 +36,8 @@ __all__ = [
 ]
 
 # Called with the verified claims and manifest before any other member is read; raises
-# PackageRejected to refuse (wrong device class, older counter, ...).
-ClaimsCheck = Callable[[SignedClaims, dict[str, Any]], None]
+# PackageRejected to refuse (wrong device class or organisation, not the assigned manifest).
+ClaimsCheck = Callable[[VerifiedManifest], None]
 
 MAX_ENTRIES = 64
 MAX_TOTAL_BYTES = 2 << 30
@@ -80,8 +80,9 @@ def verify_and_unpack(
 ) -> VerifiedPackage:
     """Verify archive against public_key and unpack its files into the new directory dest.
 
-    ``check`` sees the signed claims before anything but the manifest is read, so a
-    package for another device class or older than the running one is never unpacked.
+    ``check`` sees the signed claims and the manifest's digest before anything but the
+    manifest is read, so a package for another device class or tenant, or not the one the
+    device's assignment names, is never unpacked.
     """
     dest = Path(dest)
     dest.mkdir(parents=True)
@@ -90,7 +91,7 @@ def verify_and_unpack(
             manifest_bytes, signature = read_head(tar, unpacking=True)
             verified = verify_envelope(manifest_bytes, signature, public_key)
             if check is not None:
-                check(verified.claims, verified.manifest)
+                check(verified)
             (dest / MANIFEST).write_bytes(manifest_bytes)
             package = _unpack_listed(tar, verified.manifest, dest, limits)
             package.claims = verified.claims

@@ -75,8 +75,8 @@ def sign_package(
 ) -> str:
     """Copy the package at src to dst with manifest.sig (re)placed right after the manifest.
 
-    src may be unsigned or already signed (a rollback re-signs an old package with new
-    claims; its files are copied untouched).  Returns the sha256 of the signed archive.
+    src may be unsigned or already signed (its files are copied untouched).  Returns the
+    sha256 of the signed archive.
     The output is byte-for-byte the same for the same input, key and claims, so
     re-running a crashed job gives the same package.
     """

@@ -102,7 +102,7 @@ class UpdateStatus(_message.Message):
     def __init__(self, state: _Optional[str] = ..., version_id: _Optional[str] = ..., release_id: _Optional[str] = ..., assignment_counter: _Optional[int] = ..., reason_code: _Optional[str] = ..., message: _Optional[str] = ..., at: _Optional[float] = ...) -> None: ...
 
 class PackageOffer(_message.Message):
-    __slots__ = ("release_id", "version_id", "version_label", "model_name", "package_digest", "package_size", "download_only", "rollback", "window")
+    __slots__ = ("release_id", "version_id", "version_label", "model_name", "package_digest", "package_size", "download_only", "rollback", "window", "assignment", "assignment_signature")
     RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_LABEL_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,8 @@ class PackageOffer(_message.Message):
     DOWNLOAD_ONLY_FIELD_NUMBER: _ClassVar[int]
     ROLLBACK_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     release_id: str
     version_id: str
     version_label: str
@@ -121,7 +123,9 @@ class PackageOffer(_message.Message):
     download_only: bool
     rollback: bool
     window: MaintenanceWindow
-    def __init__(self, release_id: _Optional[str] = ..., version_id: _Optional[str] = ..., version_label: _Optional[str] = ..., model_name: _Optional[str] = ..., package_digest: _Optional[str] = ..., package_size: _Optional[int] = ..., download_only: _Optional[bool] = ..., rollback: _Optional[bool] = ..., window: _Optional[_Union[MaintenanceWindow, _Mapping]] = ...) -> None: ...
+    assignment: bytes
+    assignment_signature: bytes
+    def __init__(self, release_id: _Optional[str] = ..., version_id: _Optional[str] = ..., version_label: _Optional[str] = ..., model_name: _Optional[str] = ..., package_digest: _Optional[str] = ..., package_size: _Optional[int] = ..., download_only: _Optional[bool] = ..., rollback: _Optional[bool] = ..., window: _Optional[_Union[MaintenanceWindow, _Mapping]] = ..., assignment: _Optional[bytes] = ..., assignment_signature: _Optional[bytes] = ...) -> None: ...
 
 class MaintenanceWindow(_message.Message):
     __slots__ = ("cron", "duration_seconds", "timezone")

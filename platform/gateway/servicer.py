@@ -27,8 +27,8 @@ from fleet.services import (
 )
 from registry import storage
 from registry.models import Artifact
+from releases.assignments import assignment_for, package_assigned_to
 from releases.device_status import device_status_record, update_report_from
-from releases.selectors import desired_package_for
 from telemetry.schema import RecordRefused, check_batch, validate_record
 from telemetry.services import telemetry_ingest
 
@@ -118,25 +118,24 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
         if report is not None:
             device_status_record(device=device, report=report)
         response = agent_pb2.CheckInResponse(checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS)
-        desired = desired_package_for(device)
-        if desired is not None:
-            from registry.services import version_rollback_package  # only CheckIn needs it
-
-            version = desired.version
-            # going back needs the version re-signed as a rollback with a newer counter
-            package = version_rollback_package(version=version) if desired.rollback else version.package
+        issued = assignment_for(device)
+        if issued is not None:
+            desired, version = issued.desired, issued.desired.version
             window = agent_pb2.MaintenanceWindow(**desired.window) if desired.window else None
+            # the descriptive fields are for display: the agent acts on the signed assignment alone
             response.desired.CopyFrom(
                 agent_pb2.PackageOffer(
                     release_id=str(desired.release.pk) if desired.release else "",
                     version_id=str(version.pk),
                     version_label=version.label,
                     model_name=version.model.name,
-                    package_digest=package.sha256,
-                    package_size=package.size,
+                    package_digest=version.package.sha256,
+                    package_size=version.package.size,
                     download_only=desired.download_only,
                     rollback=desired.rollback,
                     window=window,
+                    assignment=issued.blob,
+                    assignment_signature=issued.signature,
                 )
             )
         return response
@@ -144,6 +143,11 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
     def DownloadPackage(self, request, context) -> Iterator[agent_pb2.PackageChunk]:
         close_old_connections()
         device = _device(context)
+        if not package_assigned_to(device, request.package_digest):
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"package {request.package_digest[:64]!r} was never assigned to this device",
+            )
         artifact = Artifact.objects.filter(
             organisation=device.organisation, kind=Artifact.Kind.PACKAGE, sha256=request.package_digest
         ).first()

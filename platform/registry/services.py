@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import tarfile
 import tempfile
 import threading
 import time
@@ -26,10 +27,12 @@ from ferry_cloud.release_key import release_private_key
 from converter import convert
 from converter.errors import ConversionError
 from converter.options import OPTION_NAMES, ConversionOptions, InvalidOptionsError
-from deploy.package import ANY_DEVICE_CLASS, SignedClaims, public_key_of, read_claims, sign_package
+from deploy.package import ANY_DEVICE_CLASS, SignedClaims, sign_package
+from deploy.package.digest import bytes_sha256
+from deploy.package.reader import read_head
 from registry import storage
-from registry.errors import InvalidUpload, VersionImmutable, VersionInUse, VersionNotReady
-from registry.models import Artifact, ConversionJob, Model, ModelVersion, ReleaseCounter
+from registry.errors import InvalidUpload, VersionImmutable, VersionInUse
+from registry.models import Artifact, ConversionJob, Model, ModelVersion
 
 log = logging.getLogger(__name__)
 
@@ -306,12 +309,14 @@ def conversion_run(*, job_id: int, worker: str = "") -> ConversionJob:
                 progress=lambda fraction, message: _job_log(job_id, message, 0.9 * fraction),
             )
             _job_log(job_id, _accuracy_line(report.to_dict()), 0.9)
+            # the image role: signed once, for a device class and this organisation; which device
+            # runs it when is a signed assignment (releases.assignments), never a re-signature
             claims = SignedClaims(
-                counter=_version_counter(version),
                 device_class=str(version.options.get("device_class") or ANY_DEVICE_CLASS),
+                organisation=str(version.model.organisation_id),
             )
             sign_package(unsigned, signed, release_private_key(), claims)
-            _job_log(job_id, f"package signed with the release key (counter {claims.counter})", 0.95)
+            _job_log(job_id, f"package signed with the release key for {claims.device_class}", 0.95)
             with open(signed, "rb") as stream:
                 package = artifact_store(
                     organisation=version.model.organisation,
@@ -370,69 +375,15 @@ def _conversion_fail(job_id: int, reason: str) -> ConversionJob:
     return job
 
 
-# --- release counters and rollbacks ---------------------------------------------------------
+# --- what an assignment names -------------------------------------------------------------
 
 
-def _counter_next(*, organisation_id: int) -> int:
-    """The organisation's next counter value; callers hold a transaction, the row lock orders them."""
-    ReleaseCounter.objects.get_or_create(organisation_id=organisation_id)
-    counter = ReleaseCounter.objects.select_for_update().get(organisation_id=organisation_id)
-    counter.value += 1
-    counter.save(update_fields=["value"])
-    return counter.value
-
-
-def _version_counter(version: ModelVersion) -> int:
-    """The counter signed into this version's package, allocated on first use and then fixed,
-    so re-running a crashed conversion signs the very same bytes."""
-    with transaction.atomic():
-        locked = ModelVersion.objects.select_for_update().get(pk=version.pk)
-        if locked.signed_counter is None:
-            locked.signed_counter = _counter_next(organisation_id=version.model.organisation_id)
-            locked.save(update_fields=["signed_counter"])
-        return locked.signed_counter
-
-
-def version_rollback_package(*, version: ModelVersion) -> Artifact:
-    """The version's package re-signed as an explicit rollback with a counter newer than any
-    package signed so far, so devices that moved past it accept going back to it.
-
-    The files are untouched (only manifest.sig changes). Reused while no newer package has
-    been signed since; otherwise re-signed with a fresh counter.
-    """
-    version = ModelVersion.objects.select_related("model__organisation", "package", "rollback_package").get(
-        pk=version.pk
-    )
-    if version.package is None:
-        raise VersionNotReady(f"Version {version} has no package to roll back to.")
-    organisation = version.model.organisation
-    latest = ReleaseCounter.objects.filter(organisation=organisation).values_list("value", flat=True).first()
-    if version.rollback_package is not None and version.rollback_counter == latest:
-        return version.rollback_package
-    private_key = release_private_key()
-    with (
-        storage.local_copy(version.package.file.name, ".ferry") as original,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        device_class = read_claims(original, public_key_of(private_key)).claims.device_class
-        with transaction.atomic():
-            counter = _counter_next(organisation_id=organisation.pk)
-            signed = Path(tmp) / "rollback.ferry"
-            sign_package(
-                original,
-                signed,
-                private_key,
-                SignedClaims(counter=counter, device_class=device_class, rollback=True),
-            )
-            with open(signed, "rb") as stream:
-                artifact = artifact_store(
-                    organisation=organisation, kind=Artifact.Kind.PACKAGE, stream=stream, suffix=".ferry"
-                )
-            ModelVersion.objects.filter(pk=version.pk).update(
-                rollback_package=artifact, rollback_counter=counter
-            )
-    log.info("version %s re-signed as a rollback with counter %s", version, counter)
-    return artifact
+def package_manifest_sha256(*, artifact: Artifact) -> str:
+    """The sha256 of the package's manifest.json, what its signature covers and what a signed
+    assignment names (deploy.trust.assignment); reads only the archive's first member."""
+    with storage.open_at(artifact.file.name, 0) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+        manifest, _ = read_head(tar, unpacking=False)
+    return bytes_sha256(manifest)
 
 
 @transaction.atomic

@@ -109,3 +109,30 @@ class DeviceReleaseStatus(models.Model):
             models.UniqueConstraint(fields=["release", "device"], name="one_status_per_release_device")
         ]
         indexes = [models.Index(fields=["release", "state"])]
+
+
+class DeviceAssignment(models.Model):
+    """The signed assignment a device holds now: "run this package" (deploy.trust.assignment).
+
+    One row per device, replaced under a row lock whenever what the device should run changes;
+    ``counter`` only goes up.  ``assigned_digests`` lists every package ever assigned to the
+    device: the only packages it may download.
+    """
+
+    device = models.OneToOneField("fleet.Device", on_delete=models.CASCADE, related_name="assignment")
+    counter = models.PositiveBigIntegerField()
+    blob = models.BinaryField()  # the canonical JSON the device verifies
+    signature = models.BinaryField()
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    release = models.ForeignKey(Release, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    package_digest = models.CharField(max_length=64)
+    manifest_sha256 = models.CharField(max_length=64)
+    rollback = models.BooleanField(default=False)
+    download_only = models.BooleanField(default=False)
+    window = models.JSONField(null=True, blank=True)
+    issued_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    assigned_digests = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.device_id} #{self.counter} -> {self.version_id}"

@@ -188,7 +188,7 @@ class DesiredPackage:
     """What the gateway offers a checking-in device.
 
     release is None for a pinned version. With rollback=True the device goes back to an
-    older version: offer the version's rollback package (registry.services.version_rollback_package).
+    older version: the very same package, in a new signed assignment (releases.assignments).
     """
 
     release: Release | None

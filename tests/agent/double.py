@@ -16,6 +16,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Callable
@@ -25,13 +26,16 @@ from pathlib import Path
 import grpc
 
 from agent.client import GatewayClient
-from deploy.package import file_sha256
+from deploy.package import KeyPair, file_sha256
+from deploy.package.digest import bytes_sha256
 from deploy.proto import agent_pb2, agent_pb2_grpc
 from deploy.trust import certificates
+from deploy.trust.assignment import Assignment, sign_assignment
 from deploy.trust.bundle import EnrolmentBundle, encode_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE_ID = "00000000-0000-4000-8000-000000000001"
+ORGANISATION_ID = "1"  # the double's grant names it; packages for its device are signed for it
 _PKI: dict[str, certificates.KeyPair] = {}
 _ENROL_PORT_OF: dict[int, int] = {}  # the double's mutual-TLS port -> its enrolment port
 
@@ -67,9 +71,18 @@ def device_client(port: int) -> GatewayClient:
     )
 
 
+def manifest_sha256(archive: Path) -> str:
+    """The digest of the archive's first member (the manifest), as the control plane records it."""
+    with tarfile.open(archive) as tar:
+        first = tar.next()
+        return bytes_sha256(tar.extractfile(first).read())
+
+
 class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
-    def __init__(self, public_key: bytes, interval: int = 1) -> None:
-        self.public_key = public_key
+    def __init__(self, keys: KeyPair, interval: int = 1) -> None:
+        self.keys = keys
+        self.public_key = keys.public_key
+        self.counter = int(time.time() * 1000)  # as the control plane: a new double never goes back
         self.interval = interval
         self.offer: agent_pb2.PackageOffer | None = None
         self.packages: dict[str, bytes] = {}
@@ -86,18 +99,49 @@ class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
 
     # --- what the test controls ------------------------------------------------------------
     def publish(
-        self, archive: Path, version_id: str, *, offered_size: int | None = None, hint: bool = True, **flags
+        self,
+        archive: Path,
+        version_id: str,
+        *,
+        offered_size: int | None = None,
+        hint: bool = True,
+        signed_by: bytes | None = None,
+        changes: dict | None = None,
+        **flags,
     ) -> agent_pb2.PackageOffer:
+        """Offer the archive in a newly signed assignment (``changes`` alter its fields: a test
+        plays a director that lies); returns the offer, which a test may replay later."""
         data = archive.read_bytes()
         digest = file_sha256(archive)
         self.packages[digest] = data
+        self.counter += 1
+        now = int(time.time())
+        assignment = dict(
+            device_id=DEVICE_ID,
+            organisation_id=ORGANISATION_ID,
+            counter=self.counter,
+            issued_at=now,
+            expires_at=now + 3600,
+            version_id=version_id,
+            release_id="r",
+            package_digest=digest,
+            package_size=len(data) if offered_size is None else offered_size,
+            manifest_sha256=manifest_sha256(archive),
+            rollback=bool(flags.get("rollback", False)),
+            download_only=bool(flags.get("download_only", False)),
+            window=dict(flags["window"]) if flags.get("window") else None,
+        )
+        assignment.update(changes or {})
+        blob, signature = sign_assignment(Assignment(**assignment), signed_by or self.keys.private_key)
         self.offer = agent_pb2.PackageOffer(
             release_id="r",
             version_id=version_id,
             version_label=version_id,
             model_name="classifier",
             package_digest=digest,
-            package_size=len(data) if offered_size is None else offered_size,
+            package_size=assignment["package_size"],
+            assignment=blob,
+            assignment_signature=signature,
             **flags,
         )
         if hint:
@@ -132,7 +176,7 @@ class GatewayDouble(agent_pb2_grpc.AgentGatewayServicer):
         )
         grant = agent_pb2.EnrolGrant(
             device_id=DEVICE_ID,
-            organisation_id="1",
+            organisation_id=ORGANISATION_ID,
             client_certificate=certificates.certificate_der(issued.certificate_pem),
             release_public_keys=[self.public_key],
             checkin_interval_seconds=self.interval,

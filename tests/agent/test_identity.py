@@ -19,7 +19,7 @@ from tests.agent.double import DEVICE_ID, ROOT, AgentProcess, GatewayDouble, bun
 
 @pytest.fixture
 def double():
-    double = GatewayDouble(generate_keypair().public_key)
+    double = GatewayDouble(generate_keypair())
     server, port = serve(double)
     yield double, port
     server.stop(grace=None)

@@ -14,7 +14,7 @@ from agent.stream.recent import load, ring_path
 from converter import convert
 from deploy.package import SignedClaims, generate_keypair, sign_package
 from engine.format import read_package
-from tests.agent.double import AgentProcess, GatewayDouble, read_state, serve, wait_for
+from tests.agent.double import ORGANISATION_ID, AgentProcess, GatewayDouble, read_state, serve, wait_for
 from tests.agent.stream.specs import spec
 from tests.model_packages import write_package
 
@@ -47,7 +47,12 @@ def _tabular(d: Path, name: str, pipeline: dict, *, features: int, declared: lis
         outputs=package.manifest["outputs"],
         metadata={**package.manifest["metadata"], "pipeline": pipeline},
     )
-    sign_package(d / f"{name}.unsigned", d / f"{name}.ferry", KEYS.private_key, SignedClaims(counter=counter))
+    sign_package(
+        d / f"{name}.unsigned",
+        d / f"{name}.ferry",
+        KEYS.private_key,
+        SignedClaims(organisation=ORGANISATION_ID),
+    )
     return d / f"{name}.ferry"
 
 
@@ -72,7 +77,7 @@ def test_a_model_that_fails_on_recent_real_events_is_rolled_back_as_incompatible
     # device's real events show that it wants 3 features where the pipeline assembles 2
     v2 = _tabular(tmp_path, "v2", pipeline, features=3, declared=["N", "F"], counter=20)
 
-    double = GatewayDouble(KEYS.public_key)
+    double = GatewayDouble(KEYS)
     server, port = serve(double)
     state_dir = tmp_path / "state"
     agent = AgentProcess(state_dir, port)

@@ -12,9 +12,10 @@ import pytest
 import engine.format
 from agent.errors import ActivationError, DownloadError
 from agent.inference import InferenceLoop
-from agent.install import Installer, Offer, claims_check, health_check
+from agent.install import Installer, Offer, health_check, package_check
 from deploy.errors import IntegrityError, SignatureError
-from deploy.package import digest, file_sha256, generate_keypair, sign_package
+from deploy.package import SignedClaims, digest, file_sha256, generate_keypair, sign_package
+from tests.agent.double import ORGANISATION_ID
 from tests.agent.packages import convert_classifier
 
 KEYS = generate_keypair()
@@ -23,7 +24,7 @@ KEYS = generate_keypair()
 def _signed(tmp_path: Path, name: str, *, seed: int = 0, break_selftest: bool = False) -> Path:
     unsigned = convert_classifier(tmp_path / f"{name}.unsigned", seed, break_selftest=break_selftest)
     signed = tmp_path / f"{name}.ferry"
-    sign_package(unsigned, signed, KEYS.private_key)
+    sign_package(unsigned, signed, KEYS.private_key, SignedClaims(organisation=ORGANISATION_ID))
     return signed
 
 
@@ -76,7 +77,7 @@ def test_a_slow_download_stops_keeps_its_part_and_resumes(tmp_path: Path):
     from tests.agent.double import GatewayDouble, device_client, serve
 
     archive = _signed(tmp_path, "one")
-    double = GatewayDouble(KEYS.public_key)
+    double = GatewayDouble(KEYS)
     server, port = serve(double)
     try:
         double.publish(archive, "v1", hint=False)
@@ -123,11 +124,11 @@ class HashedBytes:
 
 
 def test_one_activation_hashes_each_byte_of_the_package_once(tmp_path: Path, monkeypatch):
-    """Download, verify and unpack, health check, then the inference loop's load: the manifest
-    and every file are hashed exactly once (while unpacking); neither the whole archive nor
-    the engine's loads of the unpacked directory hash anything."""
+    """Download, verify and unpack, health check, then the inference loop's load: the archive
+    is hashed once (it must be the assigned one), the manifest and every file once while
+    unpacking; the engine's loads of the unpacked directory hash nothing."""
     from agent.install import DownloadRules
-    from tests.agent.double import GatewayDouble, device_client, serve
+    from tests.agent.double import GatewayDouble, device_client, manifest_sha256, serve
 
     archive = _signed(tmp_path, "one")
     hashed = HashedBytes()
@@ -137,7 +138,7 @@ def test_one_activation_hashes_each_byte_of_the_package_once(tmp_path: Path, mon
     monkeypatch.setattr(
         engine.format, "_sha256", lambda loc: engine_hashes.append(loc) or real_engine_sha256(loc)
     )
-    double = GatewayDouble(KEYS.public_key)
+    double = GatewayDouble(KEYS)
     server, port = serve(double)
     loop = InferenceLoop()
     loop.start()
@@ -146,9 +147,11 @@ def test_one_activation_hashes_each_byte_of_the_package_once(tmp_path: Path, mon
         client = device_client(port)
         installer = Installer(tmp_path / "state", client, KEYS.public_key, DownloadRules(reserve_bytes=0))
         offer = _offer("v1", archive)
+        assigned = manifest_sha256(archive)
         hashed.total = 0  # what making the offer took is not the device's
         part = installer.download(offer)
-        directory = installer.unpack(offer, part, check=claims_check(device_class="pi4", counter_floor=0))
+        check = package_check(device_class="pi4", organisation_id=ORGANISATION_ID, manifest_sha256=assigned)
+        directory = installer.unpack(offer, part, check=check)
         health_check(directory)
         loop.load(directory, "v1")
     finally:
@@ -156,14 +159,15 @@ def test_one_activation_hashes_each_byte_of_the_package_once(tmp_path: Path, mon
         server.stop(grace=None)
     unpacked = {p.name: p.stat().st_size for p in directory.iterdir()}
     assert sorted(unpacked) == ["graph.json", "manifest.json", "weights.bin"]
-    assert hashed.total == sum(unpacked.values())  # each byte once: no archive digest, no re-hash
-    assert hashed.total < archive.stat().st_size  # the tar headers and the signature: not at all
+    # each byte at most twice: the archive's digest (the assignment names it), then each file as
+    # it unpacks; the engine never hashes it again
+    assert hashed.total == archive.stat().st_size + sum(unpacked.values())
     assert engine_hashes == []
 
 
 def test_a_refused_archive_that_is_not_the_offered_one_is_a_download_error(tmp_path: Path):
-    """The archive's digest is only taken when verifying refuses it: bytes damaged on the way
-    are the download's fault (retried later), and the damaged file is deleted."""
+    """An archive that is not the assigned one (its digest) is refused before it is unpacked:
+    bytes damaged on the way are the download's fault (retried later), the file deleted."""
     installer = Installer(tmp_path / "state", client=None, public_key=KEYS.public_key)
     archive = _signed(tmp_path, "one")
     offer = _offer("v1", archive)

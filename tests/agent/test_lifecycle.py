@@ -22,7 +22,15 @@ import numpy as np
 import pytest
 
 from deploy.package import SignedClaims, generate_keypair, sign_package
-from tests.agent.double import AgentProcess, GatewayDouble, read_state, serve, wait_for, whole_version
+from tests.agent.double import (
+    ORGANISATION_ID,
+    AgentProcess,
+    GatewayDouble,
+    read_state,
+    serve,
+    wait_for,
+    whole_version,
+)
 from tests.agent.packages import convert_classifier
 from tests.model_packages import write_package
 
@@ -59,14 +67,14 @@ def packages(tmp_path_factory) -> dict[str, Path]:
         p[name] = d / f"{name}.ferry"
         return p[name]
 
-    signed("v1", u1, SignedClaims(counter=10))
-    signed("v2", u2, SignedClaims(counter=20, device_class="pi4"))
-    signed("v0-old", u0, SignedClaims(counter=5))
-    signed("v1-rollback", p["v1"], SignedClaims(counter=30, rollback=True))
-    signed("other-key", u2, SignedClaims(counter=21), key=generate_keypair().private_key)
-    signed("x86", u2, SignedClaims(counter=22, device_class="x86"))
-    signed("bad-selftest", convert_classifier(d / "ub", 3, break_selftest=True), SignedClaims(counter=25))
-    members = _members(signed("base", u2, SignedClaims(counter=23)))
+    ours = SignedClaims(organisation=ORGANISATION_ID)
+    signed("v1", u1, ours)
+    signed("v2", u2, SignedClaims(device_class="pi4", organisation=ORGANISATION_ID))
+    signed("other-tenant", u0, SignedClaims(organisation="org-2"))
+    signed("other-key", u2, ours, key=generate_keypair().private_key)
+    signed("x86", u2, SignedClaims(device_class="x86", organisation=ORGANISATION_ID))
+    signed("bad-selftest", convert_classifier(d / "ub", 3, break_selftest=True), ours)
+    members = _members(signed("base", u2, ours))
     info, data = members[-1]
     p["tampered"] = _rewrite(
         p["base"], d / "tampered.ferry", [*members[:-1], (info, bytes([data[0] ^ 1]) + data[1:])]
@@ -88,7 +96,7 @@ def packages(tmp_path_factory) -> dict[str, Path]:
         inputs=[{"name": "x", "dtype": "float32", "shape": [1, 4]}],
         outputs=[{"name": "y", "dtype": "float32", "shape": [1, 4]}],
     )
-    signed("big", big, SignedClaims(counter=40))
+    signed("big", big, ours)
     return p
 
 
@@ -96,7 +104,7 @@ def packages(tmp_path_factory) -> dict[str, Path]:
 def template(tmp_path_factory, packages) -> Path:
     """A state directory of an enrolled device that runs v1 (made by a real agent, once)."""
     d = tmp_path_factory.mktemp("template")
-    double = GatewayDouble(KEYS.public_key)
+    double = GatewayDouble(KEYS)
     server, port = serve(double)
     double.publish(packages["v1"], "v1", hint=False)
     agent = AgentProcess(d / "state", port)
@@ -120,7 +128,7 @@ def world(tmp_path: Path, template: Path):
     state_dir = tmp_path / "state"
     shutil.copytree(template, state_dir, symlinks=True)
     (state_dir / "outbox.sqlite").unlink()  # telemetry of the template run is not this test's
-    double = GatewayDouble(KEYS.public_key)
+    double = GatewayDouble(KEYS)
     server, port = serve(double)
     agents: list[AgentProcess] = []
 
@@ -217,7 +225,7 @@ def test_refused_packages_leave_the_running_version_untouched(world, packages):
     cases = [
         ("tampered", "weights.bin does not match the sha256 and size in the signed manifest"),
         ("other-key", "does not verify against the trusted release key"),
-        ("v0-old", "older than what this device has run (signed counter 5 < 10)"),
+        ("other-tenant", "signed for organisation 'org-2'; this device belongs to '1'"),
         ("dotdot", "has an unsafe path"),
         ("symlink", "is not a regular file"),
         ("bigger-file", "larger than the"),
@@ -232,17 +240,26 @@ def test_refused_packages_leave_the_running_version_untouched(world, packages):
         assert (state["current"], state["running"]) == ("v1", "v1"), (name, state)
         assert not (state_dir / "versions" / name).exists()
         assert state["staging"] == [] and state["parts"] == [] and not (state_dir.parent / "evil").exists()
+    # the same refused package in a new assignment (a re-release) is tried, and refused, again
+    double.publish(packages["bad-selftest"], "bad-selftest")
+    wait_for(
+        lambda: len([a for a in double.activations() if a["version_id"] == "bad-selftest"]) == 2,
+        30,
+        "the second refusal of bad-selftest",
+        agent,
+    )
     # a package bigger than what the control plane offered (and signed) is cut off
     double.publish(packages["v2"], "v2-short", offered_size=packages["v2"].stat().st_size - 100)
     assert "of a package offered (and signed) as" in _refusal(double, "v2-short", agent)["reason"]
 
-    # a good update still goes through, and an explicitly signed rollback brings v1 back
+    # a good update still goes through; a rollback is just a newer assignment of the same v1 package
     double.publish(packages["v2"], "v2")
     wait_for(lambda: _settled(state_dir, "v2"), 30, "v2", agent)
-    double.publish(packages["v1-rollback"], "v1", rollback=True)
-    wait_for(lambda: _settled(state_dir, "v1"), 30, "the signed rollback to v1", agent)
+    double.publish(packages["v1"], "v1", rollback=True)
+    wait_for(lambda: _settled(state_dir, "v1"), 30, "the rollback to v1", agent)
     ok = wait_for(lambda: [a for a in double.activations() if a["ok"]], 10, "activations", agent)
     assert [(a["version_id"], a["reason"]) for a in ok] == [("v2", "update"), ("v1", "rollback")]
+    assert all(a.get("code") for a in double.activations() if not a["ok"])  # every refusal is coded
     assert agent.stop() == 0
     shown = subprocess.run(
         [sys.executable, "-m", "agent.cli", "status", "--state-dir", str(state_dir)],
@@ -251,8 +268,8 @@ def test_refused_packages_leave_the_running_version_untouched(world, packages):
         check=True,
     )
     status = json.loads(shown.stdout)
-    assert status["running"]["version_id"] == "v1" and status["running"]["counter_floor"] == 30
-    assert "older than what this device has run" in json.dumps(status["refused"])
+    assert status["running"]["version_id"] == "v1" and status["running"]["counter"] == double.counter
+    assert "signed for organisation 'org-2'" in json.dumps(status["refused"])
     assert status["outbox"]["pending"] == 0
 
 
@@ -305,3 +322,50 @@ def test_a_hint_triggers_an_immediate_check_in(world, packages):
     wait_for(lambda: _settled(state_dir, "v2"), 10, "v2 within seconds of the hint", agent)
     assert double.check_ins == 2
     agent.stop()
+
+
+def _coded_refusal(double: GatewayDouble, code: str, agent: AgentProcess) -> dict:
+    return wait_for(
+        lambda: next((a for a in double.activations() if a.get("code") == code and not a["ok"]), None),
+        30,
+        f"a refusal with code {code} in telemetry",
+        agent,
+    )
+
+
+def test_replayed_forged_and_misaddressed_assignments_are_refused_and_survive_restarts(world, packages):
+    """Assignments are the only instructions: an old one replayed (even across a restart), one
+    for another device or tenant, or one signed by another key never moves the device."""
+    double, state_dir, start = world
+    agent = start()
+    old_v1 = double.publish(packages["v1"], "v1")  # what the device runs: accepted, nothing to do
+    wait_for(lambda: double.check_ins >= 2, 30, "a check-in with the v1 assignment", agent)
+    double.publish(packages["v2"], "v2")
+    wait_for(lambda: _settled(state_dir, "v2"), 30, "v2", agent)
+    accepted = json.loads((state_dir / "assignment.json").read_text())
+    assert accepted["counter"] == double.counter
+
+    double.offer = old_v1  # a gateway replays the older assignment: refused, v2 stays
+    assert "replayed" in _coded_refusal(double, "stale_counter", agent)["reason"]
+    agent.stop()
+    agent = start()  # the counter is on disk: a restart does not let the replay in
+    checked = double.check_ins
+    wait_for(lambda: double.check_ins >= checked + 2, 30, "check-ins after the restart", agent)
+    assert read_state(state_dir)["current"] == "v2"
+    assert json.loads((state_dir / "assignment.json").read_text()) == accepted
+
+    cases = [
+        ("wrong_device", dict(changes={"device_id": "device-2"})),
+        ("wrong_tenant", dict(changes={"organisation_id": "org-2"})),
+        ("bad_signature", dict(signed_by=generate_keypair().private_key)),
+        ("expired", dict(changes={"issued_at": 1_000_000, "expires_at": 1_000_060})),
+    ]
+    for code, how in cases:
+        double.publish(packages["v1"], "v1", **how)
+        refusal = _coded_refusal(double, code, agent)
+        assert refusal["stage"] == "assignment" and refusal["refused"], refusal
+        assert read_state(state_dir)["current"] == "v2", code
+    # the genuine next assignment (a rollback to v1) still goes through
+    double.publish(packages["v1"], "v1", rollback=True)
+    wait_for(lambda: _settled(state_dir, "v1"), 30, "the rollback to v1", agent)
+    assert agent.stop() == 0

@@ -75,7 +75,7 @@ def test_the_port_serves_the_same_text_on_loopback_only():
 
 
 def test_a_running_agent_writes_its_textfile_and_serves_its_port(tmp_path: Path):
-    double = GatewayDouble(generate_keypair().public_key)
+    double = GatewayDouble(generate_keypair())
     server, port = serve(double)
     textfile = tmp_path / "node-exporter" / "ferry_agent.prom"
     metrics_port = free_port()

@@ -13,3 +13,5 @@ FERRY_GATEWAY_ADDRESS = os.environ.get("FERRY_GATEWAY_ADDRESS", "127.0.0.1:50051
 FERRY_CHECKIN_INTERVAL_SECONDS = int(os.environ.get("FERRY_CHECKIN_INTERVAL_SECONDS", "30"))
 FERRY_MAX_UPLOAD_BYTES = int(os.environ.get("FERRY_MAX_UPLOAD_BYTES", str(512 << 20)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 << 20
+# How long a signed device assignment is valid; check-ins reuse it while over half remains.
+FERRY_ASSIGNMENT_TTL_SECONDS = int(os.environ.get("FERRY_ASSIGNMENT_TTL_SECONDS", str(7 * 24 * 3600)))

@@ -18,6 +18,6 @@ def unsigned(path: Path, files: list[tuple[str, bytes]] = FILES) -> Path:
 
 
 def signed(directory: Path, claims: SignedClaims | None = None) -> Path:
-    claims = claims or SignedClaims(counter=3)
+    claims = claims or SignedClaims(organisation="7")
     sign_package(unsigned(directory / "unsigned.ferry"), directory / "signed.ferry", KEYS.private_key, claims)
     return directory / "signed.ferry"

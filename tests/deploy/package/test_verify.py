@@ -41,11 +41,11 @@ def test_the_claims_check_runs_before_anything_is_written(tmp_path: Path):
     archive = signed(tmp_path)
     seen: list[list[str]] = []
 
-    def check(claims, manifest) -> None:
+    def check(verified) -> None:
         seen.append(sorted(p.name for p in (tmp_path / "out").iterdir()))
-        raise PackageRejected(f"counter {claims.counter} is too old")
+        raise PackageRejected(f"organisation {verified.claims.organisation} is not this device's")
 
-    with pytest.raises(PackageRejected, match="counter 3 is too old"):
+    with pytest.raises(PackageRejected, match="organisation 7 is not"):
         verify_and_unpack(archive, tmp_path / "out", KEYS.public_key, check=check)
     assert seen == [[]]
     assert not (tmp_path / "out").exists()

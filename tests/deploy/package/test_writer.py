@@ -28,15 +28,15 @@ def test_headers_are_fixed_and_members_ordered(tmp_path: Path):
 
 def test_signing_returns_the_archive_digest_and_is_deterministic(tmp_path: Path):
     source = unsigned(tmp_path / "u.ferry")
-    first = sign_package(source, tmp_path / "a.ferry", KEYS.private_key, SignedClaims(counter=1))
-    second = sign_package(source, tmp_path / "b.ferry", KEYS.private_key, SignedClaims(counter=1))
+    first = sign_package(source, tmp_path / "a.ferry", KEYS.private_key, SignedClaims(organisation="1"))
+    second = sign_package(source, tmp_path / "b.ferry", KEYS.private_key, SignedClaims(organisation="1"))
     assert first == second == hashlib.sha256((tmp_path / "a.ferry").read_bytes()).hexdigest()
 
 
 def test_re_signing_replaces_the_signature_and_copies_the_files_untouched(tmp_path: Path):
     first = signed(tmp_path)
     again = tmp_path / "again.ferry"
-    sign_package(first, again, KEYS.private_key, SignedClaims(counter=9, rollback=True))
+    sign_package(first, again, KEYS.private_key, SignedClaims(device_class="pi4", organisation="9"))
 
     def contents(path: Path) -> dict[str, bytes]:
         with tarfile.open(path) as tar:

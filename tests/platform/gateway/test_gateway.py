@@ -98,8 +98,9 @@ def test_telemetry_is_stored_exactly_once_when_batches_are_replayed(org, gateway
     assert sorted(stored.values_list("seq", flat=True)) == list(range(1, 51))
 
 
-def test_unknown_package_is_not_found(org, gateway):
+def test_a_package_never_assigned_to_the_device_is_refused(org, gateway):
     client, _ = _enrolled(org, gateway)
-    with pytest.raises(grpc.RpcError) as missing:
+    with pytest.raises(grpc.RpcError) as refused:
         list(client.download("0" * 64, 0, 10))
-    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "0" * 64 in refused.value.details() and "never assigned" in refused.value.details()

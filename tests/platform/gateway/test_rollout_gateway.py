@@ -1,9 +1,11 @@
 """What the gRPC gateway offers a checking-in agent under the rollout policies: download-only,
-maintenance windows, pins, and signed rollbacks after an abort."""
+maintenance windows, pins, and rollbacks after an abort (a newer signed assignment of the
+very same package)."""
 
 from __future__ import annotations
 
-from registry.models import ModelVersion
+import json
+
 from releases.services import release_create, release_transition
 
 from deploy.proto import agent_pb2
@@ -31,16 +33,17 @@ def test_offer_carries_download_only_window_and_rollback(org, admin, ready_versi
 
     release_transition(release_id=release.pk, action="activate", actor=admin[0])
     offer = client.check_in(ATTRS, str(ready_version.pk), "").desired
-    assert not offer.download_only
+    assert not offer.download_only and not json.loads(offer.assignment)["download_only"]
+    v2_counter = json.loads(offer.assignment)["counter"]
 
     client.check_in(ATTRS, str(second_version.pk), second_version.package.sha256)  # it installed v2
     release_transition(release_id=release.pk, action="abort", actor=admin[0], reason="bad model")
     offer = client.check_in(ATTRS, str(second_version.pk), "").desired
     assert offer.rollback and offer.version_id == str(ready_version.pk)
-    ready_version.refresh_from_db()
-    # the previous version, re-signed as a rollback with a newer counter than v2's
-    assert offer.package_digest == ready_version.rollback_package.sha256 != ready_version.package.sha256
-    assert ready_version.rollback_counter > ModelVersion.objects.get(pk=second_version.pk).signed_counter
+    # the previous version's own package, in an assignment with a counter above v2's
+    assert offer.package_digest == ready_version.package.sha256
+    back = json.loads(offer.assignment)
+    assert back["rollback"] and back["version_id"] == str(ready_version.pk) and back["counter"] > v2_counter
 
     client.check_in(ATTRS, str(ready_version.pk), offer.package_digest)  # it went back
     assert not client.check_in(ATTRS, str(ready_version.pk), "").HasField("desired")

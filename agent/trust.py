@@ -1,0 +1,78 @@
+"""What this device accepts as an instruction: a signed assignment (deploy.trust.assignment).
+
+The gateway's offer carries display fields and the signed assignment; only the assignment is
+trusted.  The highest accepted counter lives in ``assignment.json`` in the state directory,
+written atomically (temp file, fsync, rename) before the device acts on the assignment, so a
+restart never lets an older assignment back in; the same assignment seen again (at the next
+check-in, or after a restart) is accepted, as it names the same bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.files import read_json, write_json_atomic
+from deploy.trust.assignment import Assignment, AssignmentMalformed, blob_sha256, verify_assignment
+
+MAX_DISPLAY_CHARS = 200
+
+
+@dataclass(frozen=True)
+class SignedOffer:
+    """An offer as it arrives: the signed assignment and the gateway's (untrusted) display names."""
+
+    assignment: bytes
+    signature: bytes
+    version_label: str = ""
+    model_name: str = ""
+
+    @property
+    def sha256(self) -> str:
+        return blob_sha256(self.assignment)
+
+
+def display_text(value: str) -> str:
+    """A display string from the gateway, bounded and single-line (it is shown, never used)."""
+    return "".join(c for c in str(value)[:MAX_DISPLAY_CHARS] if c.isprintable())
+
+
+@dataclass
+class AssignmentTrust:
+    state_dir: Path
+    trusted_keys: list[bytes]
+    device_id: str
+    organisation_id: str
+
+    @property
+    def path(self) -> Path:
+        return self.state_dir / "assignment.json"
+
+    def last(self) -> tuple[int, str]:
+        """(highest accepted counter, sha256 of that assignment's bytes)."""
+        try:
+            data = read_json(self.path, {}) or {}
+        except ValueError:
+            data = {"counter": None}
+        counter, sha256 = data.get("counter", 0), data.get("sha256", "")
+        if not isinstance(counter, int) or not isinstance(sha256, str):
+            raise AssignmentMalformed(f"{self.path} is damaged; refusing every assignment until it is fixed")
+        return counter, sha256
+
+    def accept(self, offer: SignedOffer, now: float | None = None) -> Assignment:
+        """Verify and record the assignment (AssignmentRefused and its code if refused)."""
+        counter, sha256 = self.last()
+        assignment = verify_assignment(
+            offer.assignment,
+            offer.signature,
+            self.trusted_keys,
+            device_id=self.device_id,
+            organisation_id=self.organisation_id,
+            last_counter=counter,
+            last_sha256=sha256,
+            now=time.time() if now is None else now,
+        )
+        if assignment.counter != counter:
+            write_json_atomic(self.path, {"counter": assignment.counter, "sha256": offer.sha256})
+        return assignment

@@ -1,0 +1,248 @@
+"""Release history with real processes: web, worker, beat, the gRPC gateway and three real agents,
+everything through the REST API, every step a new signed assignment (deploy/trust).
+
+v1 → v2 → roll back → re-release v2 → roll back again → v3 → v2 once more: every device follows
+every step (a re-release after a rollback used to be refused forever by the package's release
+counter).  Then one device is pinned to v1 while the fleet runs v2; it stays there across
+check-ins and an agent restart, and returns to the fleet's version when unpinned.  The time from
+each action to all three agents running its version is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from ferry_cloud.stack import RestClient, Stack, free_port
+
+from converter.samples import build_image_classifier
+from tests.e2e.helpers import own_database, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+LABELS = {"fleet": "history"}
+AGENTS = 3
+AGENT_ARGS = ["--metrics-interval", "1", "--upload-interval", "1"]
+# This test is about assignments, not gates: with the default gate the pinned device's restart
+# counts against the fleet's release (max_restarts_per_device) and pauses it, and a paused
+# release no longer covers the device it let go of.
+NO_GATE = {
+    "max_activation_failure_rate": None,
+    "max_error_rate": None,
+    "max_latency_p95_ratio": None,
+    "max_restarts_per_device": None,
+}
+
+pytestmark = [pytest.mark.slow, pytest.mark.services]
+
+BOOTSTRAP = """
+import json
+from django.core.management import call_command
+from accounts.services import organisation_ensure, user_ensure_admin
+call_command("migrate", verbosity=0)
+org = organisation_ensure(name="History E2E")
+print(json.dumps({"token": user_ensure_admin(organisation=org, username="admin", password="pw")[1]}))
+"""
+
+
+@pytest.fixture
+def environment(tmp_path: Path):
+    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
+    with own_database("ferry_history") as database_url:
+        yield {
+            "FERRY_DATA_DIR": str(tmp_path / "data"),
+            "FERRY_DATABASE_URL": database_url,
+            "FERRY_S3_BUCKET": "",
+            "FERRY_CHECKIN_INTERVAL_SECONDS": "2",
+            "FERRY_GATE_INTERVAL_SECONDS": "1",
+            "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
+        }
+
+
+def _upload(api: RestClient, model_id: int, label: str, seed: int) -> str:
+    files = {"file": ("model.onnx", build_image_classifier(seed=seed).SerializeToString())}
+    return api.call("POST", f"models/{model_id}/versions/", files=files, data={"label": label})["id"]
+
+
+def _on_device(state_dir: Path) -> str:
+    """The version the agent itself committed to (its running.json)."""
+    try:
+        return json.loads((state_dir / "running.json").read_text()).get("version_id", "")
+    except (FileNotFoundError, ValueError):
+        return ""
+
+
+def _versions_run(database_url: str, device_id: str) -> list[str]:
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT v.label FROM fleet_deviceversionchange c JOIN registry_modelversion v "
+            "ON v.id = c.to_version_id WHERE c.device_id = %s ORDER BY c.at, c.id",
+            (device_id,),
+        ).fetchall()
+    return [label for (label,) in rows]
+
+
+class Scenario:
+    def __init__(self, api: RestClient, stack: Stack, tmp_path: Path, versions: dict[str, str]) -> None:
+        self.api, self.stack, self.tmp_path, self.versions = api, stack, tmp_path, versions
+        self.labels = {v: k for k, v in versions.items()}
+        self.timings: list[tuple[str, float]] = []
+
+    def state_dir(self, i: int) -> Path:
+        return self.tmp_path / f"agent-{i}"
+
+    def device_id(self, i: int) -> str:
+        return json.loads((self.state_dir(i) / "credential.json").read_text())["device_id"]
+
+    def on_devices(self) -> list[str]:
+        return [self.labels.get(_on_device(self.state_dir(i)), "") for i in range(AGENTS)]
+
+    def reported(self) -> dict[str, str | None]:
+        return {d["id"]: (d["running_version"] or {}).get("label") for d in self.api.call("GET", "devices/")}
+
+    def expect(self, what: str, started: float, labels: list[str]) -> None:
+        """Wait until each agent runs labels[i] (its own files and the control plane agree)."""
+        try:
+            wait_until(
+                f"{what}: agents on {labels}", lambda: self.on_devices() == labels, self.stack, timeout=90
+            )
+        except AssertionError as exc:
+            releases = [(r["name"], r["state"]) for r in self.api.call("GET", "releases/")]
+            raise AssertionError(f"{exc}; agents on {self.on_devices()}; releases {releases}") from None
+        seconds = time.monotonic() - started
+        self.timings.append((what, seconds))
+        print(f"{what}: all {AGENTS} agents running {sorted(set(labels))} after {seconds:.1f} s")
+        wanted = {self.device_id(i): labels[i] for i in range(AGENTS)}
+        wait_until(f"{what}: reported", lambda: self.reported() == wanted, self.stack, timeout=30)
+
+    def release(self, label: str) -> dict:
+        return self.api.call(
+            "POST",
+            "releases/",
+            json={
+                "name": f"{label} {time.monotonic():.0f}",
+                "version": self.versions[label],
+                "target": {"labels": LABELS},
+                "start": True,
+                "allow_empty": True,
+                "gate": NO_GATE,
+            },
+        )
+
+    def act(self, release: dict, action: str) -> dict:
+        return self.api.call("POST", f"releases/{release['id']}/{action}/", json={"reason": "e2e"})
+
+    def pin(self, i: int, label: str | None) -> None:
+        version = self.versions[label] if label else None
+        self.api.call("POST", f"devices/{self.device_id(i)}/pin/", json={"version": version})
+
+    def start_agent(self, i: int, token: str) -> None:
+        self.stack.start_agent(
+            f"agent-{i}", self.gateway_port, self.state_dir(i), token, {}, extra=AGENT_ARGS
+        )
+
+    def restart_agent(self, i: int) -> None:
+        name = f"agent-{i}"
+        process = next(p for n, p in self.stack.processes if n == name)
+        process.terminate()
+        assert process.wait(timeout=20) == 0
+        self.stack.processes = [(n, p) for n, p in self.stack.processes if p is not process]
+        self.start_agent(i, "")
+
+
+def test_every_device_follows_every_release_rollback_and_pin(environment, tmp_path: Path):
+    env = {**os.environ, **environment}
+    boot = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", BOOTSTRAP],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert boot.returncode == 0, boot.stderr
+    token = json.loads(boot.stdout.strip().splitlines()[-1])["token"]
+    stack = Stack(log_dir=tmp_path / "logs", env=environment)
+    http_port, gateway_port = free_port(), free_port()
+    try:
+        stack.start_control_plane(http_port, gateway_port)
+        api = RestClient(f"http://127.0.0.1:{http_port}", token)
+        model = api.call("POST", "models/", json={"name": "classifier"})
+        versions = {
+            label: _upload(api, model["id"], label, seed) for seed, label in enumerate(("v1", "v2", "v3"))
+        }
+        wait_until(
+            "three converted versions",
+            lambda: all(api.call("GET", f"versions/{v}/")["status"] == "ready" for v in versions.values()),
+            stack,
+            timeout=90,
+        )
+        s = Scenario(api, stack, tmp_path, versions)
+        s.gateway_port = gateway_port
+        everyone = lambda label: [label] * AGENTS  # noqa: E731
+
+        started = time.monotonic()
+        s.release("v1")
+        for i in range(AGENTS):
+            s.start_agent(i, api.call("POST", "enrolment-tokens/", json={"labels": LABELS})["token"])
+        s.expect("v1 released, agents enrolled", started, everyone("v1"))
+
+        started = time.monotonic()
+        v2 = s.release("v2")
+        s.expect("v2 released", started, everyone("v2"))
+
+        started = time.monotonic()
+        s.act(v2, "rollback")
+        s.expect("v2 rolled back", started, everyone("v1"))
+
+        started = time.monotonic()
+        v2_again = s.release("v2")
+        s.expect("v2 re-released after its rollback", started, everyone("v2"))
+
+        started = time.monotonic()
+        s.act(v2_again, "rollback")
+        s.expect("v2 rolled back again", started, everyone("v1"))
+
+        started = time.monotonic()
+        s.release("v3")
+        s.expect("v3 released", started, everyone("v3"))
+
+        started = time.monotonic()
+        s.release("v2")
+        s.expect("v2 released a third time", started, everyone("v2"))
+
+        # one device pinned to v1 while the fleet runs v2: it stays, across check-ins and a restart
+        started = time.monotonic()
+        s.pin(0, "v1")
+        s.expect("device 0 pinned to v1", started, ["v1", "v2", "v2"])
+        counter = json.loads((s.state_dir(0) / "assignment.json").read_text())["counter"]
+        time.sleep(5)  # two check-in intervals: the same assignment, nothing moves
+        assert s.on_devices() == ["v1", "v2", "v2"]
+        assert json.loads((s.state_dir(0) / "assignment.json").read_text())["counter"] == counter
+        s.restart_agent(0)
+        time.sleep(5)
+        assert s.on_devices() == ["v1", "v2", "v2"]
+
+        started = time.monotonic()
+        s.pin(0, None)
+        s.expect("device 0 unpinned", started, everyone("v2"))
+        assert json.loads((s.state_dir(0) / "assignment.json").read_text())["counter"] > counter
+
+        history = ["v1", "v2", "v1", "v2", "v1", "v3", "v2"]
+        assert _versions_run(environment["FERRY_DATABASE_URL"], s.device_id(0)) == [*history, "v1", "v2"]
+        for i in (1, 2):
+            assert _versions_run(environment["FERRY_DATABASE_URL"], s.device_id(i)) == history
+        for i in range(AGENTS):  # nothing was refused on the way
+            refused = s.state_dir(i) / "refused.json"
+            assert not refused.exists() or json.loads(refused.read_text()) == {}, refused.read_text()
+        print("time from action to all three agents running it:")
+        for what, seconds in s.timings:
+            print(f"  {what:<40} {seconds:5.1f} s")
+    finally:
+        codes = stack.stop()
+    assert all(code in (0, -15) for name, code in codes.items() if name.startswith("agent")), codes
