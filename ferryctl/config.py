@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import tomllib
 from dataclasses import dataclass
@@ -48,12 +47,20 @@ def config_load() -> Config:
     return Config(url=url.rstrip("/"), token=token)
 
 
+def _toml_string(value: str) -> str:
+    """A TOML basic string: quotes and backslashes escaped, control characters as \\uXXXX."""
+    escaped = "".join(
+        f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else "\\" + c if c in '"\\' else c
+        for c in value
+    )
+    return f'"{escaped}"'
+
+
 def config_save(config: Config) -> Path:
     """Write the config file readable by its owner only (it holds a credential)."""
     path = config_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # JSON string escapes are valid TOML basic-string escapes
-    text = f"url = {json.dumps(config.url)}\ntoken = {json.dumps(config.token)}\n"
+    text = f"url = {_toml_string(config.url)}\ntoken = {_toml_string(config.token)}\n"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(text)
