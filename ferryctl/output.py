@@ -23,10 +23,15 @@ def cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        return ", ".join(f"{k}={_inner(v)}" for k, v in value.items()) or "-"
     if isinstance(value, list):
         return ", ".join(map(str, value)) or "-"
     return str(value)
+
+
+def _inner(value: Any) -> str:
+    """A value inside a dict cell: nested structures as compact JSON."""
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, dict | list) else str(value)
 
 
 def emit_json(data: Any) -> None:

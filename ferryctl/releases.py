@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Annotated
 
 import typer
@@ -64,7 +65,7 @@ def releases_create(
     labels: Annotated[
         list[str] | None, typer.Option(help="Devices with this label (key=value), repeatable.")
     ] = None,
-    group: Annotated[list[str] | None, typer.Option(help="A device group id, repeatable.")] = None,
+    group: Annotated[list[str] | None, typer.Option(help="A device group (id or name), repeatable.")] = None,
     device: Annotated[list[str] | None, typer.Option(help="A device id, repeatable.")] = None,
     phases: Annotated[
         str | None, typer.Option(help="Phase percentages, comma-separated, e.g. 5,25,100.")
@@ -84,8 +85,9 @@ def releases_create(
         target["filter"] = filter_
     if labels:
         target["labels"] = parse_pairs(labels, "--labels")
+    ferry = connect()
     if group:
-        target["group_ids"] = group
+        target["group_ids"] = [_group_id(ferry, g) for g in group]
     if device:
         target["device_ids"] = device
     body = {
@@ -98,7 +100,19 @@ def releases_create(
         "allow_empty": allow_empty,
         "start": start,
     }
-    show_record(connect().create("/releases/", body), RELEASE_DETAIL, as_json)
+    show_record(ferry.create("/releases/", body), RELEASE_DETAIL, as_json)
+
+
+def _group_id(ferry: Ferry, group: str) -> str:
+    """A device group given by id or by name."""
+    try:
+        return str(uuid.UUID(group))
+    except ValueError:
+        pass
+    for row in ferry.pages("/device-groups/"):
+        if row["name"] == group:
+            return row["id"]
+    raise typer.BadParameter(f"no device group named {group!r}", param_hint="--group")
 
 
 def _phases(spec: str | None, soak: int) -> list[dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from fleet.services import device_enrol, enrolment_token_create
 
@@ -19,7 +20,9 @@ def lab_device(org):
 
 
 @pytest.mark.slow
-def test_upload_wait_release_pause_rollback(ferryctl, conversion_worker, lab_device, tmp_path):
+def test_upload_wait_release_pause_rollback(
+    ferryctl, conversion_worker, lab_device, tmp_path, live_server, admin
+):
     created = ferryctl("models", "create", "detector", "--json")
     assert created.code == 0, created.stderr
     model = created.json()
@@ -74,6 +77,19 @@ def test_upload_wait_release_pause_rollback(ferryctl, conversion_worker, lab_dev
 
     states = ferryctl("releases", "list", "--state", "rolled_back", "--json").json()
     assert [r["id"] for r in states] == [release["id"]]
+
+    group = httpx.post(
+        f"{live_server.url}/api/v1/device-groups/",
+        json={"name": "lab-cams", "device_ids": [str(lab_device.pk)]},
+        headers={"Authorization": f"Token {admin[1]}"},
+    ).json()
+    drafted = ferryctl(
+        "releases", "create", "by-group", "--version", version["id"], "--group", "lab-cams", "--json"
+    )
+    assert drafted.code == 0, drafted.stderr
+    assert drafted.json()["state"] == "draft" and drafted.json()["target"]["group_ids"] == [group["id"]]
+    unknown = ferryctl("releases", "create", "x", "--version", version["id"], "--group", "no-such-group")
+    assert unknown.code == 2 and "no device group named 'no-such-group'" in unknown.stderr
 
 
 @pytest.mark.slow
