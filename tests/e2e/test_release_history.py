@@ -32,8 +32,12 @@ LABELS = {"fleet": "history"}
 AGENTS = 3
 AGENT_ARGS = ["--metrics-interval", "1", "--upload-interval", "1"]
 # The default gate, on: a pinned device's telemetry (its version is not the release's) must not
-# count against the release, and a paused release keeps the devices it already reached.
-GATE: dict = {}
+# count against the release, and a paused release keeps the devices it already reached. All but
+# the p95 latency ratio: over one-second metrics windows on a shared CI machine, a version's first
+# inferences after activation (cold caches) against warm neighbours measure the load, not the
+# model (seen at 2.4 between two same-sized models); it is tested with chosen figures in
+# tests/platform/releases.
+GATE = {"max_latency_p95_ratio": None}
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
