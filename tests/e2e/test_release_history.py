@@ -104,7 +104,8 @@ class Scenario:
         return [self.labels.get(_on_device(self.state_dir(i)), "") for i in range(AGENTS)]
 
     def reported(self) -> dict[str, str | None]:
-        return {d["id"]: (d["running_version"] or {}).get("label") for d in self.api.call("GET", "devices/")}
+        devices = self.api.call("GET", "devices/")["results"]
+        return {d["id"]: (d["running_version_info"] or {}).get("label") for d in devices}
 
     def expect(self, what: str, started: float, labels: list[str]) -> None:
         """Wait until each agent runs labels[i] (its own files and the control plane agree)."""
