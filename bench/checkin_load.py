@@ -1,10 +1,11 @@
-"""No-change check-ins: the real gateway beside a trivial gRPC server, in one run (~1 min).
+"""No-change check-ins: the real gateway beside a trivial gRPC server, in one run (~1.5 min).
 
-    FERRY_DATABASE_URL=postgres://postgres@127.0.0.1:5432/ferry .venv/bin/python bench/checkin_load.py
+    FERRY_DATABASE_URL=postgres://postgres@127.0.0.1:5432/ferry REDIS_URL=redis://127.0.0.1:6379/0 \\
+        .venv/bin/python bench/checkin_load.py
 
 A scratch database of its own (<name>_bench_checkin: created, migrated, dropped) holds
 --devices enrolled devices (bulk-created rows); --identities of them get real client
-certificates from the control plane's device CA.  Three processes per row:
+certificates from the control plane's device CA.  Processes:
 
 - the server: ``manage.py gateway`` (PostgreSQL), or a trivial synchronous gRPC server with
   the same proto, the same mutual TLS and thread pool, answering every CheckIn with a constant
@@ -12,6 +13,11 @@ certificates from the control plane's device CA.  Three processes per row:
 - the load generator: this script again (``--load``), pinned to core 1, --threads closed-loop
   callers cycling over the identities, one long-lived mTLS channel per identity, each sending
   the no-change check-in an idle agent sends (same attributes, nothing running, no update).
+
+Two gateway rows: as configured (REDIS_URL set: no-change answers come from
+gateway/desired_cache.py) and the same gateway without REDIS_URL (no fleet generation, so
+every answer is computed: the check-in as it was before the cache).  No release is live in
+the scratch fleet, so the uncached row is a lower bound of what a computed answer costs.
 
 Prints check-ins/s, p50/p99 latency and the server process's CPU per check-in.
 """
@@ -240,20 +246,13 @@ def _run(args, data_dir: str) -> list[dict]:
         if len(os.sched_getaffinity(0)) >= 2
         else []
     )
-    gateway, address = _start(
-        [
-            *pin,
-            sys.executable,
-            str(ROOT / "manage.py"),
-            "gateway",
-            "--address",
-            "127.0.0.1:0",
-            "--metrics-port",
-            "0",
-        ],
-        env,
-        "listening on ",
-    )
+    command = [*pin, sys.executable, str(ROOT / "manage.py"), "gateway", "--address", "127.0.0.1:0"]
+    command += ["--metrics-port", "0"]
+    gateway, address = _start(command, env, "listening on ")
+    # without REDIS_URL there is no fleet generation, so this one computes every answer: the
+    # check-in as it was before gateway/desired_cache.py, measured in the same run
+    uncached_env = {k: v for k, v in env.items() if k != "REDIS_URL"}
+    uncached, uncached_address = _start(command, uncached_env, "listening on ")
     trivial_spec = {
         "ca_pem": ca_pem,
         "key_pem": Path(settings.FERRY_GATEWAY_TLS_KEY_FILE).read_text(),
@@ -267,9 +266,12 @@ def _run(args, data_dir: str) -> list[dict]:
     try:
         for _ in range(args.rounds):  # alternate, so a neighbour's load hits both alike
             rows.setdefault("trivial", []).append(_row("trivial gRPC (mTLS)", trivial, trivial_address, spec))
-            rows.setdefault("gateway", []).append(_row("Ferry gateway (mTLS, PG)", gateway, address, spec))
+            rows.setdefault("uncached", []).append(
+                _row("gateway, no cache (before)", uncached, uncached_address, spec)
+            )
+            rows.setdefault("gateway", []).append(_row("gateway (mTLS, PG)", gateway, address, spec))
     finally:
-        for process in (gateway, trivial):
+        for process in (gateway, uncached, trivial):
             process.stdin.close()
             process.terminate()
             process.wait(timeout=30)
@@ -300,6 +302,8 @@ def main() -> int:
     url = os.environ.get("FERRY_DATABASE_URL", "")
     if not url:
         sys.exit("set FERRY_DATABASE_URL to a PostgreSQL database (a scratch copy is used)")
+    if not os.environ.get("REDIS_URL"):
+        sys.exit("set REDIS_URL: the gateway's fleet generation lives in Redis")
     scratch = _scratch_database(url)
     os.environ["FERRY_DATABASE_URL"] = scratch
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")
@@ -325,11 +329,12 @@ def _print(rows: list[dict], args) -> None:
     for r in rows:
         latency = f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f}"
         print(f"{r['name']:<28} {r['per_s']:>12.0f} {latency} {r['cpu_us']:>17.0f} us")
-    trivial, gateway = rows
-    print(
-        f"gateway: {100 * gateway['per_s'] / trivial['per_s']:.0f}% of the trivial server's rate; "
-        f"{1e6 / gateway['cpu_us']:.0f} check-ins per core-second"
-    )
+    trivial = rows[0]
+    for r in rows[1:]:
+        print(
+            f"{r['name']}: {100 * r['per_s'] / trivial['per_s']:.0f}% of the trivial server's rate; "
+            f"{1e6 / r['cpu_us']:.0f} check-ins per core-second of its own"
+        )
 
 
 if __name__ == "__main__":
