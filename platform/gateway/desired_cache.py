@@ -7,9 +7,10 @@ fleet-changed hint (any Release saved or deleted, any FleetChanged a service pub
 every gateway process sees it.  The device's own fields are part of the cache key, read from
 the row the check-in loads anyway.  An entry also ends when its assignment nears half its
 lifetime (releases.assignments reissues it then) and after MAX_AGE_SECONDS whatever happens.
-A deleted assignment row (through the ORM) bumps the generation too, so its successor is
-issued with a higher counter; a database restored underneath running gateways is only seen
-after MAX_AGE_SECONDS (restart them), and meanwhile devices get the assignment they hold.
+A deleted assignment row (through the ORM, in a process that loaded the gateway) bumps the
+generation too, so its successor is issued with a higher counter; a database restored
+underneath running gateways is only seen after MAX_AGE_SECONDS (restart them), and meanwhile
+devices get the assignment they hold.
 
 Without Redis there is no shared generation, so nothing is cached and every check-in computes.
 """
