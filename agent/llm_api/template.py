@@ -3,7 +3,10 @@ sandbox, never eval'd; ChatML when the package has no template or jinja2 is not 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class TemplateError(Exception):
@@ -27,7 +30,8 @@ class ChatTemplate:
         if source:
             try:
                 from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
-            except ImportError:  # the agent's lock does not need jinja2: ChatML then
+            except ImportError:  # jinja2 is in the device lock; a bare install falls back, loudly
+                log.warning("jinja2 is not installed: the package's chat template is replaced by ChatML")
                 return
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise

@@ -108,3 +108,29 @@ def test_the_health_check_regenerates_the_recorded_tokens(unpacked: Path, tmp_pa
     (broken / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ActivationError, match="LLM self-test generated"):
         health_check(broken)
+
+
+def test_the_api_answers_on_a_unix_socket(unpacked: Path, tmp_path: Path) -> None:
+    import http.client
+    import socket
+
+    from agent.llm_api.server import LlmApiServer
+
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(str(tmp_path / "llm.sock"))
+
+    server = LlmApiServer(LlmService(unpacked, name="m"), unix_socket=tmp_path / "llm.sock")
+    server.start()
+    try:
+        connection = UnixConnection("localhost")
+        body = json.dumps({"model": "m", "messages": ASK.messages, "max_tokens": 3, "temperature": 0})
+        connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        assert response.status == 200 and answer["choices"][0]["message"]["role"] == "assistant"
+        assert server.address == f"unix:{tmp_path / 'llm.sock'}"
+    finally:
+        server.stop()
+    assert not (tmp_path / "llm.sock").exists()
