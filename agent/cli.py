@@ -178,12 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _serve_llm(args: argparse.Namespace) -> int:
     from agent.llm_api.standalone import PackageError, read_public_key, serve
     from engine.llm.errors import LlmError
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s serve-llm: %(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends serving as Ctrl-C does
     try:
         key = read_public_key(args.public_key) if args.public_key else None
         serve(

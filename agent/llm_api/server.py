@@ -19,6 +19,7 @@ from agent.llm_api.errors import ApiError
 from agent.llm_api.service import Completion, LlmService
 
 log = logging.getLogger(__name__)
+DRAIN_BYTES = 16 << 20  # an oversized body up to this is read and dropped before the 413
 
 
 class ClientGone(Exception):
@@ -28,6 +29,7 @@ class ClientGone(Exception):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    timeout = 60  # seconds a client may stall mid-request (or mid-stream) before it is dropped
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         log.debug("%s " + format, self.client_address, *args)
@@ -81,8 +83,16 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(411, "a Content-Length header is required", code="length_required") from exc
         if not 0 <= length <= MAX_BODY_BYTES:
             self.close_connection = True
+            self._discard(min(length, DRAIN_BYTES))  # so the client reads the 413, not a reset
             raise ApiError(413, f"the body is larger than {MAX_BODY_BYTES} bytes", code="too_large")
         return self.rfile.read(length)
+
+    def _discard(self, length: int) -> None:
+        while length > 0:
+            chunk = self.rfile.read(min(length, 1 << 16))
+            if not chunk:
+                return
+            length -= len(chunk)
 
     def _stream(self, service: LlmService, request) -> None:
         """Server-sent events: a role chunk when generation starts, text chunks as they are final,
@@ -210,9 +220,13 @@ class LlmApiServer:
         self._server.serve_forever()
 
     def stop(self) -> None:
+        """Stop the thread ``start`` began, then close."""
         self._server.shutdown()
-        self._server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.close()
+
+    def close(self) -> None:
+        self._server.server_close()
         if self.unix_socket is not None:
             Path(self.unix_socket).unlink(missing_ok=True)

@@ -121,4 +121,4 @@ def serve(
         except KeyboardInterrupt:
             pass
         finally:
-            server._server.server_close()
+            server.close()
