@@ -23,3 +23,7 @@ class ApiError(Exception):
 
 def invalid(message: str, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, code=code)
+
+
+class ClientGone(Exception):
+    """The client closed the connection mid-stream; generation stops (not counted as an error)."""

@@ -15,15 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.llm_api.chat_request import MAX_BODY_BYTES, parse_chat_request
-from agent.llm_api.errors import ApiError
+from agent.llm_api.errors import ApiError, ClientGone
 from agent.llm_api.service import Completion, LlmService
 
 log = logging.getLogger(__name__)
 DRAIN_BYTES = 16 << 20  # an oversized body up to this is read and dropped before the 413
-
-
-class ClientGone(Exception):
-    """The client closed the connection mid-stream; generation stops."""
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.llm_api.chat_request import ChatRequest
-from agent.llm_api.errors import ApiError, invalid
+from agent.llm_api.errors import ApiError, ClientGone, invalid
 from agent.llm_api.template import ChatTemplate, TemplateError
 
 DEFAULT_MAX_TOKENS = 256
@@ -200,6 +200,8 @@ class LlmService:
             )
         except ContextLimitError as exc:
             raise invalid(str(exc), "context_length_exceeded") from exc
+        except ClientGone:
+            raise
         except Exception:
             self.count_error()
             raise
