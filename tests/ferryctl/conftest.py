@@ -1,5 +1,5 @@
 """ferryctl runs as a real process against a live server (Django's live_server on the test
-database); conversions run on the test's own worker thread, as a Celery worker would."""
+database); conversions run on a real Celery worker process."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from django.db import connection
-from registry import tasks
-from registry.services import conversion_run
 
 from tests.platform.conftest import admin, org  # noqa: F401  (fixtures)
 
@@ -59,24 +57,34 @@ def ferryctl(live_server, admin, tmp_path):  # noqa: F811
 
 
 @pytest.fixture
-def conversion_worker(monkeypatch):
-    """Conversions queued by the live server run on a thread here, a moment later (so a client
-    that waits sees them converting first); the real conversion service does the work."""
-    threads: list[threading.Thread] = []
-
-    def convert(job_id: int) -> None:
-        def work() -> None:
-            try:
-                threading.Event().wait(1.0)
-                conversion_run(job_id=job_id, worker="test-worker")
-            finally:
-                connection.close()
-
-        thread = threading.Thread(target=work, daemon=True)
-        threads.append(thread)
-        thread.start()
-
-    monkeypatch.setattr(tasks.convert_version, "delay", convert)
-    yield
-    for thread in threads:
-        thread.join(timeout=120)
+def conversion_worker(live_server, tmp_path):
+    """A real Celery worker process on the test database and the suite's broker: conversions
+    the live server queues run there, as in production."""
+    database = connection.settings_dict
+    url = f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
+    if database["ENGINE"].endswith("sqlite3"):
+        url = f"sqlite:///{database['NAME']}"
+    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - closed below, after the process
+    paths = os.pathsep.join([str(ROOT), str(ROOT / "platform")])
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "ferry_cloud", "worker", "--pool", "solo", "-l", "INFO"],
+        env={**os.environ, "FERRY_DATABASE_URL": url, "PYTHONPATH": paths},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "ready." not in (tmp_path / "worker.log").read_text():
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the Celery worker did not start within 60 s"
+            time.sleep(0.2)
+        yield worker
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        log.close()
