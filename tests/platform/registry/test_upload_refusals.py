@@ -3,6 +3,7 @@ tensors point at external data (path tricks of the CVE-2022-25882 / CVE-2024-273
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import tempfile
@@ -10,9 +11,12 @@ import tempfile
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 from registry.models import Artifact, ModelVersion
+from registry.onnx_checks import ExternalDataRefused, check_self_contained
 from registry.upload_limits import SizeLimitedMultiPartParser
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
@@ -163,3 +167,22 @@ def test_external_data_hidden_in_a_constant_or_a_subgraph_is_refused(api, model_
 def test_a_self_contained_model_is_accepted(api, model_id):
     created = upload(api, model_id, "v1", _add_model(_weight()).SerializeToString())
     assert created.status_code == 201, created.content
+
+
+def test_the_check_skips_tensor_data_instead_of_reading_it():
+    big = numpy_helper.from_array(np.ones(1 << 18, dtype=np.float32), "w")  # 1 MiB of weights
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1 << 18])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1 << 18])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [x], [y], [big])
+    data = helper.make_model(graph).SerializeToString()
+    stream = CountingStream(data)
+    check_self_contained(stream)
+    assert stream.served < 4096 and stream.tell() == 0
+
+
+@given(st.binary(max_size=512))
+def test_hostile_bytes_never_crash_the_check(data):
+    stream = io.BytesIO(data)
+    with contextlib.suppress(ExternalDataRefused):
+        check_self_contained(stream)
+    assert stream.tell() == 0
