@@ -14,7 +14,7 @@ $(BIN)/python:
 # device set); requirements-test.lock adds the engine's JIT tier and the test tools.
 # The editable install tries the venv's own setuptools first (no download); a fresh venv's
 # cannot build (no wheel command), so that error is silenced and the isolated build runs.
-$(VENV)/.runtime: requirements.lock requirements-agent.lock pyproject.toml | $(BIN)/python
+$(VENV)/.runtime: requirements.lock requirements-agent.lock requirements-llm.lock pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --disable-pip-version-check -q -r requirements.lock
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e . 2>/dev/null \
 		|| $(BIN)/pip install --disable-pip-version-check -q --no-deps -e .

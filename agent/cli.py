@@ -76,6 +76,29 @@ def parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics",
     )
     run.add_argument("--log-level", default="INFO")
+    run.add_argument(
+        "--llm-port",
+        type=int,
+        default=0,
+        help="serve the active LLM package's chat API on http://127.0.0.1:PORT/v1 (0: off)",
+    )
+    serve_llm = sub.add_parser(
+        "serve-llm", help="serve a converted LLM package's chat API, without a control plane"
+    )
+    serve_llm.add_argument(
+        "package", type=Path, help="an LLM package: a .ferry archive or an unpacked directory"
+    )
+    serve_llm.add_argument("--port", type=int, default=8080, help="port on --host (default: 8080)")
+    serve_llm.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve_llm.add_argument("--unix-socket", type=Path, default=None, help="serve on this UNIX socket instead")
+    serve_llm.add_argument(
+        "--public-key", type=Path, default=None, help="verify the archive's signature with this Ed25519 key"
+    )
+    serve_llm.add_argument(
+        "--model-name", default="", help="the model's name in the API (default: the file's)"
+    )
+    serve_llm.add_argument("--queue", type=int, default=8, help="requests that may wait; more get 429")
+    serve_llm.add_argument("--log-level", default="INFO")
     status = sub.add_parser("status", help="print what the agent's state directory says, as JSON")
     status.add_argument("--state-dir", type=Path, required=True)
     return p
@@ -117,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "enrol":
         return _enrol(args)
+    if args.command == "serve-llm":
+        return _serve_llm(args)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s agent: %(message)s")
     config = AgentConfig(
         gateway=args.gateway,
@@ -138,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         watch_hints=not args.no_hints,
         metrics_textfile=args.metrics_textfile,
         metrics_port=args.metrics_port,
+        llm_port=args.llm_port,
     )
     if args.name:
         config.name = args.name
@@ -148,6 +174,33 @@ def main(argv: list[str] | None = None) -> int:
         agent.run()
     except AgentError as exc:
         logging.getLogger("agent").error("%s", exc)
+        return 2
+    return 0
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _serve_llm(args: argparse.Namespace) -> int:
+    from agent.llm_api.standalone import PackageError, read_public_key, serve
+    from engine.llm.errors import LlmError
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s serve-llm: %(message)s")
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends serving as Ctrl-C does
+    try:
+        key = read_public_key(args.public_key) if args.public_key else None
+        serve(
+            args.package,
+            host=args.host,
+            port=args.port,
+            unix_socket=args.unix_socket,
+            public_key=key,
+            name=args.model_name,
+            queue_bound=max(args.queue, 0),
+        )
+    except (PackageError, LlmError, OSError) as exc:
+        logging.getLogger("serve-llm").error("%s", exc)
         return 2
     return 0
 

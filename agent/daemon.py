@@ -24,6 +24,7 @@ from agent.files import read_json, write_json_atomic
 from agent.inference import InferenceLoop
 from agent.install import DownloadRules, Installer
 from agent.lifecycle import IDLE, Lifecycle
+from agent.llm_api.host import LlmHost
 from agent.metrics import ProcessMeter
 from agent.metrics_export import MetricsExporter
 from agent.outbox import Outbox
@@ -55,6 +56,7 @@ class AgentConfig:
     watch_hints: bool = True
     metrics_textfile: Path | None = None  # opt-in local Prometheus export (agent/metrics_export.py)
     metrics_port: int = 0  # on 127.0.0.1 only
+    llm_port: int = 0  # the active LLM package's chat API on 127.0.0.1 (agent/llm_api); 0: off
 
 
 class Agent:
@@ -70,6 +72,7 @@ class Agent:
         self.outbox = Outbox(config.state_dir / "outbox.sqlite", max_records=config.outbox_max_records)
         self.inference = InferenceLoop(rate=config.event_rate, emit=self.outbox.append)
         self.meter = ProcessMeter(config.state_dir)
+        self.llm = LlmHost(config.llm_port)
         self.exporter = (
             MetricsExporter(config.metrics_textfile, config.metrics_port)
             if config.metrics_textfile or config.metrics_port
@@ -201,6 +204,7 @@ class Agent:
             self.wake.clear()
         self.lifecycle.shutdown()
         self.inference.stop()
+        self.llm.stop()
         for t in threads:
             t.join(timeout=2)
         self.record_metrics()
@@ -253,7 +257,7 @@ class Agent:
         while not self.stop_event.is_set():
             stream, failed = None, False
             try:
-                stream = self.client.watch(self.inference.version)
+                stream = self.client.watch(self.running_version)
                 for hint in stream:
                     backoff.reset()
                     self.hints_received += 1
@@ -275,8 +279,14 @@ class Agent:
             else:  # reopen soon, at the pace the last failures set
                 self.stop_event.wait(backoff.jittered(backoff.current))
 
+    @property
+    def running_version(self) -> str:
+        return self.llm.version or self.inference.version
+
     def _load_version(self, version_id: str) -> None:
-        self.inference.load(self.config.state_dir / "current", version_id)
+        directory = self.config.state_dir / "current"
+        is_llm = self.llm.load(directory, version_id)  # an LLM answers chat requests, not events
+        self.inference.load(directory, "" if is_llm else version_id)
         if version_id:
             log.info("running version %s", version_id)
 
@@ -284,7 +294,7 @@ class Agent:
         running = read_json(self.state_file, {}) or {}
         reply = self.client.check_in(
             self.attributes(),
-            self.inference.version,
+            self.running_version,
             running.get("package_digest", ""),
             update=self.update_status(),
         )
@@ -301,7 +311,7 @@ class Agent:
             offer=update.current_offer,
             counter=update.counter,
             entered_at=update.entered_at,
-            running_version=self.inference.version,
+            running_version=self.running_version,
             latest=self.status_book.latest(),
         )
 
@@ -316,6 +326,9 @@ class Agent:
 
     def record_metrics(self) -> None:
         version, figures = self.inference.take_figures()
+        if self.llm.version:
+            version = self.llm.version
+            figures.update(self.llm.take_figures())
         restarts, restarts_total = self._take_restarts()
         figures.update(self.meter.read())
         figures.update(

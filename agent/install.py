@@ -282,6 +282,14 @@ def health_check(directory: Path, recent_events: Path | None = None) -> None:
     started = time.perf_counter()
     try:
         from agent.inference import pipeline_spec
+        from agent.llm_api.service import is_llm_package
+
+        if is_llm_package(directory):  # a language model: regenerate its self-test tokens
+            from agent.llm_api.health import llm_health_check
+
+            llm_health_check(directory)
+            log.info("LLM health check passed in %.1f ms", 1000 * (time.perf_counter() - started))
+            return
 
         spec = pipeline_spec(directory)  # a package whose pipeline is invalid must not go live
         session = Session(directory)

@@ -66,9 +66,9 @@ def reason_code(stage: str, message: str) -> str:
         return "disk_space" if "free space" in text or "disk filled" in text else "download"
     if stage == "verify":
         if "device class" in text:
-            return "device_class"
+            return "wrong_device_class"
         if "older than what this device has run" in text or "counter" in text:
-            return "stale_assignment"
+            return "stale_counter"
         return "verification"
     if stage == "compatibility":
         return "incompatible"

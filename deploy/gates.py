@@ -6,7 +6,9 @@ telemetry and the simulation in bench/ makes them up.
 The release's cohort is the devices this release selected in the phases reached so far,
 and only their telemetry on the release's version; a selected device that has not reported
 yet is *pending*, not healthy. While no selected device has reported, the gate neither
-passes nor fails: it is pending and the release waits.
+passes nor fails: it is pending and the release waits. A device pinned to another version is
+not the release's (the release does not assign it): the control plane leaves it out of the
+cohort and out of the baseline, so its restarts or errors count against nobody.
 
 A selected device that refused or failed the update (its agent says so at check-in: a
 package signed for another device class, a failed health check, ...) is a failure, counted

@@ -15,9 +15,11 @@ The order of precedence, documented in the README:
 
 A release covers a device when the device is in its organisation, matches every part of
 its target (device list, groups, filter and labels combine with AND) and its stable
-bucket is in the current phase. A paused release keeps only the devices that already run
-its version; an aborted or rolled-back one covers the devices it reached that still run
-its version.
+bucket is in the current phase. A paused release stops spreading but does not go back: it
+keeps the devices of the phases reached so far that it already reached (they run its version,
+or ran it since the release started: a device pinned away and unpinned returns to it), and
+gives nothing to the devices it has not reached yet. An aborted or rolled-back one covers the
+devices it reached that still run its version.
 
 Small fleets: which devices a phase selects. Every device has a stable bucket in [0, 100)
 per release, ``bucket(salt, device id)``. A phase at p % selects the k = ⌈p·N/100⌉ devices
@@ -81,6 +83,8 @@ class DeviceFacts:
     window: MaintenanceWindow | None = None  # its group's maintenance window, if any
     # release id -> the version the device ran before that release first reached it
     previous_versions: Mapping[str, VersionRef | None] = field(default_factory=dict)
+    # ids of paused releases whose version the device has run since the release started
+    reached_by: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -231,10 +235,15 @@ def covers(policy: ReleasePolicy, device: DeviceFacts) -> bool:
             and policy.release_id in device.previous_versions
         )
     if policy.status == Status.PAUSED:
-        return device.running_version_id == policy.version_id and includes(policy, device)
+        return _reached(policy.release_id, policy.version_id, device) and includes(policy, device)
     if policy.status in (Status.ACTIVE, Status.COMPLETED):
         return includes(policy, device)
     return False
+
+
+def _reached(release_id: str, version_id: str, device: DeviceFacts) -> bool:
+    """Whether a release already reached the device: it runs the version, or ran it since."""
+    return device.running_version_id == version_id or release_id in device.reached_by
 
 
 def _decision(policy: ReleasePolicy, device: DeviceFacts) -> Decision | None:
@@ -279,7 +288,7 @@ def _compile_covers(policy: ReleasePolicy) -> Check:
         return lambda device: False
     tests: list[Check] = []
     if policy.status == Status.PAUSED:
-        tests.append(lambda device: device.running_version_id == version)
+        tests.append(lambda device: _reached(release_id, version, device))
     if target.device_ids:
         ids = target.device_ids
         tests.append(lambda device: device.device_id in ids)

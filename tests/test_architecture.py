@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PLATFORM = ROOT / "platform"
 PLATFORM_APPS = frozenset(p.name for p in PLATFORM.iterdir() if (p / "__init__.py").is_file())
-OURS = PLATFORM_APPS | {"agent", "converter", "deploy", "engine"}
+OURS = PLATFORM_APPS | {"agent", "converter", "deploy", "engine", "ferryctl"}
 DOOR_APPS = frozenset({"gateway", "console"})
 
 DOOR_PACKAGES = (
@@ -179,6 +179,7 @@ SIDES = [
     ("deploy", OURS - {"deploy"}),
     ("agent", PLATFORM_APPS | {"converter"}),
     ("converter", PLATFORM_APPS | {"agent"}),
+    ("ferryctl", OURS - {"ferryctl"}),  # a REST client: all it knows comes over HTTP
 ]
 
 

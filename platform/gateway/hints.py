@@ -66,6 +66,9 @@ def _publish(organisation_id: int) -> None:
     url = _redis_url()
     if not url:
         return
+    from gateway.desired_cache import bump_generation
+
+    bump_generation(organisation_id)  # before the hint: a device it wakes must not get a cached answer
     try:
         _redis_client(url).publish(CHANNEL, str(organisation_id))
     except Exception as exc:  # redis raises several types; a lost hint only delays devices

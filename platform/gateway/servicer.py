@@ -34,6 +34,7 @@ from telemetry.services import telemetry_ingest
 
 from deploy.proto import agent_pb2, agent_pb2_grpc
 from deploy.trust.certificates import certificate_der, sign
+from gateway.desired_cache import DesiredCache, fleet_generation
 from gateway.hints import HintHub, StreamClosed
 from gateway.tls import peer_device_id
 
@@ -76,9 +77,35 @@ def _update_report(request: agent_pb2.CheckInRequest):
     )
 
 
+def _offer(device: Device) -> tuple[bytes | None, float]:
+    """The serialized PackageOffer for the device (None: nothing decided for it) and until when
+    its signed assignment may be handed out again."""
+    issued = assignment_for(device)
+    if issued is None:
+        return None, time.time() + 3600.0
+    desired, version = issued.desired, issued.desired.version
+    window = agent_pb2.MaintenanceWindow(**desired.window) if desired.window else None
+    # the descriptive fields are for display: the agent acts on the signed assignment alone
+    offer = agent_pb2.PackageOffer(
+        release_id=str(desired.release.pk) if desired.release else "",
+        version_id=str(version.pk),
+        version_label=version.label,
+        model_name=version.model.name,
+        package_digest=version.package.sha256,
+        package_size=version.package.size,
+        download_only=desired.download_only,
+        rollback=desired.rollback,
+        window=window,
+        assignment=issued.blob,
+        assignment_signature=issued.signature,
+    )
+    return offer.SerializeToString(), issued.fresh_until
+
+
 class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
     def __init__(self, hub: HintHub | None = None) -> None:
         self.hub = hub or HintHub.from_settings()
+        self.desired_cache = DesiredCache()
 
     def Enrol(self, request, context):
         close_old_connections()
@@ -118,26 +145,14 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
         if report is not None:
             device_status_record(device=device, report=report)
         response = agent_pb2.CheckInResponse(checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS)
-        issued = assignment_for(device)
-        if issued is not None:
-            desired, version = issued.desired, issued.desired.version
-            window = agent_pb2.MaintenanceWindow(**desired.window) if desired.window else None
-            # the descriptive fields are for display: the agent acts on the signed assignment alone
-            response.desired.CopyFrom(
-                agent_pb2.PackageOffer(
-                    release_id=str(desired.release.pk) if desired.release else "",
-                    version_id=str(version.pk),
-                    version_label=version.label,
-                    model_name=version.model.name,
-                    package_digest=version.package.sha256,
-                    package_size=version.package.size,
-                    download_only=desired.download_only,
-                    rollback=desired.rollback,
-                    window=window,
-                    assignment=issued.blob,
-                    assignment_signature=issued.signature,
-                )
-            )
+        # read before computing: a change committed meanwhile bumps it, so this entry is never used
+        generation = fleet_generation(device.organisation_id)
+        hit, offer = self.desired_cache.get(device, generation)
+        if not hit:
+            offer, fresh_until = _offer(device)
+            self.desired_cache.put(device, generation, offer, fresh_until)
+        if offer is not None:
+            response.desired.MergeFromString(offer)
         return response
 
     def DownloadPackage(self, request, context) -> Iterator[agent_pb2.PackageChunk]:

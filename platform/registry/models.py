@@ -55,13 +55,6 @@ class ModelVersion(models.Model):
     options = models.JSONField(default=dict, blank=True)
     report = models.JSONField(default=dict, blank=True)
     released = models.BooleanField(default=False)
-    # The release counter signed into the package (allocated once, so a re-run signs the same bytes).
-    signed_counter = models.PositiveBigIntegerField(null=True, blank=True)
-    # The same package re-signed as an explicit rollback with a later counter (see version_rollback_package).
-    rollback_package = models.ForeignKey(
-        Artifact, on_delete=models.PROTECT, related_name="+", null=True, blank=True
-    )
-    rollback_counter = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -91,11 +84,3 @@ class ConversionJob(models.Model):
     claimed_by = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-
-
-class ReleaseCounter(models.Model):
-    """The organisation's package counter: it only goes up, and devices refuse anything older
-    than what they run, so every signature takes the next value under a row lock."""
-
-    organisation = models.OneToOneField(Organisation, on_delete=models.CASCADE, related_name="+")
-    value = models.PositiveBigIntegerField(default=0)

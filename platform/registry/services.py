@@ -397,7 +397,7 @@ def version_delete(*, version: ModelVersion) -> None:
         raise VersionInUse(f"Version {version.label} has been released; released versions are kept.")
     if version.status == ModelVersion.Status.CONVERTING:
         raise VersionInUse(f"Version {version.label} is converting; delete it once conversion ends.")
-    artifacts = [a for a in (version.source, version.package, version.rollback_package) if a is not None]
+    artifacts = [a for a in (version.source, version.package) if a is not None]
     try:
         with transaction.atomic():
             version.delete()

@@ -34,6 +34,7 @@ class IssuedAssignment:
     blob: bytes
     signature: bytes
     counter: int
+    fresh_until: float = 0.0  # after this (half its lifetime) a check-in gets a new one
 
 
 def _wanted(desired: DesiredPackage) -> tuple:
@@ -81,8 +82,18 @@ def assignment_for(device: Device) -> IssuedAssignment | None:
         return None
     row = DeviceAssignment.objects.filter(device_id=device.pk).first()
     if row is not None and _held(row) == _wanted(desired) and _fresh(row, time.time()):
-        return IssuedAssignment(desired, bytes(row.blob), bytes(row.signature), row.counter)
+        return _reused(desired, row)
     return _issue(device, desired)
+
+
+def _half_life(expires_at: float) -> float:
+    return expires_at - settings.FERRY_ASSIGNMENT_TTL_SECONDS / 2
+
+
+def _reused(desired: DesiredPackage, row: DeviceAssignment) -> IssuedAssignment:
+    return IssuedAssignment(
+        desired, bytes(row.blob), bytes(row.signature), row.counter, _half_life(row.expires_at.timestamp())
+    )
 
 
 def _manifest_sha256(desired: DesiredPackage) -> str:
@@ -102,9 +113,7 @@ def _issue(device: Device, desired: DesiredPackage) -> IssuedAssignment:
         row = DeviceAssignment.objects.select_for_update().filter(device_id=device.pk).first()
         now = time.time()
         if row is not None and _held(row) == _wanted(desired) and _fresh(row, now):
-            return IssuedAssignment(
-                desired, bytes(row.blob), bytes(row.signature), row.counter
-            )  # a racer did it
+            return _reused(desired, row)  # a racer did it
         issued_at = int(now)
         assignment = Assignment(
             device_id=str(device.pk),
@@ -143,7 +152,7 @@ def _issue(device: Device, desired: DesiredPackage) -> IssuedAssignment:
                 assigned_digests=digests,
             ),
         )
-    return IssuedAssignment(desired, blob, signature, assignment.counter)
+    return IssuedAssignment(desired, blob, signature, assignment.counter, _half_life(assignment.expires_at))
 
 
 def package_assigned_to(device: Device, package_digest: str) -> bool:

@@ -171,6 +171,7 @@ def device_facts(
             if policy.version_id in first_change:
                 previous[policy.release_id] = _ref(first_change[policy.version_id].from_version)
     return DeviceFacts(
+        reached_by=_reached_by(device, policies or []),
         device_id=str(device.pk),
         organisation_id=str(device.organisation_id),
         attributes=attributes,
@@ -181,6 +182,21 @@ def device_facts(
         window=window,
         previous_versions=previous,
     )
+
+
+def _reached_by(device: Device, policies: list[ReleasePolicy]) -> frozenset[str]:
+    """The paused releases whose version this device began running since the release was
+    created: they reached it, so they keep it (a pin lifted later brings it back to them)."""
+    paused = [p for p in policies if p.status == Release.State.PAUSED]
+    if not paused:
+        return frozenset()
+    arrivals = DeviceVersionChange.objects.filter(
+        device=device, to_version_id__in={p.version_id for p in paused}
+    ).values_list("to_version_id", "at")
+    latest: dict[str, float] = {}
+    for version_id, at in arrivals:
+        latest[str(version_id)] = max(latest.get(str(version_id), 0.0), at.timestamp())
+    return frozenset(p.release_id for p in paused if latest.get(p.version_id, -1.0) >= p.created_at)
 
 
 @dataclass(frozen=True)
@@ -312,6 +328,48 @@ def release_selection(release: Release, groups: dict[str, DeviceGroup] | None = 
     target = Target(percentage=percentage, threshold=threshold)
     selected = frozenset(d for d, b in matching.items() if percentage > 0 and target.in_phase(b))
     return Selection(matching, threshold, selected)
+
+
+def pinned_away(release: Release, device_ids: frozenset[str] | set[str]) -> frozenset[str]:
+    """The devices among these whose pin (their own, else their first pinned group's by name, as
+    device_facts resolves it) holds them on another version than the release's: the release does
+    not assign them, so its gate must not count them. Three queries, whatever the count."""
+    if not device_ids:
+        return frozenset()
+    version = str(release.version_id)
+    groups = sorted(
+        DeviceGroup.objects.filter(organisation_id=release.organisation_id, pinned_version__isnull=False),
+        key=lambda g: g.name,
+    )
+    static: dict[str, set[str]] = {}
+    if groups:
+        through = DeviceGroup.members.through.objects.filter(
+            devicegroup_id__in=[g.pk for g in groups], device_id__in=device_ids
+        )
+        for device_id, group_id in through.values_list("device_id", "devicegroup_id"):
+            static.setdefault(str(device_id), set()).add(str(group_id))
+    dynamic = {str(g.pk): Filter.parse(g.filter) for g in groups if g.kind == DeviceGroup.Kind.DYNAMIC}
+    rows = Device.objects.filter(pk__in=device_ids).values_list(
+        "pk", "pinned_version_id", "attributes", "labels"
+    )
+    away = set()
+    for pk, own_pin, attributes, labels in rows:
+        pin = own_pin
+        if pin is None and groups:
+            attributes = {str(k): str(v) for k, v in (attributes or {}).items()}
+            labels = {str(k): str(v) for k, v in (labels or {}).items()}
+            mine = static.get(str(pk), set())
+            pin = next(
+                (
+                    g.pinned_version_id
+                    for g in groups
+                    if str(g.pk) in mine or (str(g.pk) in dynamic and dynamic[str(g.pk)](attributes, labels))
+                ),
+                None,
+            )
+        if pin is not None and str(pin) != version:
+            away.add(str(pk))
+    return frozenset(away)
 
 
 def release_list_filtered(

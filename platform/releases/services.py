@@ -34,6 +34,7 @@ from releases.models import Release, ReleaseEvent
 from releases.selectors import (
     Selection,
     organisation_groups,
+    pinned_away,
     policy_from_release,
     release_device_failures,
     release_phases,
@@ -288,20 +289,26 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
     phases = release_phases(release)
     thresholds = GateThresholds.from_dict(release.gate)
     selection = _refresh_selection(release)  # devices that enrolled or changed since join here
+    # a device pinned to another version is not the release's: none of its figures count, in
+    # the cohort or in the baseline (the release's population still on another version)
+    away = pinned_away(release, set(selection.matching))
+    cohort = selection.selected - away
     started = release.phase_started_at or release.updated_at
-    reporting_since = _phase_reporting_since(release, selection, started)
+    reporting_since = _phase_reporting_since(release, cohort, started)
     since = max(started, now - GATE_LOOKBACK)
     treated, baseline = release_cohort_figures(
         organisation_id=release.organisation_id,
         version_id=str(release.version_id),
         since=since,
-        device_ids=set(selection.selected),
+        device_ids=set(cohort),
+        baseline_ids=set(selection.matching) - away,
     )
-    treated = _with_refusals(release, selection, treated)
+    treated = _with_refusals(release, cohort, treated)
     result = evaluate_gate(thresholds, treated, baseline)
     result.figures.update(
         devices_matching=len(selection.matching),
         devices_selected=len(selection.selected),
+        devices_pinned_away=len(away & selection.selected),
         phase_reporting_since=reporting_since.isoformat() if reporting_since else None,
     )
     soaked = (now - reporting_since).total_seconds() if reporting_since else 0.0
@@ -333,10 +340,10 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
     return status
 
 
-def _with_refusals(release: Release, selection: Selection, figures):
-    """The cohort's figures with the selected devices that refused, failed or rolled back the
+def _with_refusals(release: Release, cohort: frozenset[str], figures):
+    """The cohort's figures with the cohort's devices that refused, failed or rolled back the
     release (their agents' reports): failures, no longer pending."""
-    reasons = release_device_failures(release=release, device_ids=selection.selected)
+    reasons = release_device_failures(release=release, device_ids=cohort)
     refused = sum(reasons.values())
     if not refused:
         return figures
@@ -348,11 +355,11 @@ def _with_refusals(release: Release, selection: Selection, figures):
     )
 
 
-def _phase_reporting_since(release: Release, selection: Selection, started):
-    """The first report of a device the phase selected, found once and kept on the release."""
+def _phase_reporting_since(release: Release, cohort: frozenset[str], started):
+    """The first report of a device of the phase's cohort, found once and kept on the release."""
     if release.phase_reporting_since is not None:
         return release.phase_reporting_since
-    first = first_report_at(device_ids=selection.selected, version_id=str(release.version_id), since=started)
+    first = first_report_at(device_ids=cohort, version_id=str(release.version_id), since=started)
     if first is not None:
         Release.objects.filter(pk=release.pk, phase_reporting_since__isnull=True).update(
             phase_reporting_since=first

@@ -118,8 +118,16 @@ _METRICS: dict[str, Callable[[Any], str | None]] = {
             "outbox_rejected_total",
             "rss_bytes",
             "disk_free_bytes",
+            # the active LLM package's chat API (agent/llm_api/service.py)
+            "llm_requests",
+            "llm_errors",
+            "llm_prompt_tokens",
+            "llm_tokens_generated",
         )
     },
+    "llm_ttft_ms_p50": _optional_amount,
+    "llm_prefill_tokens_per_second": _optional_amount,
+    "llm_decode_tokens_per_second": _optional_amount,
     "cpu_percent": _amount,
     "cpu_seconds_total": _amount,
     "latency_ms_p50": _optional_amount,

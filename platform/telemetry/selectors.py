@@ -87,16 +87,22 @@ def _cohort(
 
 
 def release_cohort_figures(
-    *, organisation_id, version_id: str, since: datetime, device_ids: set[str] | None = None
+    *,
+    organisation_id,
+    version_id: str,
+    since: datetime,
+    device_ids: set[str] | None = None,
+    baseline_ids: set[str] | None = None,
 ) -> tuple[CohortFigures, CohortFigures]:
     """Telemetry received since `since`: the release's devices on version_id, and the baseline.
 
     With `device_ids` (the devices the release selected) only their records count for the
     release, and selected devices without a metrics record are pending; without it every
     device on version_id counts (the older, organisation-wide reading). The baseline is the
-    devices on any other version (the previous version). A record whose figures are not
-    numbers is skipped and counted (records_skipped), never raised: one device's bad
-    telemetry must not stop the evaluation.
+    devices on any other version (the previous version); with `baseline_ids` only theirs (the
+    release's own population, so a device pinned elsewhere is no one's yardstick). A record
+    whose figures are not numbers is skipped and counted (records_skipped), never raised: one
+    device's bad telemetry must not stop the evaluation.
     """
     records = TelemetryRecord.objects.filter(
         device__organisation_id=organisation_id, received_at__gte=since, kind__in=("metrics", "activation")
@@ -117,7 +123,7 @@ def release_cohort_figures(
         elif record_version == version_id:
             if mine:
                 treated.append((device, payload))
-        elif record_version:
+        elif record_version and (baseline_ids is None or device in baseline_ids):
             baseline.append((device, payload))
     selected = None if device_ids is None else len(device_ids)
     return _cohort(treated, activations, selected=selected, skipped=skipped), _cohort(baseline, [])

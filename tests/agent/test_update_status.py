@@ -19,9 +19,9 @@ def test_refusals_failures_and_rollbacks_carry_a_reason_code():
     assert (_outcome("verify", "the package is signed for device class 'x'; this device is 'y'").state,) == (
         "refused",
     )
-    assert _outcome("verify", "signed for device class 'x'").reason_code == "device_class"
+    assert _outcome("verify", "signed for device class 'x'").reason_code == "wrong_device_class"
     assert _outcome("verify", "older than what this device has run (signed counter 1 < 2)").reason_code == (
-        "stale_assignment"
+        "stale_counter"
     )
     assert _outcome("verify", "manifest.sig is malformed").reason_code == "verification"
     disk = _outcome("download", "not enough free space for package abc")
@@ -62,7 +62,7 @@ def test_the_status_is_the_update_in_progress_else_the_last_outcome(tmp_path):
     )
     assert (status.state, status.reason_code, status.version_id, status.assignment_counter) == (
         "refused",
-        "device_class",
+        "wrong_device_class",
         V2,
         3,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -109,6 +111,35 @@ def test_paused_release_keeps_only_devices_that_run_it_and_draft_has_no_say():
     assert decide(PI, [_policy("d", status="draft")]) is None
 
 
+def test_paused_release_holds_the_devices_it_reached_and_spreads_no_further():
+    """Pause means "stop spreading", not "go back": a device the release reached (it ran the
+    release's version since the release started) keeps that version even after a pin took it
+    away and was lifted; a device in the phase it never reached gets nothing from it, so an
+    older release decides for that one."""
+    older = ReleasePolicy("older", "o", "v-old", "sha-old", "s", Target(), created_at=-1)
+    paused = _policy("p", Target(percentage=100), status="paused")
+    unpinned = DeviceFacts("d1", "o", running_version_id="v-old", reached_by=frozenset({"p"}))
+    assert decide(unpinned, [older, paused]).release_id == "p"
+    assert decide(unpinned, [older, paused]).version_id == "v-p"
+    still_pinned = replace(unpinned, pin=VersionRef("v-old", "sha-old"))
+    assert decide(still_pinned, [older, paused]).reason == "pin"
+    never_reached = DeviceFacts("d2", "o", running_version_id="v-old")
+    assert decide(never_reached, [older, paused]).release_id == "older"
+    assert decide(never_reached, [paused]) is None
+    # the phases reached so far bound it: a device outside them is not held, whatever it ran
+    outside = _policy("p", Target(percentage=100, device_ids=frozenset({"d9"})), status="paused")
+    assert decide(unpinned, [older, outside]).release_id == "older"
+    # once resumed it spreads again; aborted, the devices it moved go back (previous_versions)
+    assert decide(never_reached, [older, replace(paused, status="active")]).release_id == "p"
+    aborted = replace(paused, status="aborted")
+    moved = DeviceFacts(
+        "d1", "o", running_version_id="v-p", previous_versions={"p": VersionRef("v-old", "sha-old")}
+    )
+    assert decide(moved, [older, aborted]) == Decision(
+        "v-old", "sha-old", "p", rollback=True, reason="rollback"
+    )
+
+
 def test_aborted_release_sends_its_devices_back_to_what_they_ran():
     before = VersionRef("v-old", "sha-old")
     aborted = _policy("a", status="aborted")
@@ -174,6 +205,7 @@ devices = st.builds(
     previous_versions=st.dictionaries(
         st.text("abcdef", min_size=1, max_size=4), st.just(VersionRef("v0", "y"))
     ),
+    reached_by=st.frozensets(st.text("abcdef", min_size=1, max_size=4), max_size=3),
 )
 
 

@@ -4,8 +4,10 @@ everything through the REST API, every step a new signed assignment (deploy/trus
 v1 → v2 → roll back → re-release v2 → roll back again → v3 → v2 once more: every device follows
 every step (a re-release after a rollback used to be refused forever by the package's release
 counter).  Then one device is pinned to v1 while the fleet runs v2; it stays there across
-check-ins and an agent restart, and returns to the fleet's version when unpinned.  The time from
-each action to all three agents running its version is printed.
+check-ins and an agent restart (which the release's default gate, evaluated every second, does not
+count: it is not on the release's version), and returns to the release's version when unpinned
+even though the release is paused by then (pause stops spreading; it does not go back).  The time
+from each action to all three agents running its version is printed.
 """
 
 from __future__ import annotations
@@ -29,15 +31,13 @@ ROOT = Path(__file__).resolve().parents[2]
 LABELS = {"fleet": "history"}
 AGENTS = 3
 AGENT_ARGS = ["--metrics-interval", "1", "--upload-interval", "1"]
-# This test is about assignments, not gates: with the default gate the pinned device's restart
-# counts against the fleet's release (max_restarts_per_device) and pauses it, and a paused
-# release no longer covers the device it let go of.
-NO_GATE = {
-    "max_activation_failure_rate": None,
-    "max_error_rate": None,
-    "max_latency_p95_ratio": None,
-    "max_restarts_per_device": None,
-}
+# The default gate, on: a pinned device's telemetry (its version is not the release's) must not
+# count against the release, and a paused release keeps the devices it already reached. All but
+# the p95 latency ratio: over one-second metrics windows on a shared CI machine, a version's first
+# inferences after activation (cold caches) against warm neighbours measure the load, not the
+# model (seen at 2.4 between two same-sized models); it is tested with chosen figures in
+# tests/platform/releases.
+GATE = {"max_latency_p95_ratio": None}
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
@@ -104,7 +104,10 @@ class Scenario:
         return [self.labels.get(_on_device(self.state_dir(i)), "") for i in range(AGENTS)]
 
     def reported(self) -> dict[str, str | None]:
-        return {d["id"]: (d["running_version"] or {}).get("label") for d in self.api.call("GET", "devices/")}
+        return {
+            d["id"]: (d["running_version_info"] or {}).get("label")
+            for d in self.api.call("GET", "devices/")["results"]
+        }
 
     def expect(self, what: str, started: float, labels: list[str]) -> None:
         """Wait until each agent runs labels[i] (its own files and the control plane agree)."""
@@ -113,7 +116,10 @@ class Scenario:
                 f"{what}: agents on {labels}", lambda: self.on_devices() == labels, self.stack, timeout=90
             )
         except AssertionError as exc:
-            releases = [(r["name"], r["state"]) for r in self.api.call("GET", "releases/")]
+            releases = [
+                (r["name"], r["state"], (r.get("gate_status") or {}).get("reason"))
+                for r in self.api.call("GET", "releases/")["results"]
+            ]
             raise AssertionError(f"{exc}; agents on {self.on_devices()}; releases {releases}") from None
         seconds = time.monotonic() - started
         self.timings.append((what, seconds))
@@ -121,7 +127,7 @@ class Scenario:
         wanted = {self.device_id(i): labels[i] for i in range(AGENTS)}
         wait_until(f"{what}: reported", lambda: self.reported() == wanted, self.stack, timeout=30)
 
-    def release(self, label: str) -> dict:
+    def release(self, label: str, phases: list[dict] | None = None) -> dict:
         return self.api.call(
             "POST",
             "releases/",
@@ -131,7 +137,8 @@ class Scenario:
                 "target": {"labels": LABELS},
                 "start": True,
                 "allow_empty": True,
-                "gate": NO_GATE,
+                "gate": GATE,
+                **({"phases": phases} if phases else {}),
             },
         )
 
@@ -213,7 +220,9 @@ def test_every_device_follows_every_release_rollback_and_pin(environment, tmp_pa
         s.expect("v3 released", started, everyone("v3"))
 
         started = time.monotonic()
-        s.release("v2")
+        # a long soak keeps this release active, its gate evaluated every second, through the
+        # pin, the restart and the pause below
+        v2_soaking = s.release("v2", phases=[{"percentage": 100, "min_soak_seconds": 3600}])
         s.expect("v2 released a third time", started, everyone("v2"))
 
         # one device pinned to v1 while the fleet runs v2: it stays, across check-ins and a restart
@@ -227,11 +236,23 @@ def test_every_device_follows_every_release_rollback_and_pin(environment, tmp_pa
         s.restart_agent(0)
         time.sleep(5)
         assert s.on_devices() == ["v1", "v2", "v2"]
+        # the pinned device's restart on v1 is not the release's business: its gate still passes
+        gated = api.call("GET", f"releases/{v2_soaking['id']}/")
+        gate = json.dumps(gated["gate_status"])
+        assert gated["state"] == "active", gate
+        assert gated["gate_status"]["failures"] == [], gate
+        assert gated["gate_status"]["figures"]["restarts_per_device"] == 0, gate
+        assert gated["gate_status"]["figures"]["devices_pinned_away"] == 1, gate
+
+        # paused, the release stops spreading but keeps the devices it reached: unpinned, device 0
+        # goes back to v2 (not to an older release's version)
+        s.act(v2_soaking, "pause")
 
         started = time.monotonic()
         s.pin(0, None)
         s.expect("device 0 unpinned", started, everyone("v2"))
         assert json.loads((s.state_dir(0) / "assignment.json").read_text())["counter"] > counter
+        assert api.call("GET", f"releases/{v2_soaking['id']}/")["state"] == "paused"
 
         history = ["v1", "v2", "v1", "v2", "v1", "v3", "v2"]
         assert _versions_run(environment["FERRY_DATABASE_URL"], s.device_id(0)) == [*history, "v1", "v2"]

@@ -155,7 +155,7 @@ def test_refusing_devices_show_their_reason_and_abort_the_release(environment, t
         assert time.monotonic() - started < 4 * CHECKIN_SECONDS + 6
         for name in ("agent-1", "agent-2"):
             row = refused[name]
-            assert row["reason_code"] == "device_class", row
+            assert row["reason_code"] == "wrong_device_class", row
             assert "jetson" in row["message"] and "generic" in row["message"], row
             assert row["reported_at"] and row["updated_at"]
 
@@ -165,7 +165,8 @@ def test_refusing_devices_show_their_reason_and_abort_the_release(environment, t
             stack,
         )
         abort = next(e for e in aborted["events"] if e["action"] == "abort")
-        assert abort["actor"] is None and "refused or failed the update (device_class: 2)" in abort["reason"]
+        assert abort["actor"] is None
+        assert "refused or failed the update (wrong_device_class: 2)" in abort["reason"]
         audited = {e["reason"].split(":")[0] for e in aborted["events"] if e["action"] == "device_refused"}
         assert audited == {"device agent-1", "device agent-2"}
         assert aborted["devices"]["by_state"].get("refused") == 2

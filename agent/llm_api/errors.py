@@ -1,0 +1,29 @@
+"""An error the local API answers with: an HTTP status and OpenAI's error object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    """A request refused with ``status`` and a reason the client can act on."""
+
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request_error", code: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code or None
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": None, "code": self.code}}
+
+
+def invalid(message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, code=code)
+
+
+class ClientGone(Exception):
+    """The client closed the connection mid-stream; generation stops (not counted as an error)."""

@@ -1,0 +1,243 @@
+"""One loaded LLM package behind the API: requests run one at a time, at most ``queue_bound``
+wait (the rest get 429), and the figures the agent reports (time to first token, prefill and
+decode tok/s, tokens generated, errors) accumulate between two readings."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.llm_api.chat_request import ChatRequest
+from agent.llm_api.errors import ApiError, ClientGone, invalid
+from agent.llm_api.template import ChatTemplate, TemplateError
+
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_QUEUE_BOUND = 8
+
+
+def is_llm_package(directory: Path) -> bool:
+    """Whether an unpacked package's manifest says ``kind: "llm"``."""
+    try:
+        manifest = json.loads((Path(directory) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and (manifest.get("metadata") or {}).get("kind") == "llm"
+
+
+@dataclass
+class Figures:
+    requests: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    tokens_generated: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    decode_steps: int = 0
+    ttft: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        ttft = sorted(self.ttft)
+        return {
+            "llm_requests": self.requests,
+            "llm_errors": self.errors,
+            "llm_prompt_tokens": self.prompt_tokens,
+            "llm_tokens_generated": self.tokens_generated,
+            "llm_ttft_ms_p50": round(1000 * ttft[len(ttft) // 2], 3) if ttft else None,
+            "llm_prefill_tokens_per_second": _rate(self.prompt_tokens, self.prefill_seconds),
+            "llm_decode_tokens_per_second": _rate(self.decode_steps, self.decode_seconds),
+        }
+
+
+def _rate(count: int, seconds: float) -> float | None:
+    return round(count / seconds, 3) if seconds > 0 and count else None
+
+
+@dataclass
+class Completion:
+    id: str
+    created: int
+    model: str
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": self.text},
+                    "finish_reason": self.finish_reason,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+            },
+        }
+
+
+class LlmService:
+    """An unpacked LLM package, loaded (weights memory-mapped), answering chat requests."""
+
+    def __init__(
+        self, directory: Path, name: str = "", version_id: str = "", queue_bound: int = DEFAULT_QUEUE_BOUND
+    ) -> None:
+        from engine.llm.package import load_model  # noqa: PLC0415 - numpy only when an LLM runs
+        from engine.llm.tokenizer import LlmTokenizer  # noqa: PLC0415
+
+        self.directory = Path(directory)
+        self.model = load_model(self.directory)
+        self.tokenizer = LlmTokenizer.from_directory(self.directory)
+        self.name = name or self.directory.name
+        self.version_id = version_id
+        self.context_length = self.model.config.max_positions
+        config = self.tokenizer.config
+        self.template = ChatTemplate(
+            self.tokenizer.chat_template,
+            {k: config.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token") if config.get(k)},
+        )
+        self.defaults = _read_json(self.directory / "generation.json")
+        self.stop_tokens = self._stop_tokens(config)
+        self._admitted = threading.BoundedSemaphore(queue_bound + 1)  # the running one + the waiting
+        self._running = threading.Lock()
+        self._figures_lock = threading.Lock()
+        self._figures = Figures()
+
+    def _stop_tokens(self, config: dict[str, Any]) -> list[int]:
+        stops = list(self.model.config.eos_token_ids)
+        eos = config.get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        found = self.tokenizer.token_id(eos) if isinstance(eos, str) else None
+        if found is not None and found not in stops:
+            stops.append(found)
+        return stops
+
+    def models(self) -> dict[str, Any]:
+        created = int(self.directory.stat().st_mtime)
+        return {
+            "object": "list",
+            "data": [{"id": self.name, "object": "model", "created": created, "owned_by": "ferry"}],
+        }
+
+    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        try:
+            text = self.template.render(messages)
+        except TemplateError as exc:
+            raise ApiError(500, str(exc), kind="server_error", code="template_error") from exc
+        return self.tokenizer.encode(text) or [0]
+
+    def complete(self, request: ChatRequest, on_text: Callable[[str], None] | None = None) -> Completion:
+        """Run ``request`` when its turn comes (429 at once when the queue is full)."""
+        if request.model and request.model != self.name:
+            raise ApiError(
+                404, f"model {request.model!r} is not served here; try {self.name!r}", code="model_not_found"
+            )
+        prompt = self.prompt_tokens(request.messages)
+        room = self.context_length - len(prompt)
+        if room < 1 or (request.max_tokens is not None and request.max_tokens > room):
+            raise invalid(
+                f"the prompt is {len(prompt)} tokens and {request.max_tokens or 1} more were asked for; "
+                f"the model's context length is {self.context_length}",
+                "context_length_exceeded",
+            )
+        max_tokens = request.max_tokens or min(
+            int(self.defaults.get("max_new_tokens", DEFAULT_MAX_TOKENS)), room
+        )
+        options = self._options(request)
+        if not self._admitted.acquire(blocking=False):
+            raise ApiError(
+                429,
+                "the model is busy and its queue is full; retry shortly",
+                kind="rate_limit_error",
+                code="queue_full",
+            )
+        try:
+            with self._running:
+                return self._generate(request, prompt, max_tokens, options, on_text)
+        finally:
+            self._admitted.release()
+
+    def _options(self, request: ChatRequest) -> Any:
+        from engine.llm.sampler import SamplingOptions  # noqa: PLC0415
+
+        chosen = dict(self.defaults)
+        chosen.pop("max_new_tokens", None)
+        for key in ("temperature", "top_p", "seed"):
+            if getattr(request, key) is not None:
+                chosen[key] = getattr(request, key)
+        try:
+            return SamplingOptions.from_dict(chosen)
+        except (TypeError, ValueError) as exc:
+            raise invalid(str(exc)) from exc
+
+    def _generate(self, request, prompt, max_tokens, options, on_text) -> Completion:
+        from engine.llm.errors import ContextLimitError  # noqa: PLC0415
+        from engine.llm.generate import generate  # noqa: PLC0415
+
+        try:
+            result = generate(
+                self.model,
+                self.tokenizer,
+                prompt,
+                max_tokens=max_tokens,
+                options=options,
+                stop=request.stop,
+                stop_tokens=self.stop_tokens,
+                on_text=on_text,
+            )
+        except ContextLimitError as exc:
+            raise invalid(str(exc), "context_length_exceeded") from exc
+        except ClientGone:
+            raise
+        except Exception:
+            self.count_error()
+            raise
+        with self._figures_lock:
+            f = self._figures
+            f.requests += 1
+            f.prompt_tokens += result.prompt_tokens
+            f.tokens_generated += len(result.tokens)
+            f.prefill_seconds += result.prefill_seconds
+            f.decode_seconds += result.decode_seconds
+            f.decode_steps += max(len(result.tokens) - 1, 0)
+            f.ttft.append(result.time_to_first_token)
+        return Completion(
+            id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            created=int(time.time()),
+            model=self.name,
+            text=result.text,
+            finish_reason=result.finish_reason,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(result.tokens),
+        )
+
+    def count_error(self) -> None:
+        with self._figures_lock:
+            self._figures.errors += 1
+
+    def take_figures(self) -> dict[str, Any]:
+        """The figures since the last call (for the agent's metrics record)."""
+        with self._figures_lock:
+            figures, self._figures = self._figures, Figures()
+        return figures.summary()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,341 @@
+"""No-change check-ins: the real gateway beside a trivial gRPC server, in one run (~1.5 min).
+
+    FERRY_DATABASE_URL=postgres://postgres@127.0.0.1:5432/ferry REDIS_URL=redis://127.0.0.1:6379/0 \\
+        .venv/bin/python bench/checkin_load.py
+
+A scratch database of its own (<name>_bench_checkin: created, migrated, dropped) holds
+--devices enrolled devices (bulk-created rows); --identities of them get real client
+certificates from the control plane's device CA.  Processes:
+
+- the server: ``manage.py gateway`` (PostgreSQL), or a trivial synchronous gRPC server with
+  the same proto, the same mutual TLS and thread pool, answering every CheckIn with a constant
+  reply (the stack's own ceiling); pinned to core 0 when there are two or more;
+- the load generator: this script again (``--load``), pinned to core 1, --threads closed-loop
+  callers cycling over the identities, one long-lived mTLS channel per identity, each sending
+  the no-change check-in an idle agent sends (same attributes, nothing running, no update).
+
+Two gateway rows: as configured (REDIS_URL set: no-change answers come from
+gateway/desired_cache.py) and the same gateway without REDIS_URL (no fleet generation, so
+every answer is computed: the check-in as it was before the cache).  No release is live in
+the scratch fleet, so the uncached row is a lower bound of what a computed answer costs.
+
+Prints check-ins/s, p50/p99 latency and the server process's CPU per check-in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+from urllib.parse import urlparse, urlunparse
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
+
+ATTRIBUTES = {"hardware": "bench", "os": "linux", "agent_version": "bench"}
+
+
+def _pin(core: int) -> None:
+    """Pin this process to one core when there are two (the other belongs to the peer process)."""
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[core]})
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (Linux /proc), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# --- the load generator (its own process) ---------------------------------------------------
+
+
+def _load(spec: dict) -> dict:
+    from agent.client import GatewayClient
+    from deploy.proto import agent_pb2
+
+    _pin(1)
+    ca = spec["ca_pem"].encode()
+    clients = [
+        GatewayClient(spec["address"], ca_pem=ca, key_pem=k.encode(), certificate_pem=c.encode())
+        for k, c in spec["identities"]
+    ]
+    attributes = agent_pb2.DeviceAttributes(**ATTRIBUTES)
+    for client in clients:  # connect (TLS handshake) outside the measurement
+        client.check_in(attributes, "", "")
+    threads = spec["threads"]
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    stop = time.monotonic() + spec["seconds"]
+
+    def work(i: int) -> None:
+        n = i
+        while time.monotonic() < stop:
+            client = clients[n % len(clients)]
+            n += threads
+            started = time.perf_counter()
+            client.check_in(attributes, "", "")
+            latencies[i].append(time.perf_counter() - started)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    started = time.monotonic()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    wall = time.monotonic() - started
+    for client in clients:
+        client.close()
+    every = sorted(x for part in latencies for x in part)
+    return {
+        "count": len(every),
+        "wall": wall,
+        "p50_ms": 1e3 * every[len(every) // 2],
+        "p99_ms": 1e3 * every[min(len(every) - 1, int(len(every) * 0.99))],
+    }
+
+
+# --- the trivial server (its own process) ----------------------------------------------------
+
+
+def _trivial(spec: dict) -> None:
+    import grpc
+
+    from deploy.proto import agent_pb2, agent_pb2_grpc
+
+    _pin(0)
+
+    class Trivial(agent_pb2_grpc.AgentGatewayServicer):
+        def CheckIn(self, request, context):
+            return agent_pb2.CheckInResponse(checkin_interval_seconds=30)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=spec["workers"]))
+    agent_pb2_grpc.add_AgentGatewayServicer_to_server(Trivial(), server)
+    credentials = grpc.ssl_server_credentials(
+        [(spec["key_pem"].encode(), spec["cert_pem"].encode())],
+        root_certificates=spec["ca_pem"].encode(),
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    print(f"trivial listening on 127.0.0.1:{port}", flush=True)
+    sys.stdin.read()  # until the parent closes our stdin
+    server.stop(grace=None)
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def _scratch_database(url: str) -> str:
+    import psycopg
+
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgres", "postgresql"):
+        sys.exit("FERRY_DATABASE_URL must name a PostgreSQL database")
+    name = f"{parsed.path.lstrip('/') or 'ferry'}_bench_checkin"
+    with psycopg.connect(urlunparse(parsed._replace(path="/postgres")), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return urlunparse(parsed._replace(path=f"/{name}"))
+
+
+def _drop_database(url: str) -> None:
+    import psycopg
+
+    parsed = urlparse(url)
+    with psycopg.connect(urlunparse(parsed._replace(path="/postgres")), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{parsed.path.lstrip("/")}" WITH (FORCE)')
+
+
+def _fleet(devices: int, identities: int) -> list[tuple[str, str]]:
+    """Bulk-created device rows; (key, certificate) PEMs for the first `identities` of them."""
+    from accounts.services import organisation_ensure
+    from django.core.management import call_command
+    from django.utils import timezone
+    from ferry_cloud.device_ca import device_ca
+    from fleet.models import Device
+
+    from deploy.trust import certificates
+
+    call_command("migrate", verbosity=0)
+    org = organisation_ensure(name="Bench")
+    now = timezone.now()
+    rows = Device.objects.bulk_create(
+        [
+            Device(organisation=org, name=f"d{i:06d}", attributes=ATTRIBUTES, last_seen_at=now)
+            for i in range(devices)
+        ],
+        batch_size=2000,
+    )
+    ca = device_ca()
+    pems = []
+    for device in rows[:identities]:
+        key = certificates.create_private_key()
+        issued = certificates.sign_client_certificate(
+            ca, certificates.create_csr(key), device_id=str(device.pk)
+        )
+        pems.append((key.decode(), issued.certificate_pem.decode()))
+    return pems
+
+
+def _start(
+    command: list[str], env: dict, marker: str, spec: dict | None = None
+) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    if spec is not None:
+        process.stdin.write(json.dumps(spec) + "\n")
+        process.stdin.flush()
+    line = process.stdout.readline()
+    if marker not in line:
+        process.kill()
+        raise RuntimeError(f"the server did not start: {line!r}")
+    return process, line.split(marker, 1)[1].split()[0]
+
+
+def _row(name: str, server: subprocess.Popen, address: str, spec: dict) -> dict:
+    """Drive the server from the load generator's process; the server's CPU over the run."""
+    load = dict(spec, address=address)
+    warm = dict(load, seconds=1.0)
+    _run_load(warm)
+    cpu = _cpu_seconds(server.pid)
+    result = _run_load(load)
+    cpu = _cpu_seconds(server.pid) - cpu
+    return {
+        "name": name,
+        "per_s": result["count"] / result["wall"],
+        "p50_ms": result["p50_ms"],
+        "p99_ms": result["p99_ms"],
+        "cpu_us": 1e6 * cpu / max(result["count"], 1),
+    }
+
+
+def _run_load(spec: dict) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--load"],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def _run(args, data_dir: str) -> list[dict]:
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.db import connections
+
+    identities = _fleet(args.devices, args.identities)
+    connections.close_all()
+    ca_pem = Path(settings.FERRY_DEVICE_CA_CERT_FILE).read_text()
+    spec = {"ca_pem": ca_pem, "identities": identities, "threads": args.threads, "seconds": args.seconds}
+    env = {**os.environ, "FERRY_LOG_LEVEL": "WARNING", "FERRY_DATA_DIR": data_dir}
+    pin = (
+        ["taskset", "-c", str(sorted(os.sched_getaffinity(0))[0])]
+        if len(os.sched_getaffinity(0)) >= 2
+        else []
+    )
+    command = [*pin, sys.executable, str(ROOT / "manage.py"), "gateway", "--address", "127.0.0.1:0"]
+    command += ["--metrics-port", "0"]
+    gateway, address = _start(command, env, "listening on ")
+    # without REDIS_URL there is no fleet generation, so this one computes every answer: the
+    # check-in as it was before gateway/desired_cache.py, measured in the same run
+    uncached_env = {k: v for k, v in env.items() if k != "REDIS_URL"}
+    uncached, uncached_address = _start(command, uncached_env, "listening on ")
+    trivial_spec = {
+        "ca_pem": ca_pem,
+        "key_pem": Path(settings.FERRY_GATEWAY_TLS_KEY_FILE).read_text(),
+        "cert_pem": Path(settings.FERRY_GATEWAY_TLS_CERT_FILE).read_text(),
+        "workers": 16,  # gateway.server.build_server's default
+    }
+    trivial, trivial_address = _start(
+        [sys.executable, __file__, "--trivial"], env, "listening on ", trivial_spec
+    )
+    rows: dict[str, list[dict]] = {}
+    try:
+        for _ in range(args.rounds):  # alternate, so a neighbour's load hits both alike
+            rows.setdefault("trivial", []).append(_row("trivial gRPC (mTLS)", trivial, trivial_address, spec))
+            rows.setdefault("uncached", []).append(
+                _row("gateway, no cache (before)", uncached, uncached_address, spec)
+            )
+            rows.setdefault("gateway", []).append(_row("gateway (mTLS, PG)", gateway, address, spec))
+    finally:
+        for process in (gateway, uncached, trivial):
+            process.stdin.close()
+            process.terminate()
+            process.wait(timeout=30)
+    return [_median(runs) for runs in rows.values()]
+
+
+def _median(runs: list[dict]) -> dict:
+    best = sorted(runs, key=lambda r: r["per_s"])[len(runs) // 2]
+    return dict(best, per_s=statistics.median(r["per_s"] for r in runs))
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--load"]:
+        print(json.dumps(_load(json.loads(sys.stdin.read()))))
+        return 0
+    if sys.argv[1:] == ["--trivial"]:
+        _trivial(json.loads(sys.stdin.readline()))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=10_000)
+    parser.add_argument(
+        "--identities", type=int, default=200, help="client certificates the load cycles over"
+    )
+    parser.add_argument("--threads", type=int, default=8, help="closed-loop callers in the load generator")
+    parser.add_argument("--seconds", type=float, default=8.0, help="per row and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    url = os.environ.get("FERRY_DATABASE_URL", "")
+    if not url:
+        sys.exit("set FERRY_DATABASE_URL to a PostgreSQL database (a scratch copy is used)")
+    if not os.environ.get("REDIS_URL"):
+        sys.exit("set REDIS_URL: the gateway's fleet generation lives in Redis")
+    scratch = _scratch_database(url)
+    os.environ["FERRY_DATABASE_URL"] = scratch
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")
+    with tempfile.TemporaryDirectory(prefix="ferry-bench-checkin-") as data_dir:
+        os.environ["FERRY_DATA_DIR"] = data_dir
+        try:
+            rows = _run(args, data_dir)
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+            _drop_database(scratch)
+    _print(rows, args)
+    return 0
+
+
+def _print(rows: list[dict], args) -> None:
+    print(
+        f"\nno-change check-ins, {args.devices} devices, {args.identities} mTLS identities, "
+        f"{args.threads} callers, {args.seconds:.0f} s x {args.rounds} rounds"
+    )
+    print(f"{'server':<28} {'check-ins/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'server CPU/check-in':>20}")
+    for r in rows:
+        latency = f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f}"
+        print(f"{r['name']:<28} {r['per_s']:>12.0f} {latency} {r['cpu_us']:>17.0f} us")
+    trivial = rows[0]
+    for r in rows[1:]:
+        print(
+            f"{r['name']}: {100 * r['per_s'] / trivial['per_s']:.0f}% of the trivial server's rate; "
+            f"{1e6 / r['cpu_us']:.0f} check-ins per core-second of its own"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+from ferryctl.cli import main
+
+main()
