@@ -47,3 +47,21 @@ ROLE_RANK: dict[str, int] = {
     Membership.Role.RELEASE_MANAGER: 1,
     Membership.Role.ADMIN: 2,
 }
+
+
+class ApiToken(models.Model):
+    """A REST credential: shown once as ``fat_<id>_<secret>``, kept only as the secret's sha256.
+
+    The id finds the row; the hash is compared in constant time. Its role caps the user's role
+    in the organisation (never raises it), and it stops working at expires_at or revoked_at.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=200, blank=True)
+    role = models.CharField(max_length=32, choices=Membership.Role.choices)
+    secret_sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)

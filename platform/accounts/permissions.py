@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
-from accounts.models import Membership
+from accounts.models import ApiToken, Membership
 from accounts.selectors import RoleTooLow, membership_for_user, role_require
+from accounts.tokens import role_capped
 
 Role = Membership.Role
 
@@ -53,6 +54,12 @@ class ViewerQueries(RolePermission):
     write_role = Role.VIEWER
 
 
+class MemberWrites(RolePermission):
+    """Writes any member makes on their own things (API tokens); the view scopes the rows."""
+
+    write_role = Role.VIEWER
+
+
 class OperatorWrites(RolePermission):
     """Writes need an operator: uploads, conversions, releases and their actions, pins, groups."""
 
@@ -60,7 +67,7 @@ class OperatorWrites(RolePermission):
 
 
 class AdminWrites(RolePermission):
-    """Writes need an admin: enrolment tokens, device revocation (later members, API tokens, keys)."""
+    """Writes need an admin: enrolment tokens, device revocation (later members, keys)."""
 
     write_role = Role.ADMIN
 
@@ -74,7 +81,22 @@ class Undeclared(RolePermission):
 def _membership(request, view) -> Membership:
     # OrganisationApi caches it, so the role check and the view's organisation share one query.
     cached = getattr(view, "membership", None)
-    return cached if isinstance(cached, Membership) else membership_for_user(user=request.user)
+    return cached if isinstance(cached, Membership) else request_membership(request)
+
+
+def request_membership(request) -> Membership:
+    """The caller's membership, its role capped by the API token the request came with.
+
+    The capped role lives on this in-memory copy only (never saved): the token lowers what
+    this request may do, not what the member may do.
+    """
+    membership = membership_for_user(user=request.user)
+    token = getattr(request, "auth", None)
+    if isinstance(token, ApiToken):
+        if token.organisation_id != membership.organisation_id:
+            membership = membership_for_user(user=request.user, organisation_id=token.organisation_id)
+        membership.role = role_capped(membership.role, token.role)
+    return membership
 
 
 def declared_permission(view_class: type) -> type[RolePermission] | None:

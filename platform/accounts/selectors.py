@@ -25,11 +25,15 @@ class RoleTooLow(PermissionDenied):
     """
 
 
-def membership_for_user(*, user) -> Membership:
-    """The user's membership (one organisation per user for now; the first membership wins)."""
+def membership_for_user(*, user, organisation_id: int | None = None) -> Membership:
+    """The user's membership (one organisation per user for now; the first membership wins),
+    or their membership of ``organisation_id`` (an API token's organisation)."""
     membership = None
     if user is not None and user.is_authenticated:
-        membership = user.memberships.select_related("organisation").order_by("id").first()
+        memberships = user.memberships.select_related("organisation").order_by("id")
+        if organisation_id is not None:
+            memberships = memberships.filter(organisation_id=organisation_id)
+        membership = memberships.first()
     if membership is None:
         raise NoOrganisation("This account belongs to no organisation; ask an admin to add you to one.")
     return membership

@@ -1,3 +1,4 @@
+from accounts.api_tokens import ApiTokenDetailApi, ApiTokenListCreateApi
 from django.urls import include, path, re_path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from fleet.api import (
@@ -74,6 +75,8 @@ api = [
     path("releases/<str:release_id>/events/", ReleaseEventsApi.as_view(), name="release-events"),
     path("releases/<str:release_id>/devices/", ReleaseDevicesApi.as_view(), name="release-devices"),
     path("releases/<str:release_id>/<str:action>/", ReleaseActionApi.as_view(), name="release-action"),
+    path("api-tokens/", ApiTokenListCreateApi.as_view(), name="api-tokens"),
+    path("api-tokens/<rowid:api_token_id>/", ApiTokenDetailApi.as_view(), name="api-token"),
     path("audit/", AuditFeedApi.as_view(), name="audit"),
     path("fleet/summary/", FleetSummaryApi.as_view(), name="fleet-summary"),
 ]

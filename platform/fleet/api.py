@@ -32,7 +32,12 @@ class InvalidFilter(Invalid):
 
 class TokenInput(serializers.Serializer):
     labels = serializers.DictField(child=serializers.CharField(max_length=200), required=False, default=dict)
-    ttl_hours = serializers.IntegerField(min_value=1, max_value=24 * 30, required=False, default=24)
+    ttl_hours = serializers.IntegerField(
+        min_value=1,
+        max_value=24 * 30,
+        required=False,
+        help_text="Lifetime; default FERRY_ENROLMENT_TOKEN_HOURS (24).",
+    )
 
 
 class TokenOutput(serializers.Serializer):
@@ -86,7 +91,7 @@ class EnrolmentTokenCreateApi(OrganisationApi):
         issued = services.enrolment_token_create(
             organisation=self.organisation,
             labels=data.validated_data["labels"],
-            ttl=timedelta(hours=data.validated_data["ttl_hours"]),
+            ttl=timedelta(hours=hours) if (hours := data.validated_data.get("ttl_hours")) else None,
         )
         body = {
             "id": issued.record.pk,

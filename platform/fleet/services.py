@@ -52,8 +52,12 @@ class IssuedToken:
 
 
 def enrolment_token_create(
-    *, organisation: Organisation, labels: dict[str, str] | None = None, ttl: timedelta = timedelta(days=1)
+    *, organisation: Organisation, labels: dict[str, str] | None = None, ttl: timedelta | None = None
 ) -> IssuedToken:
+    """A one-time token (192 random bits, kept as its sha256) that expires after ``ttl``
+    (default FERRY_ENROLMENT_TOKEN_HOURS, 24)."""
+    if ttl is None:
+        ttl = timedelta(hours=settings.FERRY_ENROLMENT_TOKEN_HOURS)
     token = "fet_" + secrets.token_urlsafe(24)
     record = EnrolmentToken.objects.create(
         organisation=organisation,

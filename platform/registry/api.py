@@ -10,12 +10,12 @@ from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
 from ferry_cloud.idempotency import HEADER as IDEMPOTENCY_KEY
 from ferry_cloud.idempotency import idempotent
 from rest_framework import serializers, status
-from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
 from converter.options import ACTIVATION_METHODS, BLOCK_SIZES, PRECISIONS
 from registry import selectors, services
 from registry.models import ConversionJob, Model, ModelVersion
+from registry.upload_limits import SizeLimitedMultiPartParser
 
 
 class JobOutput(serializers.ModelSerializer):
@@ -162,7 +162,7 @@ class VersionListApi(OrganisationApi):
 
 class VersionCreateApi(OrganisationApi):
     permission_classes = [OperatorWrites]
-    parser_classes = [MultiPartParser]
+    parser_classes = [SizeLimitedMultiPartParser]
 
     @extend_schema(
         parameters=[ModelVersionQuery],

@@ -33,6 +33,7 @@ from deploy.package.reader import read_head
 from registry import storage
 from registry.errors import InvalidUpload, VersionImmutable, VersionInUse
 from registry.models import Artifact, ConversionJob, Model, ModelVersion
+from registry.onnx_checks import check_self_contained
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ def version_upload(
         raise InvalidUpload(f"The file is {size} bytes; the limit is {settings.FERRY_MAX_UPLOAD_BYTES}.")
     if ModelVersion.objects.filter(model=model, label=label).exists():
         raise Conflict(f"{model.name} already has a version labelled {label!r}.")
+    check_self_contained(stream)  # before anything is stored
     source = artifact_store(
         organisation=model.organisation, kind=Artifact.Kind.ONNX, stream=stream, suffix=".onnx"
     )

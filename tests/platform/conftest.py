@@ -4,9 +4,9 @@ import io
 
 import onnx
 import pytest
-from accounts.api import api_token_issue
 from accounts.models import Membership
 from accounts.services import organisation_ensure, user_ensure_admin
+from accounts.tokens import api_token_create
 from django.contrib.auth import get_user_model
 from registry.models import ModelVersion
 from registry.services import conversion_run
@@ -36,8 +36,8 @@ def api(admin) -> APIClient:
 def member_of(organisation, username: str, role: str) -> tuple[object, str]:
     """A user of the organisation with that role, and its API token."""
     user = get_user_model().objects.create_user(username=username, password="correct horse")
-    Membership.objects.create(user=user, organisation=organisation, role=role)
-    return user, api_token_issue(user)
+    membership = Membership.objects.create(user=user, organisation=organisation, role=role)
+    return user, api_token_create(membership=membership).token
 
 
 @pytest.fixture

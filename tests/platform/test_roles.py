@@ -25,6 +25,7 @@ import pytest
 from accounts.api import OrganisationApi
 from accounts.models import Membership
 from accounts.permissions import OperatorWrites, ViewerQueries, declared_permission
+from accounts.tokens import api_token_create
 from django.db import transaction
 from django.urls import URLPattern, URLResolver, get_resolver
 from fleet.api import DeviceRevokeApi
@@ -67,6 +68,8 @@ DECLARED: dict[str, dict[str, str]] = {
     "api:release": {"GET": VIEWER},
     "api:release-gate": {"POST": OPERATOR},
     "api:release-events": {"GET": VIEWER},
+    "api:api-tokens": {"GET": VIEWER, "POST": VIEWER},
+    "api:api-token": {"GET": VIEWER, "DELETE": VIEWER},
     "api:audit": {"GET": VIEWER},
     "api:release-devices": {"GET": VIEWER},
     "api:release-action": {"POST": OPERATOR},
@@ -189,6 +192,7 @@ def _client(token: str | None) -> APIClient:
 @pytest.fixture
 def world(org, admin, viewer, operator, outsider, ready_version) -> World:
     token = enrolment_token_create(organisation=org, labels={"site": "lab"}).token
+    spare_api_token = api_token_create(membership=org.memberships.get(user=admin[0]), name="spare").record
     spare_token = enrolment_token_create(organisation=org, labels={"site": "spare"}).record
     device = device_enrol(
         token=token, name="acme-secret-device", attributes={}, labels={"site": "lab"}
@@ -212,6 +216,7 @@ def world(org, admin, viewer, operator, outsider, ready_version) -> World:
         "release_id": release.pk,
         "action": "pause",
         "token_id": spare_token.pk,
+        "api_token_id": spare_api_token.pk,
     }
     bodies = {
         ("api:models", "POST"): {"name": "roles-model"},
@@ -223,7 +228,8 @@ def world(org, admin, viewer, operator, outsider, ready_version) -> World:
         ("api:releases", "POST"): {"name": "roles-release", "version": str(ready_version.pk)},
         ("api:release-action", "POST"): {"reason": "roles"},
     }
-    secrets = [str(v) for k, v in values.items() if k not in ("action", "model_id", "token_id")]
+    row_numbers = ("model_id", "token_id", "api_token_id")  # small integers: any page may hold them
+    secrets = [str(v) for k, v in values.items() if k != "action" and k not in row_numbers]
     secrets += ["acme-secret-device", "acme-secret-group", "acme-secret-release", ready_version.model.name]
     clients = {
         "anonymous": (_client(None), None),

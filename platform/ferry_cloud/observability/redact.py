@@ -31,8 +31,8 @@ SECRET_KEY_PARTS = (
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # "Authorization: Token <key>", "Bearer <credential>", "Basic <b64>"
     (re.compile(r"\b(Bearer|Token|Basic)\s+[^\s,;\"']+", re.IGNORECASE), r"\1 " + REDACTED),
-    # one-time enrolment tokens: "fet_" + urlsafe base64
-    (re.compile(r"\bfet_[A-Za-z0-9_-]{8,}"), REDACTED),
+    # one-time enrolment tokens "fet_" + urlsafe base64, API tokens "fat_<id>_" + urlsafe base64
+    (re.compile(r"\bf[ae]t_[A-Za-z0-9_-]{8,}"), REDACTED),
     # device credentials "<device uuid>.<secret>": the device id stays, the secret goes
     (
         re.compile(

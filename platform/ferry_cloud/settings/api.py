@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 # --- REST API -----------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "accounts.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -33,3 +35,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
 }
+
+# --- API tokens (accounts/tokens.py) ----------------------------------------------
+# Lifetime of a new API token unless its creator asks for less (or, up to the maximum, more).
+FERRY_API_TOKEN_DAYS = int(os.environ.get("FERRY_API_TOKEN_DAYS", "90") or 90)
+FERRY_API_TOKEN_MAX_DAYS = int(os.environ.get("FERRY_API_TOKEN_MAX_DAYS", "365") or 365)
+# Lifetime of a new enrolment token unless its creator names one (fleet/services.py).
+FERRY_ENROLMENT_TOKEN_HOURS = int(os.environ.get("FERRY_ENROLMENT_TOKEN_HOURS", "24") or 24)

@@ -144,6 +144,7 @@ def test_one_json_line_per_request_without_headers_or_cookies(api, admin, log_li
         "Authorization: Token 0123456789abcdef0123456789abcdef01234567",
         "key=0123456789abcdef0123456789abcdef01234567",
         "enrol with fet_Abc-def_0123456789xyz",
+        "call with fat_12_Abc-def_0123456789xyzAbc-def_0123456789xyz012",
         "credential 6f1c2a34-1111-2222-3333-444455556666.Zm9vYmFyYmF6cXV4cXV1eDEyMzQ1Njc4OTA",
         "Bearer abc.def-ghi",
         "postgres://ferry:hunter2@db:5432/ferry",
@@ -152,7 +153,9 @@ def test_one_json_line_per_request_without_headers_or_cookies(api, admin, log_li
 def test_token_looking_values_are_redacted(value):
     scrubbed = scrub(value)
     assert REDACTED in scrubbed
-    for secret in ("0123456789abcdef0123456789abcdef01234567", "fet_Abc", "Zm9vYmFy", "abc.def", "hunter2"):
+    drf_key = "0123456789abcdef0123456789abcdef01234567"
+    secrets = (drf_key, "fet_Abc", "fat_12", "Zm9vYmFy", "abc.def", "hunter2")
+    for secret in secrets:
         assert secret not in scrubbed
 
 
