@@ -1,16 +1,26 @@
-"""What the end-to-end tests share: a PostgreSQL database of a test's own, and waiting on a
-condition while the stack's processes stay alive."""
+"""What the end-to-end tests share: a PostgreSQL database of a test's own, Python run in a
+``manage.py shell`` on the stack's settings (an organisation with an admin, queries), and waiting
+on a condition while the stack's processes stay alive."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 from ferry_cloud.stack import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+# A script's answer is the last line starting with this (Django and libraries print too).
+RESULT = "RESULT "
+RESULT_PRELUDE = f"import json\ndef result(value):\n    print({RESULT!r} + json.dumps(value))\n"
 
 
 @contextmanager
@@ -49,3 +59,38 @@ def enrolment_bundle_for(token: str, port: int, enrol_port: int) -> str:
     return enrolment_bundle(
         token=token, gateway_address=f"127.0.0.1:{port}", enrol_address=f"127.0.0.1:{enrol_port}"
     )
+
+
+def manage_shell(env: dict[str, str], script: str, timeout: float = 300) -> dict:
+    """Run script in ``manage.py shell`` with exactly env; it answers with ``result({...})``."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", RESULT_PRELUDE + script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = [line[len(RESULT) :] for line in done.stdout.splitlines() if line.startswith(RESULT)]
+    assert answers, f"the script gave no result; its output ends with:\n{done.stdout[-2000:]}"
+    return json.loads(answers[-1])
+
+
+BOOTSTRAP = """
+import os
+from django.core.management import call_command
+from accounts.services import organisation_ensure, user_ensure_admin
+call_command("migrate", verbosity=0)
+org = organisation_ensure(name=os.environ["E2E_ORGANISATION"])
+_, token = user_ensure_admin(organisation=org, username="admin", password=os.environ["ADMIN_PASSWORD"])
+result({"token": token})
+"""
+
+
+def bootstrap_admin(env: dict[str, str], organisation: str, password: str = "pw") -> str:
+    """Migrate the stack's database and ensure an organisation with an admin; its API token.
+    The password travels in the environment, never on a command line (logs may show those)."""
+    return manage_shell({**env, "E2E_ORGANISATION": organisation, "ADMIN_PASSWORD": password}, BOOTSTRAP)[
+        "token"
+    ]

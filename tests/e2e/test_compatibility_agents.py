@@ -9,10 +9,7 @@ carries a stream pipeline, which the converter does not write.)
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,21 +17,12 @@ import redis
 from ferry_cloud.stack import RestClient, RestError, Stack, free_port
 
 from converter.samples import build_image_classifier
-from tests.e2e.helpers import own_database, wait_until
+from tests.e2e.helpers import bootstrap_admin, own_database, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = {"fleet": "compat"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
-
-BOOTSTRAP = """
-import json
-from django.core.management import call_command
-from accounts.services import organisation_ensure, user_ensure_admin
-call_command("migrate", verbosity=0)
-org = organisation_ensure(name="Compat E2E")
-print(json.dumps({"token": user_ensure_admin(organisation=org, username="admin", password="pw")[1]}))
-"""
 
 
 @pytest.fixture
@@ -61,15 +49,7 @@ def _running(api: RestClient) -> list[str | None]:
 
 def test_an_incompatible_release_is_refused_until_it_ships_a_new_pipeline(environment, tmp_path: Path):
     env = {**os.environ, **environment}
-    boot = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", BOOTSTRAP],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert boot.returncode == 0, boot.stderr
-    token = json.loads(boot.stdout.strip().splitlines()[-1])["token"]
+    token = bootstrap_admin(env, "Compat E2E")
     stack = Stack(log_dir=tmp_path / "logs", env=environment)
     http_port, gateway_port = free_port(), free_port()
     try:

@@ -15,6 +15,8 @@ import psycopg
 import pytest
 import redis
 
+from tests.e2e.helpers import manage_shell
+
 ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_UNSET = ("FERRY_DATABASE_URL", "REDIS_URL", "FERRY_S3_BUCKET", "FERRY_S3_ENDPOINT_URL")
 
@@ -46,27 +48,18 @@ def _demo(env: dict[str, str], duration: int) -> subprocess.CompletedProcess:
 
 
 def _query(env: dict[str, str], code: str):
-    """Run ORM code in a fresh process on the same settings as the stack; it prints JSON."""
-    result = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", code],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    """Run ORM code in a fresh process on the same settings as the stack; it calls result()."""
+    return manage_shell(env, code, timeout=120)
 
 
 COUNTS = """
 import json
 from fleet.models import Device
 from telemetry.models import TelemetryRecord
-print(json.dumps({str(d.pk): {"records": TelemetryRecord.objects.filter(device=d).count(),
+result({str(d.pk): {"records": TelemetryRecord.objects.filter(device=d).count(),
                   "seqs": sorted(TelemetryRecord.objects.filter(device=d).values_list("seq", flat=True)),
                   "running": d.running_version.label if d.running_version else None}
-                  for d in Device.objects.all()}))
+                  for d in Device.objects.all()})
 """
 
 

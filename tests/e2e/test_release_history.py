@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import redis
 from ferry_cloud.stack import RestClient, Stack, free_port
 
 from converter.samples import build_image_classifier
-from tests.e2e.helpers import own_database, wait_until
+from tests.e2e.helpers import bootstrap_admin, own_database, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = {"fleet": "history"}
@@ -40,15 +38,6 @@ AGENT_ARGS = ["--metrics-interval", "1", "--upload-interval", "1"]
 GATE = {"max_latency_p95_ratio": None}
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
-
-BOOTSTRAP = """
-import json
-from django.core.management import call_command
-from accounts.services import organisation_ensure, user_ensure_admin
-call_command("migrate", verbosity=0)
-org = organisation_ensure(name="History E2E")
-print(json.dumps({"token": user_ensure_admin(organisation=org, username="admin", password="pw")[1]}))
-"""
 
 
 @pytest.fixture
@@ -165,15 +154,7 @@ class Scenario:
 
 def test_every_device_follows_every_release_rollback_and_pin(environment, tmp_path: Path):
     env = {**os.environ, **environment}
-    boot = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", BOOTSTRAP],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert boot.returncode == 0, boot.stderr
-    token = json.loads(boot.stdout.strip().splitlines()[-1])["token"]
+    token = bootstrap_admin(env, "History E2E")
     stack = Stack(log_dir=tmp_path / "logs", env=environment)
     http_port, gateway_port = free_port(), free_port()
     try:

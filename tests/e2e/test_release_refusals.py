@@ -9,10 +9,7 @@ release, with the reason on it, and the device that had moved goes back to v1.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +18,7 @@ import redis
 from ferry_cloud.stack import RestClient, Stack, free_port
 
 from converter.samples import build_image_classifier
-from tests.e2e.helpers import own_database, wait_until
+from tests.e2e.helpers import bootstrap_admin, manage_shell, own_database, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = {"fleet": "e2e"}
@@ -29,14 +26,6 @@ CHECKIN_SECONDS = 2
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 
-BOOTSTRAP = """
-import json
-from django.core.management import call_command
-from accounts.services import organisation_ensure, user_ensure_admin
-call_command("migrate", verbosity=0)
-org = organisation_ensure(name="Refusals E2E")
-print(json.dumps({"token": user_ensure_admin(organisation=org, username="admin", password="pw")[1]}))
-"""
 
 # The REST API offers no device-class option yet: the version is made by the registry's own
 # service, and converted and signed by the running worker like any other.
@@ -48,7 +37,7 @@ data = open(os.environ["E2E_ONNX_FILE"], "rb").read()
 model = Model.objects.get(pk=int(os.environ["E2E_MODEL_ID"]))
 version = version_upload(model=model, label="v2-jetson", stream=io.BytesIO(data), size=len(data),
                          options={"device_class": "jetson"})
-print(json.dumps({"id": str(version.pk)}))
+result({"id": str(version.pk)})
 """
 
 
@@ -66,18 +55,6 @@ def environment(tmp_path: Path):
         }
 
 
-def _manage_shell(env: dict[str, str], script: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def _running(api: RestClient) -> dict[str, str | None]:
     return {
         d["name"]: (d["running_version_info"] or {}).get("label")
@@ -91,7 +68,7 @@ def _statuses(api: RestClient, release_id: str) -> dict[str, dict]:
 
 def test_refusing_devices_show_their_reason_and_abort_the_release(environment, tmp_path: Path):
     env = {**os.environ, **environment}
-    token = _manage_shell(env, BOOTSTRAP)["token"]
+    token = bootstrap_admin(env, "Refusals E2E")
     stack = Stack(log_dir=tmp_path / "logs", env=environment)
     http_port, gateway_port = free_port(), free_port()
     onnx_file = tmp_path / "model.onnx"
@@ -103,7 +80,7 @@ def test_refusing_devices_show_their_reason_and_abort_the_release(environment, t
         files = {"file": ("model.onnx", onnx_file.read_bytes())}
         v1 = api.call("POST", f"models/{model['id']}/versions/", files=files, data={"label": "v1"})["id"]
         more = {"E2E_MODEL_ID": str(model["id"]), "E2E_ONNX_FILE": str(onnx_file)}
-        v2 = _manage_shell({**env, **more}, FOR_ANOTHER_CLASS)["id"]
+        v2 = manage_shell({**env, **more}, FOR_ANOTHER_CLASS)["id"]
         wait_until(
             "both versions converted",
             lambda: all(api.call("GET", f"versions/{v}/")["status"] == "ready" for v in (v1, v2)),

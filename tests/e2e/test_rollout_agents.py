@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
@@ -21,22 +19,13 @@ from ferry_cloud.stack import RestClient, Stack, free_port
 
 from converter.samples import build_image_classifier
 from deploy.rollout import bucket
-from tests.e2e.helpers import own_database, wait_until
+from tests.e2e.helpers import bootstrap_admin, own_database, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = {"fleet": "e2e"}
 AGENTS = 3
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
-
-BOOTSTRAP = """
-import json
-from django.core.management import call_command
-from accounts.services import organisation_ensure, user_ensure_admin
-call_command("migrate", verbosity=0)
-org = organisation_ensure(name="Rollout E2E")
-print(json.dumps({"token": user_ensure_admin(organisation=org, username="admin", password="pw")[1]}))
-"""
 
 
 @pytest.fixture
@@ -90,15 +79,7 @@ def _canary(device_ids: list[str], salt: str) -> str:
 
 def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path: Path):
     env = {**os.environ, **environment}
-    boot = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", BOOTSTRAP],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert boot.returncode == 0, boot.stderr
-    token = json.loads(boot.stdout.strip().splitlines()[-1])["token"]
+    token = bootstrap_admin(env, "Rollout E2E")
     stack = Stack(log_dir=tmp_path / "logs", env=environment)
     http_port, gateway_port = free_port(), free_port()
     try:

@@ -6,12 +6,9 @@ secret key.  Any of them in any log fails the test."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,22 +18,12 @@ import requests
 from ferry_cloud.stack import RestClient, Stack, free_port
 
 from converter.samples import build_image_classifier
-from tests.e2e.helpers import own_database, wait_until
+from tests.e2e.helpers import bootstrap_admin, own_database, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = {"fleet": "secrets"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
-
-BOOTSTRAP = """
-import json, os
-from django.core.management import call_command
-from accounts.services import organisation_ensure, user_ensure_admin
-call_command("migrate", verbosity=0)
-org = organisation_ensure(name="Secrets E2E")
-_, token = user_ensure_admin(organisation=org, username="admin", password=os.environ["ADMIN_PASSWORD"])
-print(json.dumps({"token": token}))
-"""
 
 
 @pytest.fixture
@@ -75,16 +62,8 @@ def _console_login(base: str, username: str, password: str) -> int:
 
 def test_no_secret_appears_in_any_process_log(environment, tmp_path: Path):
     env = {**os.environ, **environment}
-    boot = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", BOOTSTRAP],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert boot.returncode == 0, boot.stderr
-    api_token = json.loads(boot.stdout.strip().splitlines()[-1])["token"]
     password = environment["ADMIN_PASSWORD"]
+    api_token = bootstrap_admin(env, "Secrets E2E", password)
     stack = Stack(log_dir=tmp_path / "logs", env=environment)
     http_port, gateway_port = free_port(), free_port()
     state_dir = tmp_path / "agent-0"

@@ -3,9 +3,7 @@ the job re-runs from its row and the version ends `ready`, once, within 30 s."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,14 +12,14 @@ import pytest
 import redis
 from ferry_cloud.stack import Stack
 
-from tests.e2e.helpers import own_database
+from tests.e2e.helpers import manage_shell, own_database
 
 ROOT = Path(__file__).resolve().parents[2]
 RECOVERY_SECONDS = 30
 
 pytestmark = pytest.mark.slow
 
-MIGRATE = "from django.core.management import call_command; call_command('migrate', verbosity=0)"
+MIGRATE = "from django.core.management import call_command; call_command('migrate', verbosity=0); result({})"
 
 # A model whose conversion takes seconds (54 MB of MatMuls, int8 with an accuracy budget), so the
 # worker can be killed while it runs; uploaded through the registry's service, which enqueues it.
@@ -45,31 +43,21 @@ org = organisation_ensure(name="Crash")
 model = model_create(organisation=org, name="slow-mlp")
 version = version_upload(model=model, label="v1", stream=io.BytesIO(data), size=len(data),
                          options={"quantize": "int8", "accuracy_budget": 0.99999})
-print("RESULT", json.dumps({"version": str(version.pk), "job": version.job.pk}))
+result({"version": str(version.pk), "job": version.job.pk})
 """
 
 JOB = """
 import json
 from registry.models import Artifact, ConversionJob
 job = ConversionJob.objects.select_related("version").get(pk={job})
-print("RESULT", json.dumps({{"status": job.status, "version_status": job.version.status,
-                  "attempts": job.attempts, "log": [line["message"] for line in job.log],
-                  "packages": Artifact.objects.filter(kind="package").count()}}))
+result({{"status": job.status, "version_status": job.version.status,
+        "attempts": job.attempts, "log": [line["message"] for line in job.log],
+        "packages": Artifact.objects.filter(kind="package").count()}})
 """
 
 
 def _shell(env: dict[str, str], code: str) -> dict:
-    result = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", code],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = [line[len("RESULT ") :] for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    return json.loads(results[-1]) if results else {}
+    return manage_shell({**os.environ, **env}, code, timeout=180)
 
 
 @pytest.fixture(params=["embedded", "redis"])
