@@ -1,21 +1,31 @@
-"""SIGKILL mid-operation loses nothing: the real gateway killed while a real agent uploads
-telemetry, restarted, and every record the agent had seen acknowledged is stored exactly once,
-the rest arriving after the restart. The processes share the test's PostgreSQL database."""
+"""SIGKILL mid-operation loses nothing. The real gateway killed while a real agent uploads
+telemetry, restarted: every record the agent had seen acknowledged is stored exactly once, the
+rest arrive after the restart. The real web server killed in the middle of a model upload,
+restarted: nothing half-stored, and the upload it had accepted before converts. The processes
+share the test's PostgreSQL database."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from accounts.services import organisation_ensure
+import redis
+import requests
+from accounts.services import organisation_ensure, user_ensure_admin
 from django.db import connection
 from ferry_cloud.stack import MANAGE, Stack, free_port, wait_for_port
 from fleet.services import enrolment_token_create
+from registry.models import Artifact, ModelVersion
 from telemetry.models import TelemetryRecord
+from urllib3 import encode_multipart_formdata
 
+from converter.samples import build_image_classifier
 from tests.e2e.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -109,3 +119,68 @@ def test_a_gateway_killed_while_an_agent_uploads_loses_no_acknowledged_record(st
     seqs = _stored(device_id)
     assert len(seqs) == len(set(seqs)), "a record was stored twice"
     assert set(seqs) | pending == set(range(1, last + 1)), "a record was lost"
+
+
+def _start_web(stack: Stack, port: int):
+    web = stack.spawn("web", [sys.executable, MANAGE, "runserver", f"127.0.0.1:{port}", "--noreload"])
+    wait_for_port(port, 60, process=web)
+    return web
+
+
+def _version_form(label: str, seed: int, num_classes: int = 10) -> tuple[bytes, str]:
+    """A multipart body uploading a model version, and its content type."""
+    data = build_image_classifier(seed=seed, num_classes=num_classes).SerializeToString()
+    return encode_multipart_formdata(
+        {"label": label, "file": ("model.onnx", data, "application/octet-stream")}
+    )
+
+
+def _send_half(port: int, path: str, token: str, body: bytes, content_type: str) -> socket.socket:
+    """An upload stopped halfway through its body, its connection left open."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Token {token}\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body[: len(body) // 2])
+    return sock
+
+
+def test_a_web_server_killed_mid_upload_stores_nothing_half_and_converts_what_it_accepted(
+    stack, tmp_path: Path
+):
+    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()  # this test's broker starts empty
+    org = organisation_ensure(name="Crashes")
+    _, token = user_ensure_admin(organisation=org, username="alice", password="correct horse")
+    port = free_port()
+    web = _start_web(stack, port)
+    rest = requests.Session()
+    rest.headers["Authorization"] = f"Token {token}"
+    base = f"http://127.0.0.1:{port}/api/v1"
+    model = rest.post(f"{base}/models/", json={"name": "classifier"}, timeout=30).json()
+    versions = f"{base}/models/{model['id']}/versions/"
+    body, content_type = _version_form("v1", seed=1)
+    accepted = rest.post(versions, data=body, headers={"Content-Type": content_type}, timeout=30)
+    assert accepted.status_code == 201, accepted.text  # accepted; no worker runs yet to convert it
+
+    body, content_type = _version_form("v2", seed=2, num_classes=100_000)  # megabytes
+    half = _send_half(port, versions.removeprefix(f"http://127.0.0.1:{port}"), token, body, content_type)
+    time.sleep(0.5)  # the server is reading the body by now
+    _sigkill(stack, web)  # with half the second upload received
+    half.close()
+
+    _start_web(stack, port)
+    stack.spawn("worker", [sys.executable, "-m", "celery", "-A", "ferry_cloud", "worker", "--pool", "solo"])
+    version_url = f"{base}/versions/{accepted.json()['id']}/"
+    ready = wait_until(
+        "the accepted upload converted",
+        lambda: rest.get(version_url, timeout=30).json()["status"] in ("ready", "failed") or None,
+        stack,
+        timeout=60,
+    )
+    assert ready and rest.get(version_url, timeout=30).json()["status"] == "ready"
+    assert list(ModelVersion.objects.values_list("label", flat=True)) == ["v1"], "a half upload was stored"
+    media = tmp_path / "data" / "media"
+    for artifact in Artifact.objects.all():
+        assert (media / artifact.file.name).is_file(), f"{artifact.kind} {artifact.pk} has no file"
+    assert Artifact.objects.filter(kind=Artifact.Kind.PACKAGE).count() == 1
