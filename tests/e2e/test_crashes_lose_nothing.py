@@ -184,3 +184,5 @@ def test_a_web_server_killed_mid_upload_stores_nothing_half_and_converts_what_it
     for artifact in Artifact.objects.all():
         assert (media / artifact.file.name).is_file(), f"{artifact.kind} {artifact.pk} has no file"
     assert Artifact.objects.filter(kind=Artifact.Kind.PACKAGE).count() == 1
+    stored_files = {str(p.relative_to(media)) for p in media.rglob("*") if p.is_file()}
+    assert stored_files == {a.file.name for a in Artifact.objects.all()}, "a file of no artifact was left"
