@@ -43,6 +43,9 @@ CHUNK_BYTES = 256 * 1024
 # A watch stream ends after this long; the agent reopens it (keeps dead peers from holding threads).
 WATCH_MAX_SECONDS = 300.0
 WATCH_TICK_SECONDS = 5.0
+# A download in progress looks up whether its device was revoked at most this often (one indexed
+# query), so revocation cuts a running transfer within about this long plus one chunk.
+DOWNLOAD_REVOCATION_CHECK_SECONDS = 1.0
 
 
 def _attributes(message: agent_pb2.DeviceAttributes) -> tuple[dict[str, str], dict[str, str]]:
@@ -58,6 +61,16 @@ def _device(context: grpc.ServicerContext) -> Device:
             "this call needs the device's client certificate: enrol first, then use the mutual-TLS port",
         )
     return device_for_certificate(device_id=device_id)  # refusals: gateway.errors' interceptor
+
+
+def _abort_if_revoked(device: Device, context: grpc.ServicerContext) -> None:
+    """End a running stream with PERMISSION_DENIED once its device has been revoked."""
+    if Device.objects.filter(pk=device.pk, revoked_at__isnull=False).exists():
+        log.info("device %s was revoked: its download in progress is cut", device.pk)
+        context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            "This device has been revoked; enrol it again with a new token.",
+        )
 
 
 def _update_report(request: agent_pb2.CheckInRequest):
@@ -171,8 +184,12 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
         if request.offset > artifact.size:
             context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} is past the package's end")
         offset = request.offset
+        next_check = time.monotonic() + DOWNLOAD_REVOCATION_CHECK_SECONDS
         with storage.open_at(artifact.file.name, offset) as stream:
             while offset < artifact.size:
+                if time.monotonic() >= next_check:
+                    _abort_if_revoked(device, context)
+                    next_check = time.monotonic() + DOWNLOAD_REVOCATION_CHECK_SECONDS
                 data = stream.read(min(CHUNK_BYTES, artifact.size - offset))
                 if not data:
                     break
