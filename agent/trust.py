@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent.files import read_json, write_json_atomic
 from deploy.trust.assignment import Assignment, AssignmentMalformed, blob_sha256, verify_assignment
-from deploy.trust.rotation import KeyRotation, verify_rotation
+from deploy.trust.rotation import KeyRotation, RotationMalformed, verify_rotation
 
 MAX_DISPLAY_CHARS = 200
 
@@ -101,10 +101,24 @@ class ReleaseKeys:
 
     @classmethod
     def load(cls, state_dir: Path, enrolled_keys: list[bytes]) -> ReleaseKeys:
-        saved = read_json(state_dir / "release_keys.json")
-        if saved is None:
-            return cls(state_dir, list(enrolled_keys))
-        return cls(state_dir, [bytes.fromhex(k) for k in saved["keys"]], saved["sequence"], saved["sha256"])
+        path = state_dir / "release_keys.json"
+        try:
+            saved = read_json(path)
+            if saved is None:
+                return cls(state_dir, list(enrolled_keys))
+            keys = [bytes.fromhex(k) for k in saved["keys"]]
+            sequence, sha256 = saved["sequence"], saved["sha256"]
+        except (ValueError, KeyError, TypeError):
+            keys, sequence, sha256 = [], None, None
+        if (
+            not keys
+            or any(len(k) != 32 for k in keys)
+            or not isinstance(sequence, int)
+            or not isinstance(sha256, str)
+        ):
+            # never fall back to the enrolment keys: that would undo a rotation away from a leaked key
+            raise RotationMalformed(f"{path} is damaged; re-enrol this device or restore the file")
+        return cls(state_dir, keys, sequence, sha256)
 
     def take(self, blob: bytes, signature: bytes) -> KeyRotation | None:
         """Apply a rotation the gateway sent; None if already taken, RotationRefused if refused."""

@@ -1,0 +1,60 @@
+"""The agent's release-key set: a rotation signed by a trusted key is taken durably; anything else is
+refused and changes nothing."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from agent.daemon import Agent
+from agent.trust import ReleaseKeys
+from deploy.package import generate_keypair
+from deploy.proto import agent_pb2
+from deploy.trust.rotation import KeyRotation, RotationMalformed, RotationStale, sign_rotation
+
+OLD, NEW, NEWER = generate_keypair(), generate_keypair(), generate_keypair()
+
+
+def _signed(keys, sequence: int, signer: bytes) -> tuple[bytes, bytes]:
+    return sign_rotation(KeyRotation(keys=keys, sequence=sequence, issued_at=1_800_000_000), signer)
+
+
+def test_a_rotation_is_stored_atomically_and_survives_a_restart(tmp_path) -> None:
+    keys = ReleaseKeys.load(tmp_path, [OLD.public_key])
+    held = keys.keys  # what assignment trust holds: updated in place
+    assert keys.take(*_signed((NEW.public_key,), 1, OLD.private_key)).sequence == 1
+    assert held == [NEW.public_key]
+    assert not list(tmp_path.glob("*.tmp"))
+    restarted = ReleaseKeys.load(tmp_path, [OLD.public_key])
+    assert (restarted.keys, restarted.sequence) == ([NEW.public_key], 1)
+
+
+def test_an_older_rotation_is_refused_even_when_signed_by_a_trusted_key(tmp_path) -> None:
+    keys = ReleaseKeys.load(tmp_path, [OLD.public_key])
+    keys.take(*_signed((NEW.public_key,), 5, OLD.private_key))
+    before = (tmp_path / "release_keys.json").read_bytes()
+    with pytest.raises(RotationStale):
+        keys.take(*_signed((NEWER.public_key,), 4, NEW.private_key))
+    assert keys.keys == [NEW.public_key] and (tmp_path / "release_keys.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("content", [b"{", b"{}", b'{"keys": ["ab"], "sequence": 1, "sha256": ""}', b"[]"])
+def test_a_damaged_key_file_is_an_error_not_a_fallback_to_the_enrolment_keys(tmp_path, content) -> None:
+    (tmp_path / "release_keys.json").write_bytes(content)
+    with pytest.raises(RotationMalformed, match="damaged"):
+        ReleaseKeys.load(tmp_path, [OLD.public_key])
+
+
+def test_the_daemon_logs_a_refused_rotation_and_keeps_its_keys(tmp_path, caplog) -> None:
+    agent = Agent.__new__(Agent)  # only the key handling: no gateway, no enrolment
+    agent.release_keys = ReleaseKeys.load(tmp_path, [OLD.public_key])
+    agent.installer = type("Installer", (), {"public_key": OLD.public_key})()
+    blob, signature = _signed((NEWER.public_key,), 1, NEWER.private_key)
+    with caplog.at_level(logging.WARNING):
+        agent.take_key_rotation(agent_pb2.KeyRotation(rotation=blob, signature=signature))
+    assert "bad_signature" in caplog.text and agent.release_keys.keys == [OLD.public_key]
+    assert agent.installer.public_key == OLD.public_key
+    blob, signature = _signed((NEW.public_key,), 1, OLD.private_key)
+    agent.take_key_rotation(agent_pb2.KeyRotation(rotation=blob, signature=signature))
+    assert agent.installer.public_key == NEW.public_key and agent.release_keys.keys == [NEW.public_key]
