@@ -116,6 +116,15 @@ def _parse(blob: bytes) -> KeyRotation:
     return rotation
 
 
+def unverified_keys(blob: bytes) -> tuple[bytes, ...] | None:
+    """The key set a rotation names, signature NOT checked: only to recognise one that changes
+    nothing (a device enrolled after it already holds its keys); never to trust a key."""
+    try:
+        return _parse(blob).keys if isinstance(blob, bytes) and len(blob) <= MAX_ROTATION_BYTES else None
+    except RotationMalformed:
+        return None
+
+
 def _check_signature(blob: bytes, signature: bytes, trusted_keys: list[bytes]) -> None:
     message = signed_message(blob)
     for key in trusted_keys:

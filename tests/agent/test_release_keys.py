@@ -11,7 +11,13 @@ from agent.daemon import Agent
 from agent.trust import ReleaseKeys
 from deploy.package import generate_keypair
 from deploy.proto import agent_pb2
-from deploy.trust.rotation import KeyRotation, RotationMalformed, RotationStale, sign_rotation
+from deploy.trust.rotation import (
+    KeyRotation,
+    RotationBadSignature,
+    RotationMalformed,
+    RotationStale,
+    sign_rotation,
+)
 
 OLD, NEW, NEWER = generate_keypair(), generate_keypair(), generate_keypair()
 
@@ -58,3 +64,13 @@ def test_the_daemon_logs_a_refused_rotation_and_keeps_its_keys(tmp_path, caplog)
     blob, signature = _signed((NEW.public_key,), 1, OLD.private_key)
     agent.take_key_rotation(agent_pb2.KeyRotation(rotation=blob, signature=signature))
     assert agent.installer.public_key == NEW.public_key and agent.release_keys.keys == [NEW.public_key]
+
+
+def test_a_device_enrolled_after_a_rotation_ignores_it_quietly_without_changing_state(tmp_path) -> None:
+    keys = ReleaseKeys.load(tmp_path, [NEW.public_key])  # the grant already named the new key
+    assert keys.take(*_signed((NEW.public_key,), 3, OLD.private_key)) is None
+    assert (keys.keys, keys.sequence) == ([NEW.public_key], 0)
+    assert not (tmp_path / "release_keys.json").exists()
+    # the same trick cannot smuggle in a key: other keys under an untrusted signature are refused
+    with pytest.raises(RotationBadSignature):
+        keys.take(*_signed((NEWER.public_key,), 4, OLD.private_key))

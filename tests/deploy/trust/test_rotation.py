@@ -21,6 +21,7 @@ from deploy.trust.rotation import (
     RotationStale,
     sign_rotation,
     signed_message,
+    unverified_keys,
     verify_rotation,
 )
 
@@ -152,3 +153,15 @@ def test_any_signed_json_is_taken_only_if_well_formed(body) -> None:
         assert refused.code in {"malformed", "stale"}
     else:
         assert rotation.to_bytes() == blob and all(len(k) == 32 for k in rotation.keys)
+
+
+def test_unverified_keys_reads_a_well_formed_rotation_and_nothing_else() -> None:
+    blob, _ = sign_rotation(_rotation(), ATTACKER.private_key)
+    assert unverified_keys(blob) == (NEW.public_key,)
+    assert unverified_keys(b"{}") is None and unverified_keys(b"\xff" * 10) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(blob=st.binary(max_size=MAX_ROTATION_BYTES + 8))
+def test_unverified_keys_never_raises(blob: bytes) -> None:
+    assert unverified_keys(blob) is None or all(len(k) == 32 for k in unverified_keys(blob))
