@@ -40,26 +40,29 @@ def test_after_a_rotation_the_device_takes_the_new_key_and_refuses_a_forged_rota
     state.mkdir()
     keys = ReleaseKeys.load(state, list(reply.release_public_keys))
     trust = AssignmentTrust(state, keys.keys, reply.device_id, reply.organisation_id)
-    assert not client.check_in(ATTRS, "", "").HasField("key_rotation")  # never rotated: nothing sent
+    release_create(
+        organisation=org,
+        version=ready_version,
+        name="before-rotation",
+        target={"labels": {"fleet": "demo"}},
+        actor=admin[0],
+        start=True,
+    )
+    before = client.check_in(ATTRS, "", "")
+    assert not before.HasField("key_rotation")  # never rotated: nothing sent
+    first = trust.accept(offer_from(before.desired))
 
     call_command("release_key", "rotate")
     assert "rotation 1" in capsys.readouterr().out
     new_key = release_public_key()
     assert new_key != old_key and (own_release_key / "release.key.1.retired").exists()
 
-    release_create(
-        organisation=org,
-        version=ready_version,
-        name="after-rotation",
-        target={"labels": {"fleet": "demo"}},
-        actor=admin[0],
-        start=True,
-    )
+    # Nothing changed in the fleet, yet the stored assignment is reissued under the new key.
     response = client.check_in(ATTRS, "", "")
     rotation = keys.take(response.key_rotation.rotation, response.key_rotation.signature)
     assert rotation is not None and rotation.keys == (new_key,) and keys.keys == [new_key]
     accepted = trust.accept(offer_from(response.desired))  # the trust holds the same, rotated list
-    assert accepted.version_id == str(ready_version.pk)
+    assert accepted.version_id == str(ready_version.pk) and accepted.counter > first.counter
     with pytest.raises(AssignmentBadSignature):  # signed by the new key, not the old one
         verify_assignment(
             response.desired.assignment,

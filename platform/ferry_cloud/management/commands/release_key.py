@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
+from datetime import UTC, datetime
 
+from django.core.management.base import BaseCommand
+from django.db import transaction
+from releases.models import DeviceAssignment
+
+from ferry_cloud.events import FleetChanged, publish
 from ferry_cloud.release_key import rotate_release_key
 
 
@@ -15,7 +20,15 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         rotation = rotate_release_key()
+        # Stored assignments are signed by the old key, which devices stop trusting: mark them due,
+        # so each device's next check-in gets a new one (higher counter) under the new key.
+        with transaction.atomic():
+            organisations = set(DeviceAssignment.objects.values_list("device__organisation_id", flat=True))
+            DeviceAssignment.objects.update(expires_at=datetime.now(UTC))
+        for organisation_id in organisations:
+            publish(FleetChanged(organisation_id=organisation_id))  # drops gateways' cached answers
         self.stdout.write(
-            f"rotation {rotation.sequence}: new release key {rotation.keys[0].hex()}; "
-            "new packages and assignments are signed with it, devices take it at their next check-in"
+            f"rotation {rotation.sequence}: new release key {rotation.keys[0].hex()}; new packages and "
+            f"assignments are signed with it; devices of {len(organisations)} organisation(s) take it "
+            "at their next check-in"
         )
