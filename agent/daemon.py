@@ -128,6 +128,7 @@ class Agent:
             self.client,
             self.release_keys.keys[0],
             self.config.download_rules,
+            trusted_keys=self.release_keys.keys,
         )
         self.lifecycle = Lifecycle(
             self.installer,

@@ -17,7 +17,7 @@ from pathlib import Path
 from django.conf import settings
 
 from deploy.package import generate_keypair, public_key_of
-from deploy.trust.rotation import KeyRotation, sign_rotation
+from deploy.trust.rotation import MAX_KEYS, KeyRotation, sign_rotation
 
 
 def release_private_key() -> bytes:
@@ -48,17 +48,25 @@ def current_rotation() -> tuple[bytes, bytes] | None:
     return base64.b64decode(saved["rotation"]), base64.b64decode(saved["signature"])
 
 
-def rotate_release_key(now: float | None = None) -> KeyRotation:
+def rotate_release_key(now: float | None = None, *, retire_previous: bool = False) -> KeyRotation:
     """Make a new release key and the rotation to it, signed by the key devices trust now.
 
-    The rotation is written before the key file is replaced, so a crash in between leaves
-    devices trusting a key that is not yet signing anything, never the other way round.
+    By default the keys trusted so far stay in the set (packages are signed once, at conversion,
+    so earlier versions stay installable); ``retire_previous`` trusts only the new key, for a
+    leaked key, after which earlier versions must be converted again.  The rotation is written
+    before the key file is replaced, so a crash in between leaves devices trusting a key that is
+    not yet signing anything, never the other way round.
     """
     old = release_private_key()
     previous = current_rotation()
-    sequence = 1 if previous is None else json.loads(previous[0])["sequence"] + 1
+    if previous is None:
+        sequence, trusted = 1, [public_key_of(old)]
+    else:
+        saved = json.loads(previous[0])
+        sequence, trusted = saved["sequence"] + 1, [bytes.fromhex(k) for k in saved["keys"]]
     new = generate_keypair()
-    rotation = KeyRotation(keys=(new.public_key,), sequence=sequence, issued_at=int(now or time.time()))
+    keys = (new.public_key,) if retire_previous else (new.public_key, *trusted)[:MAX_KEYS]
+    rotation = KeyRotation(keys=keys, sequence=sequence, issued_at=int(now or time.time()))
     blob, signature = sign_rotation(rotation, old)
     key_path = Path(settings.FERRY_RELEASE_KEY_FILE)
     _write_atomic(key_path.with_name(f"{key_path.name}.{sequence}.retired"), old)

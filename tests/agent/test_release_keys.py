@@ -4,11 +4,14 @@ refused and changes nothing."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
 from agent.daemon import Agent
+from agent.install import Installer
 from agent.trust import ReleaseKeys
+from deploy.errors import SignatureError
 from deploy.package import generate_keypair
 from deploy.proto import agent_pb2
 from deploy.trust.rotation import (
@@ -31,7 +34,7 @@ def test_a_rotation_is_stored_atomically_and_survives_a_restart(tmp_path) -> Non
     held = keys.keys  # what assignment trust holds: updated in place
     assert keys.take(*_signed((NEW.public_key,), 1, OLD.private_key)).sequence == 1
     assert held == [NEW.public_key]
-    assert not list(tmp_path.glob("*.tmp"))
+    assert [p.name for p in tmp_path.iterdir()] == ["release_keys.json"]  # no temp file left
     restarted = ReleaseKeys.load(tmp_path, [OLD.public_key])
     assert (restarted.keys, restarted.sequence) == ([NEW.public_key], 1)
 
@@ -74,3 +77,23 @@ def test_a_device_enrolled_after_a_rotation_ignores_it_quietly_without_changing_
     # the same trick cannot smuggle in a key: other keys under an untrusted signature are refused
     with pytest.raises(RotationBadSignature):
         keys.take(*_signed((NEWER.public_key,), 4, OLD.private_key))
+
+
+def test_a_package_converted_before_a_routine_rotation_still_installs(tmp_path: Path) -> None:
+    from tests.agent.test_install import KEYS as CONVERSION_KEY
+    from tests.agent.test_install import _offer, _signed  # signed by test_install.KEYS
+
+    archive = _signed(tmp_path, "earlier")
+    keys = ReleaseKeys.load(tmp_path, [CONVERSION_KEY.public_key])
+    installer = Installer(tmp_path / "state", None, keys.keys[0], trusted_keys=keys.keys)
+    rotation = KeyRotation(keys=(NEW.public_key, CONVERSION_KEY.public_key), sequence=1, issued_at=1)
+    keys.take(*sign_rotation(rotation, CONVERSION_KEY.private_key))
+    installer.public_key = keys.keys[0]  # as the daemon does: new packages come signed by the new key
+    assert (installer.unpack(_offer("v1", archive), archive) / "weights.bin").exists()
+
+    # After a rotation that retires the conversion key, the same package is refused.
+    keys.take(*sign_rotation(KeyRotation(keys=(NEWER.public_key,), sequence=2, issued_at=1), NEW.private_key))
+    installer.public_key = keys.keys[0]
+    with pytest.raises(SignatureError):
+        installer.unpack(_offer("v2", archive), archive)
+    assert sorted(p.name for p in (tmp_path / "state" / "versions").iterdir()) == ["v1"]

@@ -17,9 +17,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("action", choices=["rotate"])
+        parser.add_argument(
+            "--retire-previous",
+            action="store_true",
+            help="trust only the new key (the old one leaked); earlier versions must be converted again",
+        )
 
     def handle(self, *args, **options) -> None:
-        rotation = rotate_release_key()
+        rotation = rotate_release_key(retire_previous=options["retire_previous"])
         # Stored assignments are signed by the old key, which devices stop trusting: mark them due,
         # so each device's next check-in gets a new one (higher counter) under the new key.
         with transaction.atomic():
