@@ -48,6 +48,14 @@ def current_rotation() -> tuple[bytes, bytes] | None:
     return base64.b64decode(saved["rotation"]), base64.b64decode(saved["signature"])
 
 
+def trusted_public_keys() -> list[bytes]:
+    """The release keys a device should trust now: the latest rotation's set, else the one key."""
+    rotation = current_rotation()
+    if rotation is None:
+        return [release_public_key()]
+    return [bytes.fromhex(k) for k in json.loads(rotation[0])["keys"]]
+
+
 def rotate_release_key(now: float | None = None, *, retire_previous: bool = False) -> KeyRotation:
     """Make a new release key and the rotation to it, signed by the key devices trust now.
 

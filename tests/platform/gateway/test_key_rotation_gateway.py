@@ -96,3 +96,11 @@ def test_after_a_rotation_the_device_takes_the_new_key_and_refuses_a_forged_rota
     taken = restarted.take(third.key_rotation.rotation, third.key_rotation.signature)
     assert taken is not None and taken.sequence == 2
     assert restarted.keys == [release_public_key(), new_key]
+
+    # A device enrolled now is granted that same set (so the rotation verifies: it holds the
+    # signing key) and taking the rotation changes none of its keys.
+    _, late = _enrolled(org, gateway)
+    assert list(late.release_public_keys) == restarted.keys
+    late_keys = ReleaseKeys.load(tmp_path, list(late.release_public_keys))
+    late_keys.take(third.key_rotation.rotation, third.key_rotation.signature)
+    assert (late_keys.keys, late_keys.sequence) == (restarted.keys, 2)
