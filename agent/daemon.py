@@ -29,9 +29,10 @@ from agent.metrics import ProcessMeter
 from agent.metrics_export import MetricsExporter
 from agent.outbox import Outbox
 from agent.retry import Backoff
-from agent.trust import AssignmentTrust, SignedOffer, display_text
+from agent.trust import AssignmentTrust, ReleaseKeys, SignedOffer, display_text
 from agent.update_status import StatusBook, outcome_from_report, update_status
 from deploy.proto import agent_pb2
+from deploy.trust.rotation import RotationRefused
 
 log = logging.getLogger(__name__)
 
@@ -121,19 +122,21 @@ class Agent:
         self.client = saved.client()
         self.device_id = saved.device_id
         self.interval = float(saved.checkin_interval_seconds or self.interval)
+        self.release_keys = ReleaseKeys.load(self.config.state_dir, saved.release_public_keys)
         self.installer = Installer(
             self.config.state_dir,
             self.client,
-            saved.release_public_keys[0],
+            self.release_keys.keys[0],
             self.config.download_rules,
+            trusted_keys=self.release_keys.keys,
         )
         self.lifecycle = Lifecycle(
             self.installer,
             device_class=self.device_class,
             organisation_id=saved.organisation_id,
             # the release keys came in the CA-signed enrolment grant; they sign packages and assignments
-            trust=AssignmentTrust(
-                self.config.state_dir, list(saved.release_public_keys), self.device_id, saved.organisation_id
+            trust=AssignmentTrust(  # the same list: a rotation taken is used at once
+                self.config.state_dir, self.release_keys.keys, self.device_id, saved.organisation_id
             ),
             report=self._report_activation,
             on_version_change=self._load_version,
@@ -299,9 +302,22 @@ class Agent:
             update=self.update_status(),
         )
         self.interval = float(reply.checkin_interval_seconds or self.interval)
+        if reply.HasField("key_rotation"):
+            self.take_key_rotation(reply.key_rotation)
         if reply.HasField("desired"):
             self.lifecycle.offer_signed(offer_from(reply.desired))
         self.lifecycle.advance()
+
+    def take_key_rotation(self, message: agent_pb2.KeyRotation) -> None:
+        """Trust the rotated release keys if a key trusted now signed them; else keep the old ones."""
+        try:
+            rotation = self.release_keys.take(message.rotation, message.signature)
+        except RotationRefused as exc:
+            log.warning("release-key rotation refused (%s): %s; trusted keys unchanged", exc.code, exc)
+            return
+        if rotation is not None:
+            self.installer.public_key = rotation.keys[0]
+            log.info("release keys rotated to set %d (%s)", rotation.sequence, rotation.keys[0].hex()[:16])
 
     def update_status(self) -> agent_pb2.UpdateStatus:
         """Where the update stands for the control plane: in progress, or how the last one ended."""

@@ -102,6 +102,9 @@ class Installer:
     client: Any  # GatewayClient (None in tests that never download)
     public_key: bytes
     rules: DownloadRules = field(default_factory=DownloadRules)
+    # the whole trusted release-key set (agent.trust.ReleaseKeys, shared and rotated in place):
+    # a package converted before a rotation stays installable while its key is still in the set
+    trusted_keys: list[bytes] | None = None
 
     def __post_init__(self) -> None:
         for sub in ("downloads", "versions"):
@@ -212,6 +215,17 @@ class Installer:
             raise _arrived_wrong(offer)
         return self._unpack(offer, archive, check)
 
+    def _key_for(self, archive: Path) -> bytes:
+        """The trusted key that signed this archive (checking only its head), else ``public_key``,
+        whose refusal then says why."""
+        for key in self.trusted_keys or []:
+            try:
+                read_claims(archive, key)
+                return key
+            except Exception:  # noqa: BLE001 - the unpack below refuses it again, with its reason
+                continue
+        return self.public_key
+
     def _unpack(self, offer: Offer, archive: Path, check: ClaimsCheck | None) -> Path:
         final = self.state_dir / "versions" / offer.version_id
         staging = self.staging_dir(offer)
@@ -219,9 +233,9 @@ class Installer:
         if final.exists():
             # unpacked before (a version kept on disk, assigned again): check its claims anyway
             if check is not None:
-                check(read_claims(archive, self.public_key))
+                check(read_claims(archive, self._key_for(archive)))
             return final
-        verify_and_unpack(archive, staging, self.public_key, check=check)
+        verify_and_unpack(archive, staging, self._key_for(archive), check=check)
         for child in staging.iterdir():
             fd = os.open(child, os.O_RDONLY)
             try:

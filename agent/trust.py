@@ -9,12 +9,20 @@ check-in, or after a restart) is accepted, as it names the same bytes.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.files import read_json, write_json_atomic
 from deploy.trust.assignment import Assignment, AssignmentMalformed, blob_sha256, verify_assignment
+from deploy.trust.rotation import (
+    KeyRotation,
+    RotationBadSignature,
+    RotationMalformed,
+    unverified_keys,
+    verify_rotation,
+)
 
 MAX_DISPLAY_CHARS = 200
 
@@ -76,3 +84,66 @@ class AssignmentTrust:
         if assignment.counter != counter:
             write_json_atomic(self.path, {"counter": assignment.counter, "sha256": offer.sha256})
         return assignment
+
+
+@dataclass
+class ReleaseKeys:
+    """The release keys this device trusts: the enrolment grant's, until a signed rotation.
+
+    A rotation (deploy.trust.rotation) is taken only if a key trusted now signed it and its
+    sequence is above the last one taken; the new set and sequence go to ``release_keys.json``
+    atomically before they are used.  ``keys`` is one list, updated in place, so everything
+    holding it (assignment trust) sees the new set at once.
+    """
+
+    state_dir: Path
+    keys: list[bytes]
+    sequence: int = 0
+    sha256: str = ""
+
+    @property
+    def path(self) -> Path:
+        return self.state_dir / "release_keys.json"
+
+    @classmethod
+    def load(cls, state_dir: Path, enrolled_keys: list[bytes]) -> ReleaseKeys:
+        path = state_dir / "release_keys.json"
+        try:
+            saved = read_json(path)
+            if saved is None:
+                return cls(state_dir, list(enrolled_keys))
+            keys = [bytes.fromhex(k) for k in saved["keys"]]
+            sequence, sha256 = saved["sequence"], saved["sha256"]
+        except (ValueError, KeyError, TypeError):
+            keys, sequence, sha256 = [], None, None
+        if (
+            not keys
+            or any(len(k) != 32 for k in keys)
+            or not isinstance(sequence, int)
+            or not isinstance(sha256, str)
+        ):
+            # never fall back to the enrolment keys: that would undo a rotation away from a leaked key
+            raise RotationMalformed(f"{path} is damaged; re-enrol this device or restore the file")
+        return cls(state_dir, keys, sequence, sha256)
+
+    def take(self, blob: bytes, signature: bytes) -> KeyRotation | None:
+        """Apply a rotation the gateway sent; None if already taken, RotationRefused if refused."""
+        sha256 = hashlib.sha256(blob).hexdigest()
+        if sha256 == self.sha256:
+            return None  # the rotation already taken, sent again at every check-in
+        try:
+            rotation = verify_rotation(blob, signature, list(self.keys), self.sequence)
+        except RotationBadSignature:
+            if unverified_keys(blob) == tuple(self.keys):
+                # enrolled after this rotation: its keys are ours already, signed by a key we never held;
+                # remembered in memory only (quiet check-ins), so it changes no trust state
+                self.sha256 = sha256
+                return None
+            raise
+        write_json_atomic(
+            self.path,
+            {"keys": [k.hex() for k in rotation.keys], "sequence": rotation.sequence, "sha256": sha256},
+        )
+        self.keys[:] = rotation.keys
+        self.sequence, self.sha256 = rotation.sequence, sha256
+        return rotation

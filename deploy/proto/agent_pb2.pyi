@@ -138,12 +138,22 @@ class MaintenanceWindow(_message.Message):
     def __init__(self, cron: _Optional[str] = ..., duration_seconds: _Optional[int] = ..., timezone: _Optional[str] = ...) -> None: ...
 
 class CheckInResponse(_message.Message):
-    __slots__ = ("checkin_interval_seconds", "desired")
+    __slots__ = ("checkin_interval_seconds", "desired", "key_rotation")
     CHECKIN_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DESIRED_FIELD_NUMBER: _ClassVar[int]
+    KEY_ROTATION_FIELD_NUMBER: _ClassVar[int]
     checkin_interval_seconds: int
     desired: PackageOffer
-    def __init__(self, checkin_interval_seconds: _Optional[int] = ..., desired: _Optional[_Union[PackageOffer, _Mapping]] = ...) -> None: ...
+    key_rotation: KeyRotation
+    def __init__(self, checkin_interval_seconds: _Optional[int] = ..., desired: _Optional[_Union[PackageOffer, _Mapping]] = ..., key_rotation: _Optional[_Union[KeyRotation, _Mapping]] = ...) -> None: ...
+
+class KeyRotation(_message.Message):
+    __slots__ = ("rotation", "signature")
+    ROTATION_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    rotation: bytes
+    signature: bytes
+    def __init__(self, rotation: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class DownloadRequest(_message.Message):
     __slots__ = ("package_digest", "offset")

@@ -17,7 +17,7 @@ import grpc
 from django.conf import settings
 from django.db import close_old_connections, connection
 from ferry_cloud.device_ca import device_ca
-from ferry_cloud.release_key import release_public_key
+from ferry_cloud.release_key import current_rotation, trusted_public_keys
 from fleet.models import Device
 from fleet.services import (
     device_enrol,
@@ -133,7 +133,7 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
             device_id=str(enrolment.device.pk),
             organisation_id=str(enrolment.device.organisation_id),
             client_certificate=certificate_der(enrolment.certificate.certificate_pem),
-            release_public_keys=[release_public_key()],
+            release_public_keys=trusted_public_keys(),  # the set rotated devices hold too
             checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS,
         ).SerializeToString()
         # signed with the CA key the agent pinned from its bundle: a gateway of another CA cannot
@@ -166,6 +166,11 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
             self.desired_cache.put(device, generation, offer, fresh_until)
         if offer is not None:
             response.desired.MergeFromString(offer)
+        rotation = (
+            current_rotation()
+        )  # always sent when there is one: ~200 bytes, the agent skips a known one
+        if rotation is not None:
+            response.key_rotation.rotation, response.key_rotation.signature = rotation
         return response
 
     def DownloadPackage(self, request, context) -> Iterator[agent_pb2.PackageChunk]:
