@@ -39,13 +39,27 @@ def _rotation_path() -> Path:
     return key.with_name(f"{key.name}.rotation.json")
 
 
+# Every check-in answer carries the rotation, so each process keeps the parsed file. Owner: this
+# module. Invalidation: the file's identity (a rotation replaces it by rename, so inode and mtime
+# change), checked with one stat per call instead of an open, a read and a JSON parse.
+_rotation_cache: dict[Path, tuple[tuple[int, int, int], tuple[bytes, bytes]]] = {}
+
+
 def current_rotation() -> tuple[bytes, bytes] | None:
     """(rotation bytes, signature by the previous key) of the latest rotation, or None."""
+    path = _rotation_path()
     try:
-        saved = json.loads(_rotation_path().read_text())
+        stat = path.stat()
     except FileNotFoundError:
         return None
-    return base64.b64decode(saved["rotation"]), base64.b64decode(saved["signature"])
+    identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    cached = _rotation_cache.get(path)
+    if cached is not None and cached[0] == identity:
+        return cached[1]
+    saved = json.loads(path.read_text())
+    rotation = base64.b64decode(saved["rotation"]), base64.b64decode(saved["signature"])
+    _rotation_cache[path] = (identity, rotation)
+    return rotation
 
 
 def trusted_public_keys() -> list[bytes]:

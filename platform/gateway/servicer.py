@@ -166,9 +166,7 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
             self.desired_cache.put(device, generation, offer, fresh_until)
         if offer is not None:
             response.desired.MergeFromString(offer)
-        rotation = (
-            current_rotation()
-        )  # always sent when there is one: ~200 bytes, the agent skips a known one
+        rotation = current_rotation()  # always sent when there is one (~200 bytes); agents skip a known one
         if rotation is not None:
             response.key_rotation.rotation, response.key_rotation.signature = rotation
         return response
