@@ -35,10 +35,11 @@ import threading
 import time
 from concurrent import futures
 from pathlib import Path
-from urllib.parse import urlparse, urlunparse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
+
+from bench.scratch_database import scratch_database  # noqa: E402  (after the path setup)
 
 ATTRIBUTES = {"hardware": "bench", "os": "linux", "agent_version": "bench"}
 
@@ -131,27 +132,6 @@ def _trivial(spec: dict) -> None:
 
 
 # --- the run ---------------------------------------------------------------------------------
-
-
-def _scratch_database(url: str) -> str:
-    import psycopg
-
-    parsed = urlparse(url)
-    if parsed.scheme not in ("postgres", "postgresql"):
-        sys.exit("FERRY_DATABASE_URL must name a PostgreSQL database")
-    name = f"{parsed.path.lstrip('/') or 'ferry'}_bench_checkin"
-    with psycopg.connect(urlunparse(parsed._replace(path="/postgres")), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return urlunparse(parsed._replace(path=f"/{name}"))
-
-
-def _drop_database(url: str) -> None:
-    import psycopg
-
-    parsed = urlparse(url)
-    with psycopg.connect(urlunparse(parsed._replace(path="/postgres")), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{parsed.path.lstrip("/")}" WITH (FORCE)')
 
 
 def _fleet(devices: int, identities: int) -> list[tuple[str, str]]:
@@ -304,18 +284,14 @@ def main() -> int:
         sys.exit("set FERRY_DATABASE_URL to a PostgreSQL database (a scratch copy is used)")
     if not os.environ.get("REDIS_URL"):
         sys.exit("set REDIS_URL: the gateway's fleet generation lives in Redis")
-    scratch = _scratch_database(url)
-    os.environ["FERRY_DATABASE_URL"] = scratch
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")
-    with tempfile.TemporaryDirectory(prefix="ferry-bench-checkin-") as data_dir:
+    with (
+        scratch_database(url, "checkin") as scratch,
+        tempfile.TemporaryDirectory(prefix="ferry-bench-checkin-") as data_dir,
+    ):
+        os.environ["FERRY_DATABASE_URL"] = scratch
         os.environ["FERRY_DATA_DIR"] = data_dir
-        try:
-            rows = _run(args, data_dir)
-        finally:
-            from django.db import connections
-
-            connections.close_all()
-            _drop_database(scratch)
+        rows = _run(args, data_dir)
     _print(rows, args)
     return 0
 

@@ -31,10 +31,11 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlparse, urlunparse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
+
+from bench.scratch_database import scratch_database  # noqa: E402  (after the path setup)
 
 BATCH = 500
 
@@ -63,27 +64,6 @@ def _payload(i: int) -> dict:
     }
 
 
-def _scratch_database(url: str) -> str:
-    parsed = urlparse(url)
-    if parsed.scheme not in ("postgres", "postgresql"):
-        sys.exit("FERRY_DATABASE_URL must name a PostgreSQL database")
-    name = f"{parsed.path.lstrip('/') or 'ferry'}_bench_telemetry"
-    import psycopg
-
-    with psycopg.connect(urlunparse(parsed._replace(path="/postgres")), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return urlunparse(parsed._replace(path=f"/{name}"))
-
-
-def _drop_database(url: str) -> None:
-    import psycopg
-
-    parsed = urlparse(url)
-    with psycopg.connect(urlunparse(parsed._replace(path="/postgres")), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{parsed.path.lstrip("/")}" WITH (FORCE)')
-
-
 def _measure(name: str, total: int, run: Callable[[int], None]) -> dict:
     """run(batch_index) for total // BATCH batches; wall and process CPU around all of them."""
     batches = total // BATCH
@@ -104,16 +84,10 @@ def main() -> None:
     url = os.environ.get("FERRY_DATABASE_URL", "")
     if not url:
         sys.exit("set FERRY_DATABASE_URL to a PostgreSQL database (a scratch copy is used)")
-    scratch = _scratch_database(url)
-    os.environ["FERRY_DATABASE_URL"] = scratch
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")
-    try:
+    with scratch_database(url, "telemetry") as scratch:
+        os.environ["FERRY_DATABASE_URL"] = scratch
         rows = _run(args)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        _drop_database(scratch)
     _print(rows, args)
 
 
@@ -226,10 +200,13 @@ def _gateway_row(args, org, now: float, texts: list[str], seq_base: int) -> dict
     """The real gateway (manage.py gateway) in its own process; CPU is that process's alone."""
     import subprocess
 
-    from fleet.services import enrolment_token_create
+    from django.conf import settings
+    from ferry_cloud.device_ca import device_ca
+    from fleet.models import Device
 
     from agent.client import GatewayClient
     from deploy.proto import agent_pb2
+    from deploy.trust import certificates
 
     gateway = subprocess.Popen(
         [
@@ -251,11 +228,18 @@ def _gateway_row(args, org, now: float, texts: list[str], seq_base: int) -> dict
         line = gateway.stdout.readline()
         if "listening on" not in line:
             raise RuntimeError(f"the gateway did not start: {line!r}")
-        client = GatewayClient(line.split()[-1])
-        attributes = agent_pb2.DeviceAttributes(hardware="bench", os="linux", agent_version="bench")
-        client.credential = client.enrol(
-            enrolment_token_create(organisation=org).token, "g", attributes
-        ).credential
+        # a device with a certificate from the deployment's CA, as enrolment would give it
+        device = Device.objects.create(organisation=org, name="g", attributes={"hardware": "bench"})
+        key = certificates.create_private_key()
+        issued = certificates.sign_client_certificate(
+            device_ca(), certificates.create_csr(key), device_id=str(device.pk)
+        )
+        client = GatewayClient(
+            line.split("listening on ", 1)[1].split()[0],  # "gateway listening on H:P (mutual TLS)"
+            ca_pem=Path(settings.FERRY_DEVICE_CA_CERT_FILE).read_bytes(),
+            key_pem=key,
+            certificate_pem=issued.certificate_pem,
+        )
 
         def call(index: int) -> None:
             first = seq_base + (index + 1) * BATCH + 1
@@ -267,7 +251,7 @@ def _gateway_row(args, org, now: float, texts: list[str], seq_base: int) -> dict
                     for i in range(BATCH)
                 ]
             )
-            ack = client._stub.ReportTelemetry(batch, metadata=client._metadata(), timeout=60)
+            ack = client._stub.ReportTelemetry(batch, timeout=60)  # identity: the certificate
             assert len(ack.stored_seqs) == BATCH, (len(ack.stored_seqs), ack.rejected[:1])
 
         call(-1)  # warm-up outside the measurement
