@@ -7,6 +7,7 @@ from engine.ops import (  # noqa: F401  (imported for their registrations)
     elementwise,
     fused,
     gemm,
+    group_norm,
     normalization,
     pool,
     quantized,
