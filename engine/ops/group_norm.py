@@ -1,9 +1,8 @@
-"""GroupNormalization (opset 18 and 21): the normalisation of every UNet and VAE block.
-
-Opset 21 scales and shifts per channel; opset 18 (deprecated by 21) per group.  Statistics are
-float32 over each group's channels and spatial positions (the spec's stash_type 1).  Exporters
-that predate the op write it as Reshape -> InstanceNormalization -> Reshape -> Mul -> Add, which
-the engine already runs.
+"""GroupNormalization (opset 21: scale and bias per channel), the normalisation of every UNet and
+VAE block.  Opset 18's per-group form is deprecated and the ONNX checker refuses it, so it never
+reaches the engine.  Statistics are float32 over each group's channels and spatial positions
+(the spec's stash_type 1).  Exporters that predate the op write it as Reshape ->
+InstanceNormalization -> Reshape -> Mul -> Add, which the engine already runs.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from engine.ops.normalization import DEFAULT_EPSILON
-from engine.ops.registry import check, legacy, register
+from engine.ops.registry import check, register
 
 
 @check("GroupNormalization")
@@ -47,12 +46,3 @@ def group_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     y *= scale.astype(np.float32).reshape(shape)
     y += bias.astype(np.float32).reshape(shape)
     return [y.astype(x.dtype, copy=False)]
-
-
-@legacy("GroupNormalization", since=21)
-def group_normalization_18(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """Opset 18: scale and bias have one value per group."""
-    x, scale, bias = inputs[:3]
-    groups = int(attrs["num_groups"])
-    per = x.shape[1] // groups
-    return group_normalization([x, np.repeat(scale, per), np.repeat(bias, per)], attrs)
