@@ -57,7 +57,8 @@ def test_cross_attention_width_must_match_the_text_encoder(layout: Path, tmp_pat
     context = next(v for v in model.graph.input if v.name == "encoder_hidden_states")
     context.type.tensor_type.shape.dim[2].dim_value = 48
     onnx.save(model, broken / "unet" / "model.onnx")
-    with pytest.raises(DiffusionLayoutError, match="encoder_hidden_states width is 48 but the text encoder's output is 32"):
+    expected = "encoder_hidden_states width is 48 but the text encoder's output is 32"
+    with pytest.raises(DiffusionLayoutError, match=expected):
         read_layout(broken)
 
 
@@ -71,7 +72,8 @@ def test_unsupplied_conditioning_and_foreign_tokenizers_are_refused(layout: Path
     (broken / "tokenizer" / "vocab.json").write_text(json.dumps(vocab))
     with pytest.raises(DiffusionLayoutError) as caught:
         read_layout(broken)
-    assert "time_ids" in str(caught.value) and "past the text encoder's 530 embedding rows" in str(caught.value)
+    message = str(caught.value)
+    assert "time_ids" in message and "past the text encoder's 530 embedding rows" in message
 
 
 def test_bad_scheduler_and_options_are_refused(layout: Path, tmp_path: Path) -> None:
@@ -113,7 +115,10 @@ def test_package_is_signed_and_self_describing(int8: packages.TinyPackage, tmp_p
 
 def test_tampered_graph_is_refused(int8: packages.TinyPackage, tmp_path: Path) -> None:
     tampered = tmp_path / "tampered.ferry"
-    with tarfile.open(int8.archive) as source, tarfile.open(tampered, "w", format=tarfile.USTAR_FORMAT) as out:
+    with (
+        tarfile.open(int8.archive) as source,
+        tarfile.open(tampered, "w", format=tarfile.USTAR_FORMAT) as out,
+    ):
         for member in source.getmembers():
             data = source.extractfile(member).read()
             if member.name == "unet.ferry":
