@@ -1,5 +1,6 @@
-"""GroupNormalization (engine/ops/group_norm.py) against onnxruntime (opset 21: per-channel scale
-and bias; opset 18's per-group form is refused by the ONNX checker before the engine)."""
+"""The operators added for diffusion graphs against onnxruntime: GroupNormalization (engine/ops/
+group_norm.py, opset 21: per-channel scale and bias; opset 18's per-group form is refused by the ONNX
+checker before the engine) and Trilu (engine/ops/trilu.py)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,23 @@ def test_matches_onnxruntime(
 def test_other_stash_types_are_refused(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedOperatorsError, match="stash_type"):
         convert(model(21, (1, 4, 2, 2), 2, 1e-5, stash_type=0), tmp_path / "gn.ferry")
+
+
+@pytest.mark.parametrize("upper", [0, 1])
+@pytest.mark.parametrize("k", [None, -1, 0, 2])
+def test_trilu_matches_onnxruntime(tmp_path: Path, upper: int, k: int | None) -> None:
+    """Trilu (engine/ops/trilu.py): the causal masks torch exports for CLIP's attention."""
+    inputs = ["x"] if k is None else ["x", "k"]
+    inits = [] if k is None else [numpy_helper.from_array(np.array(k, np.int64), "k")]
+    graph = helper.make_graph(
+        [helper.make_node("Trilu", inputs, ["y"], upper=upper)],
+        "trilu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 7])],
+        inits,
+    )
+    source = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    x = np.random.default_rng(2).standard_normal((2, 5, 7)).astype(np.float32)
+    convert(source, tmp_path / "t.ferry")
+    expected = ort.InferenceSession(source.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(Session(tmp_path / "t.ferry").run({"x": x})["y"], expected)
