@@ -62,8 +62,10 @@ UNETS = {
         attention_head_dim=8,
     ),
 }
-TEXT = {"sd15": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12),
-        "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4)}  # fmt: skip
+TEXT = {
+    "sd15": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12),
+    "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4),
+}
 SCHEDULER = {
     "_class_name": "PNDMScheduler", "beta_start": 0.00085, "beta_end": 0.012,
     "beta_schedule": "scaled_linear", "num_train_timesteps": 1000, "steps_offset": 1,
@@ -130,15 +132,19 @@ def build_layout(name: str) -> Path:
         def forward(self, *args):
             return self.call(self.inner, *args)
 
+    spatial = {0: "batch", 2: "height", 3: "width"}
+    text_graph = Wrap(text, lambda m, ids: m(input_ids=ids).last_hidden_state)
+    unet_graph = Wrap(unet, lambda m, x, t, c: m(x, t, c).sample)
+    vae_graph = Wrap(vae, lambda m, z: m.decode(z).sample)
+    unet_args = (torch.randn(2, 4, LATENT, LATENT), torch.tensor([500, 500]), torch.randn(2, 77, width))
     exports = [
-        ("text_encoder", Wrap(text, lambda m, ids: m(input_ids=ids).last_hidden_state), (torch.zeros(1, 77, dtype=torch.int64),), ["input_ids"],
+        ("text_encoder", text_graph, (torch.zeros(1, 77, dtype=torch.int64),), ["input_ids"],
          ["last_hidden_state"], {"input_ids": {0: "batch"}, "last_hidden_state": {0: "batch"}}),
-        ("unet", Wrap(unet, lambda m, x, t, c: m(x, t, c).sample), (torch.randn(2, 4, LATENT, LATENT), torch.tensor([500, 500]), torch.randn(2, 77, width)),
-         ["sample", "timestep", "encoder_hidden_states"], ["out_sample"],
-         {"sample": {0: "batch", 2: "height", 3: "width"}, "timestep": {0: "steps"},
-          "encoder_hidden_states": {0: "batch"}, "out_sample": {0: "batch", 2: "height", 3: "width"}}),
-        ("vae_decoder", Wrap(vae, lambda m, z: m.decode(z).sample), (torch.randn(1, 4, LATENT, LATENT),), ["latent_sample"], ["sample"],
-         {"latent_sample": {0: "batch", 2: "height", 3: "width"}, "sample": {0: "batch", 2: "H", 3: "W"}}),
+        ("unet", unet_graph, unet_args, ["sample", "timestep", "encoder_hidden_states"], ["out_sample"],
+         {"sample": spatial, "timestep": {0: "steps"}, "encoder_hidden_states": {0: "batch"},
+          "out_sample": spatial}),
+        ("vae_decoder", vae_graph, (torch.randn(1, 4, LATENT, LATENT),), ["latent_sample"], ["sample"],
+         {"latent_sample": spatial, "sample": {0: "batch", 2: "H", 3: "W"}}),
     ]  # fmt: skip
     for sub, module, args, inputs, outputs, axes in exports:
         print(f"exporting {name}/{sub} ...", flush=True)
@@ -307,7 +313,8 @@ def convert(layout: Path, weights: str, name: str) -> tuple[Path, object]:
     began = time.perf_counter()
     report = convert_diffusion(layout, archive, options=options, sign_key=keys.private_key)
     print(
-        f"converted {name} {weights} in {time.perf_counter() - began:.0f} s: {archive.stat().st_size:,} bytes",
+        f"converted {name} {weights} in {time.perf_counter() - began:.0f} s: "
+        f"{archive.stat().st_size:,} bytes",
         flush=True,
     )
     directory = OUT / f"{name}-{weights}"
@@ -342,7 +349,8 @@ def main() -> None:
     import onnxruntime  # noqa: PLC0415
 
     print(
-        f"onnxruntime {onnxruntime.__version__}, numpy {np.__version__}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        f"onnxruntime {onnxruntime.__version__}, numpy {np.__version__}, {os.cpu_count()} cores; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
     summary: dict[str, float] = {}
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
@@ -396,10 +404,10 @@ def main() -> None:
         for graph, entry in int8_report.graphs.items():
             out = next(iter(entry["accuracy"]["outputs"].values()))
             print(f"  {graph}: {entry['size_ratio']:.1%} of fp32, cosine {out['cosine_similarity']:.6f}")
+    r1, r2, r3, p = (summary.get(k, float("nan")) for k in ("step1", "step2", "image", "psnr"))
     print(
-        f"\ndiffusion: unet step ratio {summary.get('step1', float('nan')):.2f} (1 thread), "
-        f"{summary.get('step2', float('nan')):.2f} (2 threads); image ratio {summary.get('image', float('nan')):.2f}; "
-        f"int8 psnr {summary.get('psnr', float('nan')):.1f} dB"
+        f"\ndiffusion: unet step ratio {r1:.2f} (1 thread), {r2:.2f} (2 threads); "
+        f"image ratio {r3:.2f}; int8 psnr {p:.1f} dB"
     )
 
 
