@@ -304,6 +304,14 @@ def health_check(directory: Path, recent_events: Path | None = None) -> None:
             llm_health_check(directory)
             log.info("LLM health check passed in %.1f ms", 1000 * (time.perf_counter() - started))
             return
+        from engine.diffusion.package import is_diffusion_package
+
+        if is_diffusion_package(directory):  # an image model: regenerate its 2-step self-test image
+            from agent.llm_api.images import diffusion_health_check
+
+            diffusion_health_check(directory)
+            log.info("diffusion health check passed in %.1f ms", 1000 * (time.perf_counter() - started))
+            return
 
         spec = pipeline_spec(directory)  # a package whose pipeline is invalid must not go live
         session = Session(directory)

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from converter.convert import ConversionReport, convert
+from converter.diffusion.cli import add_diffusion_parser, run_convert_diffusion
 from converter.errors import ConversionError
 from converter.llm.cli import add_llm_parser, run_convert_llm
 from converter.options import ACTIVATION_METHODS, DEFAULT_BLOCK_SIZE, PRECISIONS, ConversionOptions
@@ -53,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     conv.add_argument("--json", action="store_true", help="print the report as JSON")
     add_llm_parser(commands)
+    add_diffusion_parser(commands)
     return parser
 
 
@@ -63,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     if args.command == "convert-llm":
         return run_convert_llm(args)
+    if args.command == "convert-diffusion":
+        return run_convert_diffusion(args)
     return _convert(args)
 
 

@@ -84,6 +84,7 @@ def convert(
     accuracy_budget: float | None = None,
     activations: str | None = None,
     limits: Limits | None = None,
+    selftest_inputs: dict[str, np.ndarray] | None = None,
 ) -> ConversionReport:
     """Convert an ONNX model (path or ModelProto) into a Ferry package at ``dst``.
 
@@ -107,7 +108,9 @@ def convert(
     source_sha256, source_opset, producer, converter_version, quantize, dynamic_inputs and
     report.  Converting the same model twice gives byte-identical packages.  On any failure
     a ConversionError subclass is raised and nothing is written at ``dst``.
-    ``progress(fraction, message)`` is called as each step starts.
+    ``progress(fraction, message)`` is called as each step starts.  ``selftest_inputs`` replaces
+    the seeded self-test input (whose dynamic dims are 1) where a model needs real sizes (a UNet's
+    latent must survive its downsamplings).
     """
     options = _resolved(
         options,
@@ -150,7 +153,7 @@ def convert(
         report.converted_size = draft.stat().st_size
         report.size_ratio = round(report.converted_size / report.fp32_package_size, 4)
         say(0.8, "self-testing")
-        feeds = selftest.make_inputs(graph.inputs)
+        feeds = selftest_inputs if selftest_inputs is not None else selftest.make_inputs(graph.inputs)
         outputs = selftest.run(draft, feeds)
 
     say(0.9, "writing package")

@@ -70,11 +70,16 @@ class Session:
     kernels' threads.  ``jit`` (default: whether numba is installed and ``FERRY_JIT`` is not
     0) lets the kernel search consider JIT kernels; ``jit=False`` runs numpy kernels only.
     Creating a Session with the JIT tier compiles its kernels (or loads them from numba's
-    on-disk cache, see ``engine.jit``), so no run pays for that.
+    on-disk cache, see ``engine.jit``), so no run pays for that.  ``verify`` as in
+    ``engine.format.read_package`` (False for a graph inside a package already verified whole).
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], threads: int | None = None, jit: bool | None = None
+        self,
+        path: str | os.PathLike[str],
+        threads: int | None = None,
+        jit: bool | None = None,
+        verify: bool | None = None,
     ) -> None:
         if threads is None:
             threads = os.cpu_count() or 1
@@ -84,7 +89,7 @@ class Session:
         self.path = Path(path)
         self.threads = threads
         try:
-            package = read_package(self.path)
+            package = read_package(self.path, verify=verify)
             self.inputs = _specs(package.manifest.get("inputs"), "inputs", self.path)
             self.outputs = _specs(package.manifest.get("outputs"), "outputs", self.path)
             self._program = compile_program(package.graph, package.tensors, str(self.path))

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from agent.llm_api.service import LlmService, is_llm_package
+from agent.llm_api.images import is_served_package, make_service
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ class LlmHost:
     def __init__(self, port: int = 0, host: str = "127.0.0.1") -> None:
         self.port = port
         self.host = host
-        self.service: LlmService | None = None
+        self.service: Any = None  # an LlmService or an ImageService (images.py)
         self._server = None
 
     @property
@@ -25,12 +25,12 @@ class LlmHost:
         return self.service.version_id if self.service is not None else ""
 
     def load(self, directory: Path, version_id: str) -> bool:
-        """Serve ``directory`` if it is an LLM package (True), else stop serving (False)."""
-        if not version_id or not is_llm_package(directory):
+        """Serve ``directory`` if it is an LLM or diffusion package (True), else stop serving (False)."""
+        if not version_id or not is_served_package(directory):
             self._unload()
             return False
         # the resolved path: ``current`` is switched by a rename while this version runs
-        service = LlmService(Path(directory).resolve(), name=_model_name(directory), version_id=version_id)
+        service = make_service(Path(directory).resolve(), name=_model_name(directory), version_id=version_id)
         self.service = service
         if self.port:
             if self._server is None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.llm_api.chat_request import MAX_BODY_BYTES, parse_chat_request
 from agent.llm_api.errors import ApiError, ClientGone
+from agent.llm_api.images import IMAGES_PATH, handle_images
 from agent.llm_api.service import Completion, LlmService
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, self._service().models())
 
     def _post(self) -> None:
+        if self.path.rstrip("/") == IMAGES_PATH:  # a diffusion package's endpoint (images.py)
+            return handle_images(self, self.server.service)
         if self.path.rstrip("/") != "/v1/chat/completions":
             raise ApiError(404, f"no such endpoint: POST {self.path[:100]}", code="not_found")
         request = parse_chat_request(self._body())

@@ -7,6 +7,7 @@ from engine.ops import (  # noqa: F401  (imported for their registrations)
     elementwise,
     fused,
     gemm,
+    group_norm,
     normalization,
     pool,
     quantized,
@@ -15,6 +16,7 @@ from engine.ops import (  # noqa: F401  (imported for their registrations)
     resize,
     shape,
     softmax,
+    trilu,
 )
 from engine.ops.registry import CHECKS, LEGACY, PREPARES, REGISTRY, SELECTORS, kernel_for, kernel_name
 
