@@ -61,7 +61,8 @@ def device_fingerprint(threads: int, use_jit: bool = True) -> str:
             cpu = "".join(line for line in info if line.startswith(("model name", "flags")))[:4096]
     except OSError:
         cpu = platform.processor()
-    blas = [(p.get("internal_api"), p.get("architecture"), p.get("version")) for p in threadpool_info()]
+    pools = _numpy_blas(threadpool_info())
+    blas = [(p.get("internal_api"), p.get("architecture"), p.get("version")) for p in pools]
     machine = [
         platform.machine(),
         cpu,
@@ -73,6 +74,15 @@ def device_fingerprint(threads: int, use_jit: bool = True) -> str:
     ]
     text = json.dumps(machine, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _numpy_blas(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """numpy's own BLAS: other libraries (scipy's OpenBLAS, numba's OpenMP) join threadpool_info
+    when something imports them, which must not change the fingerprint within one process."""
+    blas = [p for p in pools if p.get("user_api") == "blas"]
+    # a wheel's numpy carries its BLAS in numpy.libs; a distribution's links a system BLAS
+    own = [p for p in blas if os.path.basename(os.path.dirname(str(p.get("filepath", "")))) == "numpy.libs"]
+    return own or blas
 
 
 class KernelSearch:
