@@ -59,13 +59,11 @@ def device_facts(device: Device) -> tuple:
     )
 
 
-def reported(request: agent_pb2.CheckInRequest) -> tuple[dict[str, str], str, bytes]:
-    """What a check-in reports: its non-empty attributes, running version and update status."""
+def reported(request: agent_pb2.CheckInRequest) -> tuple[str, str, str, str, bytes]:
+    """What a check-in reports, as sent: attributes, running version and update status."""
     a = request.attributes
-    named = (("hardware", a.hardware), ("os", a.os), ("agent_version", a.agent_version))
-    attributes = {k: v for k, v in named if v}
     update = request.update.SerializeToString() if request.HasField("update") else b""
-    return attributes, request.running_version_id, update
+    return a.hardware, a.os, a.agent_version, request.running_version_id, update
 
 
 @dataclass
@@ -74,7 +72,7 @@ class Known:
 
     organisation_id: int
     generation: int
-    reported: tuple[dict[str, str], str, bytes]
+    reported: tuple[str, str, str, str, bytes]
     facts: tuple
     offer: bytes | None  # a serialized PackageOffer; None: nothing decided for the device
     counter: int  # the offer's assignment counter (0: none)
@@ -128,19 +126,25 @@ class KnownDevices:
         if known is None or not refresher.fresh():
             return None
         now = time.time()
-        if now >= known.valid_until:
+        if now >= known.valid_until or reported(request) != known.reported:
             return None
-        if request.hinted:
+        if request.hinted:  # the hint may be newer than this process's view
             generation = fleet_generation(known.organisation_id)
         else:
             generation = generations.current(known.organisation_id)
-        if generation != known.generation or reported(request) != known.reported:
+        if generation != known.generation:
             return None
         if now - known.last_seen >= _RESOLUTION:
             known.last_seen = now
             refresher.last_seen.seen(device_id, now)
         response = agent_pb2.CheckInResponse(checkin_interval_seconds=self.interval_seconds)
-        return answer_with(response, Answer(known.offer, known.counter, known.valid_until), request)
+        if known.offer is None:
+            return response
+        if known.counter and request.held_assignment_counter == known.counter:
+            response.desired_unchanged = True
+        else:
+            response.desired.MergeFromString(known.offer)
+        return response
 
     def reusable(self, device: Device, generation: int | None) -> Answer | None:
         """A computed check-in's answer if the remembered one was computed from the same facts."""
