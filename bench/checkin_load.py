@@ -349,13 +349,26 @@ def main() -> int:
         "--identities", type=int, default=200, help="client certificates the load cycles over"
     )
     parser.add_argument("--threads", type=int, default=8, help="closed-loop callers in the load generator")
-    parser.add_argument("--seconds", type=float, default=8.0, help="per row and round")
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="per row and round (8); with --correctness the run (60)"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--rate", type=float, default=1000.0, help="offered check-ins/s of the latency rows (0: none)"
     )
     parser.add_argument("--before-tree", default="", help="also run the gateway of this checkout")
+    parser.add_argument(
+        "--correctness", action="store_true", help="a release and a rollback under load (PASS/FAIL)"
+    )
+    parser.add_argument("--cohort", type=int, default=50, help="--correctness: simulated devices targeted")
+    parser.add_argument("--interval", type=float, default=1.0, help="--correctness: their check-in interval")
     args = parser.parse_args()
+    if args.correctness:
+        from bench import checkin_correctness
+
+        args.seconds = args.seconds or 60.0
+        return checkin_correctness.main(args)
+    args.seconds = args.seconds or 8.0
     url = os.environ.get("FERRY_DATABASE_URL", "")
     if not url:
         sys.exit("set FERRY_DATABASE_URL to a PostgreSQL database (a scratch copy is used)")
