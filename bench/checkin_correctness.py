@@ -194,10 +194,16 @@ def run(args, data_dir: str) -> bool:
 
     from bench import checkin_load
 
+    began = time.monotonic()
     identities = checkin_load._fleet(args.devices, args.identities)  # the load's (no label)
+    fleet_seconds = time.monotonic() - began
     org = organisation_ensure(name="Bench")
     v1, v2 = _versions(org)
     sims = _cohort(org, args.cohort, str(v1.pk))
+    print(
+        f"set up in {time.monotonic() - began:.0f} s (migrated database and fleet {fleet_seconds:.0f} s)",
+        file=sys.stderr,
+    )
     connections.close_all()
     ca_pem = Path(settings.FERRY_DEVICE_CA_CERT_FILE).read_text()
     env = {**os.environ, "FERRY_LOG_LEVEL": "WARNING", "FERRY_DATA_DIR": data_dir}
