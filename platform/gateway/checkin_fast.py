@@ -48,14 +48,17 @@ MAX_ENTRIES = 200_000
 _RESOLUTION = LAST_SEEN_RESOLUTION.total_seconds()
 
 
-def device_facts(device: Device) -> tuple:
-    """What the device row adds to the answer besides the fleet: compared by computed check-ins,
-    so one that only moves the update status reuses the answer."""
-    return (
-        device.running_version_id,
-        device.pinned_version_id,
-        json.dumps(device.attributes or {}, sort_keys=True),
-        json.dumps(device.labels or {}, sort_keys=True),
+def device_facts(device: Device) -> int:
+    """What the device row adds to the answer besides the fleet, as a hash (a remembered device
+    costs less memory): compared by computed check-ins, so one that only moves the update status
+    reuses the answer. A collision could only ever reuse that same device's own answer."""
+    return hash(
+        (
+            device.running_version_id,
+            device.pinned_version_id,
+            json.dumps(device.attributes or {}, sort_keys=True),
+            json.dumps(device.labels or {}, sort_keys=True),
+        )
     )
 
 
@@ -66,14 +69,14 @@ def reported(request: agent_pb2.CheckInRequest) -> tuple[str, str, str, str, byt
     return a.hardware, a.os, a.agent_version, request.running_version_id, update
 
 
-@dataclass
+@dataclass(slots=True)
 class Known:
     """One device's remembered answer and what it was computed from."""
 
     organisation_id: int
     generation: int
     reported: tuple[str, str, str, str, bytes]
-    facts: tuple
+    facts: int
     offer: bytes | None  # a serialized PackageOffer; None: nothing decided for the device
     counter: int  # the offer's assignment counter (0: none)
     valid_until: float  # epoch seconds
