@@ -1,4 +1,4 @@
-"""No-change check-ins: the real gateway beside a trivial gRPC server, in one run (~1.5 min).
+"""No-change check-ins: the real gateway beside a trivial gRPC server, in one run (~3 min).
 
     FERRY_DATABASE_URL=postgres://postgres@127.0.0.1:5432/ferry REDIS_URL=redis://127.0.0.1:6379/0 \\
         .venv/bin/python bench/checkin_load.py
@@ -9,7 +9,9 @@ certificates from the control plane's device CA.  Processes:
 
 - the server: ``manage.py gateway`` (PostgreSQL), or a trivial synchronous gRPC server with
   the same proto, the same mutual TLS and thread pool, answering every CheckIn with a constant
-  reply (the stack's own ceiling); pinned to core 0 when there are two or more;
+  reply (the stack's own ceiling), or the gateway's own server (gateway.server.build_server:
+  its interceptors and thread pool) with a constant CheckIn (``--floor``: what the servicer's
+  check-in stands on); pinned to core 0 when there are two or more;
 - the load generator: this script again (``--load``), pinned to core 1, --threads closed-loop
   callers cycling over the identities, one long-lived mTLS channel per identity, each sending
   the no-change check-in an idle agent sends (same attributes, nothing running, no update);
