@@ -57,12 +57,16 @@ class GatewayClient:
         version_id: str,
         package_digest: str,
         update: agent_pb2.UpdateStatus | None = None,
+        held_assignment_counter: int = 0,
+        hinted: bool = False,
     ) -> agent_pb2.CheckInResponse:
         request = agent_pb2.CheckInRequest(
             attributes=attributes,
             running_version_id=version_id,
             running_package_digest=package_digest,
             update=update,
+            held_assignment_counter=held_assignment_counter,
+            hinted=hinted,
         )
         return self._stub.CheckIn(request, timeout=CALL_TIMEOUT_SECONDS)
 

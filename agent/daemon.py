@@ -87,6 +87,9 @@ class Agent:
         self.activations = {"ok": 0, "failed": 0}
         self.hints_received = 0
         self.status_book = StatusBook(config.state_dir)
+        # the assignment this device holds and needs nothing more from (Lifecycle.settled): sent at
+        # check-in so the gateway answers "unchanged" instead of the same assignment again
+        self.held_counter = 0
 
     # --- identity -------------------------------------------------------------------
     @property
@@ -190,7 +193,7 @@ class Agent:
         while not self.stop_event.is_set():
             if hinted or time.monotonic() >= next_check_in:
                 try:
-                    self.check_in()
+                    self.check_in(hinted=hinted)
                     backoff.reset()
                     wait = backoff.jittered(self.interval)
                 except grpc.RpcError as exc:
@@ -293,20 +296,25 @@ class Agent:
         if version_id:
             log.info("running version %s", version_id)
 
-    def check_in(self) -> None:
+    def check_in(self, hinted: bool = False) -> None:
         running = read_json(self.state_file, {}) or {}
         reply = self.client.check_in(
             self.attributes(),
             self.running_version,
             running.get("package_digest", ""),
             update=self.update_status(),
+            held_assignment_counter=self.held_counter if self.lifecycle.state == IDLE else 0,
+            hinted=hinted,
         )
         self.interval = float(reply.checkin_interval_seconds or self.interval)
         if reply.HasField("key_rotation"):
             self.take_key_rotation(reply.key_rotation)
+        offer = None
         if reply.HasField("desired"):
-            self.lifecycle.offer_signed(offer_from(reply.desired))
+            offer = self.lifecycle.offer_signed(offer_from(reply.desired))
         self.lifecycle.advance()
+        if not reply.desired_unchanged:  # unchanged: what this device holds is still its assignment
+            self.held_counter = self.lifecycle.settled(offer)
 
     def take_key_rotation(self, message: agent_pb2.KeyRotation) -> None:
         """Trust the rotated release keys if a key trusted now signed them; else keep the old ones."""

@@ -183,16 +183,31 @@ class Lifecycle:
     def state(self) -> str:
         return self.update.state
 
-    def offer_signed(self, signed: SignedOffer) -> None:
-        """An offer from the gateway: act on its signed assignment, or report why not."""
+    def offer_signed(self, signed: SignedOffer) -> Offer | None:
+        """An offer from the gateway: act on its signed assignment (returned), or report why not (None)."""
         if self.trust is None:
             raise AgentError("lifecycle bug: no trusted keys to verify assignments with")
         try:
             assignment = self.trust.accept(signed)
         except AssignmentRefused as exc:
             self._refuse_assignment(signed, exc)
-            return
-        self.offer(Offer.assigned(assignment, signed.version_label, signed.model_name))
+            return None
+        offer = Offer.assigned(assignment, signed.version_label, signed.model_name)
+        self.offer(offer)
+        return offer
+
+    def settled(self, offer: Offer | None) -> int:
+        """The offer's assignment counter if receiving it again would change nothing: the device is
+        idle and runs its version, or refused it for good; else 0. The check-in sends it as
+        held_assignment_counter, so the gateway stops resending that assignment (but still sends
+        it while an update is under way, or a refusal may be retried)."""
+        if offer is None or self.update.state != IDLE:
+            return 0
+        running = self.running().get("version_id")
+        if offer.version_id == running and offer.version_id == self.installer.current_version():
+            return offer.counter
+        refusal = self.refused().get(_refusal_key(offer))
+        return offer.counter if refusal is not None and refusal.get("retry_at") is None else 0
 
     def _refuse_assignment(self, signed: SignedOffer, exc: AssignmentRefused) -> None:
         """Report a refused assignment once (it comes again at every check-in); the update in

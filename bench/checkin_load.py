@@ -1,4 +1,4 @@
-"""No-change check-ins: the real gateway beside a trivial gRPC server, in one run (~1.5 min).
+"""No-change check-ins: the real gateway beside a trivial gRPC server, in one run (~3 min).
 
     FERRY_DATABASE_URL=postgres://postgres@127.0.0.1:5432/ferry REDIS_URL=redis://127.0.0.1:6379/0 \\
         .venv/bin/python bench/checkin_load.py
@@ -9,15 +9,24 @@ certificates from the control plane's device CA.  Processes:
 
 - the server: ``manage.py gateway`` (PostgreSQL), or a trivial synchronous gRPC server with
   the same proto, the same mutual TLS and thread pool, answering every CheckIn with a constant
-  reply (the stack's own ceiling); pinned to core 0 when there are two or more;
+  reply (the stack's own ceiling), or the gateway's own server (gateway.server.build_server:
+  its interceptors and thread pool) with a constant CheckIn (``--floor``: what the servicer's
+  check-in stands on); pinned to core 0 when there are two or more;
 - the load generator: this script again (``--load``), pinned to core 1, --threads closed-loop
   callers cycling over the identities, one long-lived mTLS channel per identity, each sending
-  the no-change check-in an idle agent sends (same attributes, nothing running, no update).
+  the no-change check-in an idle agent sends (same attributes, nothing running, no update);
+  then --rate check-ins/s offered in open loop to the trivial server and the gateway (p50/p99
+  counted from each call's scheduled start).
 
-Two gateway rows: as configured (REDIS_URL set: no-change answers come from
-gateway/desired_cache.py) and the same gateway without REDIS_URL (no fleet generation, so
-every answer is computed: the check-in as it was before the cache).  No release is live in
-the scratch fleet, so the uncached row is a lower bound of what a computed answer costs.
+Gateway rows: as configured (REDIS_URL set: a no-change check-in is answered from memory,
+gateway/checkin_fast.py), the same gateway without REDIS_URL (no fleet generation, so every
+answer is computed and the device row read and written as before any cache), and with
+--before-tree another checkout's gateway (e.g. ``git archive main | tar -x -C /tmp/before``)
+in the same run.  No release is live in the scratch fleet, so the computed row is a lower
+bound of what a computed answer costs.
+
+``--correctness`` runs bench/checkin_correctness.py instead: a release and its rollback
+under load, and telemetry stored exactly once (prints PASS or FAIL).
 
 Prints check-ins/s, p50/p99 latency and the server process's CPU per check-in.
 """
@@ -60,6 +69,9 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _load(spec: dict) -> dict:
+    """Closed loop (``threads`` callers back to back), or open loop when spec has ``rate``: calls
+    scheduled every 1/rate s over the callers, latency counted from the scheduled start (a
+    late start is part of it: no coordinated omission)."""
     from agent.client import GatewayClient
     from deploy.proto import agent_pb2
 
@@ -73,20 +85,33 @@ def _load(spec: dict) -> dict:
     for client in clients:  # connect (TLS handshake) outside the measurement
         client.check_in(attributes, "", "")
     threads = spec["threads"]
+    rate = spec.get("rate") or 0.0
     latencies: list[list[float]] = [[] for _ in range(threads)]
-    stop = time.monotonic() + spec["seconds"]
+    offers = [0] * threads  # answers carrying (or confirming) an assignment: none in a no-change run
+    errors = [0] * threads
+    started = time.monotonic()
+    stop = started + spec["seconds"]
 
     def work(i: int) -> None:
         n = i
-        while time.monotonic() < stop:
+        while True:
+            due = started + n / rate if rate else time.monotonic()
+            if due >= stop:
+                return
+            if rate and due > time.monotonic():
+                time.sleep(due - time.monotonic())
             client = clients[n % len(clients)]
             n += threads
-            started = time.perf_counter()
-            client.check_in(attributes, "", "")
-            latencies[i].append(time.perf_counter() - started)
+            begun = time.perf_counter() - (max(0.0, time.monotonic() - due) if rate else 0.0)
+            try:
+                reply = client.check_in(attributes, "", "")
+            except Exception:  # counted: a refused or dropped call is a finding, not a crash
+                errors[i] += 1
+                continue
+            latencies[i].append(time.perf_counter() - begun)
+            offers[i] += reply.HasField("desired") or reply.desired_unchanged
 
     workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-    started = time.monotonic()
     for w in workers:
         w.start()
     for w in workers:
@@ -94,12 +119,14 @@ def _load(spec: dict) -> dict:
     wall = time.monotonic() - started
     for client in clients:
         client.close()
-    every = sorted(x for part in latencies for x in part)
+    every = sorted(x for part in latencies for x in part) or [0.0]
     return {
-        "count": len(every),
+        "count": sum(len(part) for part in latencies),
         "wall": wall,
         "p50_ms": 1e3 * every[len(every) // 2],
         "p99_ms": 1e3 * every[min(len(every) - 1, int(len(every) * 0.99))],
+        "offers": sum(offers),
+        "errors": sum(errors),
     }
 
 
@@ -127,6 +154,31 @@ def _trivial(spec: dict) -> None:
     port = server.add_secure_port("127.0.0.1:0", credentials)
     server.start()
     print(f"trivial listening on 127.0.0.1:{port}", flush=True)
+    sys.stdin.read()  # until the parent closes our stdin
+    server.stop(grace=None)
+
+
+def _floor(spec: dict) -> None:
+    """The gateway's own server (gateway.server.build_server: its thread pool, interceptors,
+    enrolment port and health service) with a CheckIn that returns a constant: the floor a
+    check-in of the real servicer stands on."""
+    import django
+
+    _pin(0)
+    django.setup()
+    from gateway import server as gateway_server
+    from gateway.servicer import AgentGatewayServicer
+
+    from deploy.proto import agent_pb2
+
+    class Floor(AgentGatewayServicer):
+        def CheckIn(self, request, context):
+            return agent_pb2.CheckInResponse(checkin_interval_seconds=30)
+
+    gateway_server.AgentGatewayServicer = Floor  # this process only: it serves nothing else
+    server, port = gateway_server.build_server("127.0.0.1:0")
+    server.start()
+    print(f"floor listening on 127.0.0.1:{port}", flush=True)
     sys.stdin.read()  # until the parent closes our stdin
     server.stop(grace=None)
 
@@ -195,6 +247,8 @@ def _row(name: str, server: subprocess.Popen, address: str, spec: dict) -> dict:
         "p50_ms": result["p50_ms"],
         "p99_ms": result["p99_ms"],
         "cpu_us": 1e6 * cpu / max(result["count"], 1),
+        "offers": result.get("offers", 0),
+        "errors": result.get("errors", 0),
     }
 
 
@@ -209,6 +263,17 @@ def _run_load(spec: dict) -> dict:
     return json.loads(out.stdout)
 
 
+def _gateway_command(root: Path = ROOT) -> list[str]:
+    """`manage.py gateway` of a source tree, pinned to the first core when there are two."""
+    pin = (
+        ["taskset", "-c", str(sorted(os.sched_getaffinity(0))[0])]
+        if len(os.sched_getaffinity(0)) >= 2
+        else []
+    )
+    command = [*pin, sys.executable, str(root / "manage.py"), "gateway", "--address", "127.0.0.1:0"]
+    return [*command, "--metrics-port", "0"]
+
+
 def _run(args, data_dir: str) -> list[dict]:
     import django
 
@@ -221,37 +286,43 @@ def _run(args, data_dir: str) -> list[dict]:
     ca_pem = Path(settings.FERRY_DEVICE_CA_CERT_FILE).read_text()
     spec = {"ca_pem": ca_pem, "identities": identities, "threads": args.threads, "seconds": args.seconds}
     env = {**os.environ, "FERRY_LOG_LEVEL": "WARNING", "FERRY_DATA_DIR": data_dir}
-    pin = (
-        ["taskset", "-c", str(sorted(os.sched_getaffinity(0))[0])]
-        if len(os.sched_getaffinity(0)) >= 2
-        else []
-    )
-    command = [*pin, sys.executable, str(ROOT / "manage.py"), "gateway", "--address", "127.0.0.1:0"]
-    command += ["--metrics-port", "0"]
-    gateway, address = _start(command, env, "listening on ")
-    # without REDIS_URL there is no fleet generation, so this one computes every answer: the
-    # check-in as it was before gateway/desired_cache.py, measured in the same run
-    uncached_env = {k: v for k, v in env.items() if k != "REDIS_URL"}
-    uncached, uncached_address = _start(command, uncached_env, "listening on ")
+    servers: dict[str, tuple[str, subprocess.Popen, str]] = {}  # key -> (row name, process, address)
     trivial_spec = {
         "ca_pem": ca_pem,
         "key_pem": Path(settings.FERRY_GATEWAY_TLS_KEY_FILE).read_text(),
         "cert_pem": Path(settings.FERRY_GATEWAY_TLS_CERT_FILE).read_text(),
         "workers": 16,  # gateway.server.build_server's default
     }
-    trivial, trivial_address = _start(
-        [sys.executable, __file__, "--trivial"], env, "listening on ", trivial_spec
-    )
-    rows: dict[str, list[dict]] = {}
     try:
-        for _ in range(args.rounds):  # alternate, so a neighbour's load hits both alike
-            rows.setdefault("trivial", []).append(_row("trivial gRPC (mTLS)", trivial, trivial_address, spec))
-            rows.setdefault("uncached", []).append(
-                _row("gateway, no cache (before)", uncached, uncached_address, spec)
-            )
-            rows.setdefault("gateway", []).append(_row("gateway (mTLS, PG)", gateway, address, spec))
+        process, address = _start([sys.executable, __file__, "--trivial"], env, "listening on ", trivial_spec)
+        servers["trivial"] = ("trivial gRPC (mTLS)", process, address)
+        # without REDIS_URL there is no fleet generation, so this one computes every answer
+        uncached_env = {k: v for k, v in env.items() if k != "REDIS_URL"}
+        process, address = _start(_gateway_command(), uncached_env, "listening on ")
+        servers["uncached"] = ("gateway, computed (no Redis)", process, address)
+        before = getattr(args, "before_tree", "")
+        if before:  # the same run, another checkout's gateway (e.g. main before this change)
+            tree = Path(before).resolve()
+            before_env = dict(env, PYTHONPATH=f"{tree}{os.pathsep}{tree / 'platform'}")
+            process, address = _start(_gateway_command(tree), before_env, "listening on ")
+            servers["before"] = (f"gateway at {tree.name} (before)", process, address)
+        if getattr(args, "floor", True):
+            process, address = _start([sys.executable, __file__, "--floor"], env, "listening on ", {})
+            servers["floor"] = ("gateway server, constant CheckIn", process, address)
+        process, address = _start(_gateway_command(), env, "listening on ")
+        servers["gateway"] = ("gateway (mTLS, PG)", process, address)
+        rows: dict[str, list[dict]] = {}
+        for _ in range(args.rounds):  # alternate, so a neighbour's load hits all alike
+            for key, (name, process, address) in servers.items():
+                rows.setdefault(key, []).append(_row(name, process, address, spec))
+        rate = getattr(args, "rate", 0.0)
+        if rate:  # open loop: latency at an offered rate, the trivial server and this gateway
+            offered = dict(spec, rate=rate, threads=max(args.threads, 32))
+            for key in ("trivial", "gateway"):
+                name, process, address = servers[key]
+                rows[f"{key}@rate"] = [_row(f"{name} @{rate:.0f}/s", process, address, offered)]
     finally:
-        for process in (gateway, uncached, trivial):
+        for _, process, _ in servers.values():
             process.stdin.close()
             process.terminate()
             process.wait(timeout=30)
@@ -270,15 +341,36 @@ def main() -> int:
     if sys.argv[1:] == ["--trivial"]:
         _trivial(json.loads(sys.stdin.readline()))
         return 0
+    if sys.argv[1:] == ["--floor"]:
+        sys.stdin.readline()
+        _floor({})
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=10_000)
     parser.add_argument(
         "--identities", type=int, default=200, help="client certificates the load cycles over"
     )
     parser.add_argument("--threads", type=int, default=8, help="closed-loop callers in the load generator")
-    parser.add_argument("--seconds", type=float, default=8.0, help="per row and round")
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="per row and round (8); with --correctness the run (60)"
+    )
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--rate", type=float, default=1000.0, help="offered check-ins/s of the latency rows (0: none)"
+    )
+    parser.add_argument("--before-tree", default="", help="also run the gateway of this checkout")
+    parser.add_argument(
+        "--correctness", action="store_true", help="a release and a rollback under load (PASS/FAIL)"
+    )
+    parser.add_argument("--cohort", type=int, default=50, help="--correctness: simulated devices targeted")
+    parser.add_argument("--interval", type=float, default=1.0, help="--correctness: their check-in interval")
     args = parser.parse_args()
+    if args.correctness:
+        from bench import checkin_correctness
+
+        args.seconds = args.seconds or 60.0
+        return checkin_correctness.main(args)
+    args.seconds = args.seconds or 8.0
     url = os.environ.get("FERRY_DATABASE_URL", "")
     if not url:
         sys.exit("set FERRY_DATABASE_URL to a PostgreSQL database (a scratch copy is used)")
@@ -301,16 +393,22 @@ def _print(rows: list[dict], args) -> None:
         f"\nno-change check-ins, {args.devices} devices, {args.identities} mTLS identities, "
         f"{args.threads} callers, {args.seconds:.0f} s x {args.rounds} rounds"
     )
-    print(f"{'server':<28} {'check-ins/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'server CPU/check-in':>20}")
+    header = f"{'server':<34} {'check-ins/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'server CPU/check-in':>20}"
+    print(header + f" {'errors':>7}")
     for r in rows:
         latency = f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f}"
-        print(f"{r['name']:<28} {r['per_s']:>12.0f} {latency} {r['cpu_us']:>17.0f} us")
+        errors = r.get("errors", 0)
+        print(f"{r['name']:<34} {r['per_s']:>12.0f} {latency} {r['cpu_us']:>17.0f} us {errors:>7}")
     trivial = rows[0]
+    floor = next((r for r in rows if r["name"].startswith("gateway server")), None)
     for r in rows[1:]:
-        print(
-            f"{r['name']}: {100 * r['per_s'] / trivial['per_s']:.0f}% of the trivial server's rate; "
-            f"{1e6 / r['cpu_us']:.0f} check-ins per core-second of its own"
-        )
+        if "/s" in r["name"]:
+            continue  # an offered-rate row: its latency is the figure
+        of_floor = ""
+        if floor is not None and r is not floor:
+            of_floor = f", {100 * r['per_s'] / floor['per_s']:.0f}% of the gateway server's floor"
+        share = f"{100 * r['per_s'] / trivial['per_s']:.0f}% of the trivial server's rate{of_floor}"
+        print(f"{r['name']}: {share}; {1e6 / r['cpu_us']:.0f} check-ins per core-second of its own")
 
 
 if __name__ == "__main__":

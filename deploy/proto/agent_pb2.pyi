@@ -72,16 +72,20 @@ class RenewResponse(_message.Message):
     def __init__(self, client_certificate: _Optional[bytes] = ...) -> None: ...
 
 class CheckInRequest(_message.Message):
-    __slots__ = ("attributes", "running_version_id", "running_package_digest", "update")
+    __slots__ = ("attributes", "running_version_id", "running_package_digest", "update", "held_assignment_counter", "hinted")
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_VERSION_ID_FIELD_NUMBER: _ClassVar[int]
     RUNNING_PACKAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     UPDATE_FIELD_NUMBER: _ClassVar[int]
+    HELD_ASSIGNMENT_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    HINTED_FIELD_NUMBER: _ClassVar[int]
     attributes: DeviceAttributes
     running_version_id: str
     running_package_digest: str
     update: UpdateStatus
-    def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ..., update: _Optional[_Union[UpdateStatus, _Mapping]] = ...) -> None: ...
+    held_assignment_counter: int
+    hinted: bool
+    def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ..., update: _Optional[_Union[UpdateStatus, _Mapping]] = ..., held_assignment_counter: _Optional[int] = ..., hinted: _Optional[bool] = ...) -> None: ...
 
 class UpdateStatus(_message.Message):
     __slots__ = ("state", "version_id", "release_id", "assignment_counter", "reason_code", "message", "at")
@@ -138,14 +142,16 @@ class MaintenanceWindow(_message.Message):
     def __init__(self, cron: _Optional[str] = ..., duration_seconds: _Optional[int] = ..., timezone: _Optional[str] = ...) -> None: ...
 
 class CheckInResponse(_message.Message):
-    __slots__ = ("checkin_interval_seconds", "desired", "key_rotation")
+    __slots__ = ("checkin_interval_seconds", "desired", "key_rotation", "desired_unchanged")
     CHECKIN_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DESIRED_FIELD_NUMBER: _ClassVar[int]
     KEY_ROTATION_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     checkin_interval_seconds: int
     desired: PackageOffer
     key_rotation: KeyRotation
-    def __init__(self, checkin_interval_seconds: _Optional[int] = ..., desired: _Optional[_Union[PackageOffer, _Mapping]] = ..., key_rotation: _Optional[_Union[KeyRotation, _Mapping]] = ...) -> None: ...
+    desired_unchanged: bool
+    def __init__(self, checkin_interval_seconds: _Optional[int] = ..., desired: _Optional[_Union[PackageOffer, _Mapping]] = ..., key_rotation: _Optional[_Union[KeyRotation, _Mapping]] = ..., desired_unchanged: _Optional[bool] = ...) -> None: ...
 
 class KeyRotation(_message.Message):
     __slots__ = ("rotation", "signature")

@@ -31,6 +31,14 @@ class FleetChanged:
     organisation_id: int
 
 
+@dataclass(frozen=True)
+class DeviceRevoked:
+    """A device was revoked: whoever answers devices from memory must forget this one."""
+
+    organisation_id: int
+    device_id: str
+
+
 E = TypeVar("E")
 _subscribers: dict[type, list[Callable[[Any], None]]] = defaultdict(list)
 

@@ -39,24 +39,35 @@ def _rotation_path() -> Path:
     return key.with_name(f"{key.name}.rotation.json")
 
 
+_rotation_paths: dict[str, str] = {}  # key file -> its rotation file, as a string (built once)
+
+
+def _rotation_path_text() -> str:
+    key = str(settings.FERRY_RELEASE_KEY_FILE)
+    path = _rotation_paths.get(key)
+    if path is None:
+        path = _rotation_paths[key] = str(_rotation_path())
+    return path
+
+
 # Every check-in answer carries the rotation, so each process keeps the parsed file. Owner: this
 # module. Invalidation: the file's identity (a rotation replaces it by rename, so inode and mtime
 # change), checked with one stat per call instead of an open, a read and a JSON parse.
-_rotation_cache: dict[Path, tuple[tuple[int, int, int], tuple[bytes, bytes]]] = {}
+_rotation_cache: dict[str, tuple[tuple[int, int, int], tuple[bytes, bytes]]] = {}
 
 
 def current_rotation() -> tuple[bytes, bytes] | None:
     """(rotation bytes, signature by the previous key) of the latest rotation, or None."""
-    path = _rotation_path()
+    path = _rotation_path_text()  # a string and os.stat: pathlib costs more than the stat itself
     try:
-        stat = path.stat()
+        stat = os.stat(path)
     except FileNotFoundError:
         return None
     identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
     cached = _rotation_cache.get(path)
     if cached is not None and cached[0] == identity:
         return cached[1]
-    saved = json.loads(path.read_text())
+    saved = json.loads(Path(path).read_text())
     rotation = base64.b64decode(saved["rotation"]), base64.b64decode(saved["signature"])
     _rotation_cache[path] = (identity, rotation)
     return rotation

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+from ferry_cloud import events
 from ferry_cloud.device_ca import device_ca, device_ca_certificate
 from ferry_cloud.errors import Conflict, Invalid, PermissionDenied, Unauthenticated
 from ferry_cloud.events import FleetChanged, publish
@@ -168,6 +169,8 @@ def device_renew_certificate(*, device: Device, csr_der: bytes) -> IssuedCertifi
 
 def device_revoke(*, device: Device) -> None:
     Device.objects.filter(pk=device.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    # announced even if it was revoked already: forgetting it twice costs nothing
+    publish(events.DeviceRevoked(organisation_id=device.organisation_id, device_id=str(device.pk)))
 
 
 # A check-in that changes nothing writes nothing, except last_seen_at at this resolution.

@@ -10,10 +10,14 @@ class GatewayConfig(AppConfig):
         from releases.models import Release
 
         from gateway.hints import fleet_changed, hint_fleet_changed
+        from gateway.revocations import device_revoked
 
         # Services announce fleet changes as domain events; in every process that writes (web,
         # worker, shell) the gateway turns them into WatchHints for agents on any replica.
         events.subscribe(events.FleetChanged, hint_fleet_changed)
+        # ... and revocations into "forget this device" for gateways answering from memory (its
+        # import also connects desired_cache's signals, which bump the fleet generation)
+        events.subscribe(events.DeviceRevoked, device_revoked)
 
         # Every saved or deleted Release row hints too, the admin's and a shell's included.
         def announce(sender, instance: Release, **kwargs) -> None:

@@ -1,38 +1,42 @@
-"""The no-change check-in's answer, kept per gateway process so it is not recomputed per call.
+"""The fleet generation: when a gateway's remembered check-in answers stop being true.
 
 What a device should run depends on its organisation's releases, groups and pins, and on the
-device row itself (attributes, labels, pin, running version).  The first are covered by a
-fleet generation: a Redis counter per organisation that gateway.hints bumps before every
-fleet-changed hint (any Release saved or deleted, any FleetChanged a service publishes), so
-every gateway process sees it.  The device's own fields are part of the cache key, read from
-the row the check-in loads anyway.  An entry also ends when its assignment nears half its
-lifetime (releases.assignments reissues it then) and after MAX_AGE_SECONDS whatever happens.
-A deleted assignment row (through the ORM, in a process that loaded the gateway) bumps the
-generation too, so its successor is issued with a higher counter; a database restored
-underneath running gateways is only seen after MAX_AGE_SECONDS (restart them), and meanwhile
-devices get the assignment they hold.
+device row (attributes, labels, pin, running version).  The fleet generation is a Redis
+counter per organisation that goes up:
 
-Without Redis there is no shared generation, so nothing is cached and every check-in computes.
+- before every fleet-changed hint (gateway.hints: any Release saved or deleted, any
+  FleetChanged a service publishes: groups, pins, labels);
+- when an assignment row or a device row is deleted, or a device row is saved other than by a
+  check-in (the admin's or a shell's full save), in any process that loaded the gateway app.
+
+A device's own check-in changes (attributes, running version, update status) are compared
+per device by gateway.checkin_fast, so they need no bump.  Each process keeps a view of the
+generations (``generations``): gateway.checkin_fast's refresher re-reads every known one
+every quarter second, a bump made in this process lands in it at once, and a computed or a
+hinted check-in reads its organisation's afresh.  A database restored underneath running
+gateways is only seen after checkin_fast.MAX_AGE_SECONDS (restart them).
+
+Without Redis there is no shared generation, so nothing is remembered and every check-in computes.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-import time
-from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models.signals import post_delete
+from django.db.models.signals import post_delete, post_save
 from fleet.models import Device
 from releases.models import DeviceAssignment
 
 log = logging.getLogger(__name__)
 GENERATION_KEY = "ferry:fleet-generation:{}"
-MAX_AGE_SECONDS = 600.0
-MAX_ENTRIES = 200_000
+# A device row saved with only these fields is a check-in or a certificate renewal: nothing
+# another device's answer depends on, and the device's own next check-in compares them itself.
+CHECK_IN_FIELDS = frozenset(
+    {"last_seen_at", "attributes", "running_version", "certificate_serial", "certificate_expires_at"}
+)
 
 
 def _redis():
@@ -44,23 +48,97 @@ def _redis():
     return _redis_client(url)
 
 
+class Generations:
+    """This process's view of the organisations' fleet generations.
+
+    ``observe`` (a bump here, a fresh read) and ``refresh`` (every known one at once) may race:
+    each organisation's value carries a sequence number, and a refresh only writes the ones no
+    observation changed while its read was in flight, so the view never goes back to a value
+    older than one already seen."""
+
+    def __init__(self) -> None:
+        self._values: dict[int, int] = {}
+        self._sequence: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def current(self, organisation_id: int) -> int | None:
+        return self._values.get(organisation_id)
+
+    def observe(self, organisation_id: int, value: int) -> None:
+        with self._lock:
+            self._values[organisation_id] = value
+            self._sequence[organisation_id] = self._sequence.get(organisation_id, 0) + 1
+
+    def refresh(self) -> bool:
+        """Re-read every known organisation's generation (one MGET); False when Redis failed."""
+        client = _redis()
+        if client is None:
+            return False
+        with self._lock:
+            before = dict(self._sequence)
+        if not before:
+            return True
+        organisations = list(before)
+        try:
+            values = client.mget([GENERATION_KEY.format(o) for o in organisations])
+        except Exception as exc:  # redis raises several types; the fast path stops until it is back
+            log.warning("could not read the fleet generations: %s", exc)
+            return False
+        with self._lock:
+            for organisation_id, value in zip(organisations, values, strict=True):
+                if self._sequence.get(organisation_id) == before[organisation_id]:
+                    self._values[organisation_id] = int(value or 0)
+        return True
+
+
+generations = Generations()
+
+
 def bump_generation(organisation_id: int) -> None:
-    """Make every gateway's cached answers for this organisation stale (before hinting its devices)."""
+    """Make every gateway's remembered answers for this organisation stale (before hinting its devices)."""
     client = _redis()
     if client is None:
         return
     try:
-        client.incr(GENERATION_KEY.format(organisation_id))
-    except Exception as exc:  # redis raises several types; entries still end at MAX_AGE_SECONDS
+        generations.observe(organisation_id, int(client.incr(GENERATION_KEY.format(organisation_id))))
+    except Exception as exc:  # redis raises several types; entries still end at their MAX_AGE_SECONDS
         log.warning("could not bump the fleet generation of organisation %s: %s", organisation_id, exc)
 
 
-def _assignment_deleted(sender, instance: DeviceAssignment, **kwargs) -> None:
-    organisation_id = (
-        Device.objects.filter(pk=instance.device_id).values_list("organisation_id", flat=True).first()
-    )
+def fleet_generation(organisation_id: int) -> int | None:
+    """The organisation's generation read afresh, or None when it cannot be (then nothing is remembered)."""
+    client = _redis()
+    if client is None:
+        return None
+    try:
+        value = int(client.get(GENERATION_KEY.format(organisation_id)) or 0)
+    except Exception as exc:
+        log.warning("could not read the fleet generation of organisation %s: %s", organisation_id, exc)
+        return None
+    generations.observe(organisation_id, value)
+    return value
+
+
+def _bump_on_commit(organisation_id: int | None) -> None:
     if organisation_id is not None:
         transaction.on_commit(lambda: bump_generation(organisation_id))
+
+
+def _assignment_deleted(sender, instance: DeviceAssignment, **kwargs) -> None:
+    # its successor must be issued (with a higher counter), not the deleted one remembered
+    _bump_on_commit(
+        Device.objects.filter(pk=instance.device_id).values_list("organisation_id", flat=True).first()
+    )
+
+
+def _device_deleted(sender, instance: Device, **kwargs) -> None:
+    _bump_on_commit(instance.organisation_id)
+
+
+def _device_saved(sender, instance: Device, created: bool, update_fields=None, **kwargs) -> None:
+    if created or (update_fields is not None and set(update_fields) <= CHECK_IN_FIELDS):
+        return
+    _bump_on_commit(instance.organisation_id)
 
 
 post_delete.connect(
@@ -69,61 +147,7 @@ post_delete.connect(
     dispatch_uid="gateway-desired-cache-assignment-deleted",
     weak=False,
 )
-
-
-def fleet_generation(organisation_id: int) -> int | None:
-    """The organisation's generation, or None when it cannot be read (then nothing is cached)."""
-    client = _redis()
-    if client is None:
-        return None
-    try:
-        return int(client.get(GENERATION_KEY.format(organisation_id)) or 0)
-    except Exception as exc:
-        log.warning("could not read the fleet generation of organisation %s: %s", organisation_id, exc)
-        return None
-
-
-def _device_key(device: Device, generation: int) -> tuple:
-    return (
-        generation,
-        device.running_version_id,
-        device.pinned_version_id,
-        json.dumps(device.attributes or {}, sort_keys=True),
-        json.dumps(device.labels or {}, sort_keys=True),
-    )
-
-
-@dataclass(frozen=True)
-class _Entry:
-    key: tuple
-    answer: bytes | None  # a serialized PackageOffer; None: nothing decided for the device
-    valid_until: float
-
-
-class DesiredCache:
-    """device id -> the last answer computed for it and the facts it was computed from."""
-
-    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self.max_entries = max_entries
-        self._entries: dict[str, _Entry] = {}
-        self._lock = threading.Lock()
-
-    def get(self, device: Device, generation: int | None) -> tuple[bool, bytes | None]:
-        """(hit, answer): hit is False when the answer must be computed."""
-        if generation is None:
-            return False, None
-        entry = self._entries.get(str(device.pk))
-        if entry is None or entry.key != _device_key(device, generation) or time.time() >= entry.valid_until:
-            return False, None
-        return True, entry.answer
-
-    def put(self, device: Device, generation: int | None, answer: bytes | None, valid_until: float) -> None:
-        if generation is None:
-            return
-        entry = _Entry(
-            _device_key(device, generation), answer, min(valid_until, time.time() + MAX_AGE_SECONDS)
-        )
-        with self._lock:
-            if len(self._entries) >= self.max_entries:
-                self._entries.clear()  # simplest bound: a full cache starts over
-            self._entries[str(device.pk)] = entry
+post_delete.connect(
+    _device_deleted, sender=Device, dispatch_uid="gateway-desired-cache-device-deleted", weak=False
+)
+post_save.connect(_device_saved, sender=Device, dispatch_uid="gateway-desired-cache-device-saved", weak=False)

@@ -34,7 +34,8 @@ from telemetry.services import telemetry_ingest
 
 from deploy.proto import agent_pb2, agent_pb2_grpc
 from deploy.trust.certificates import certificate_der, sign
-from gateway.desired_cache import DesiredCache, fleet_generation
+from gateway.checkin_fast import Answer, KnownDevices, answer_with
+from gateway.desired_cache import fleet_generation
 from gateway.hints import HintHub, StreamClosed
 from gateway.tls import peer_device_id
 
@@ -90,12 +91,12 @@ def _update_report(request: agent_pb2.CheckInRequest):
     )
 
 
-def _offer(device: Device) -> tuple[bytes | None, float]:
-    """The serialized PackageOffer for the device (None: nothing decided for it) and until when
-    its signed assignment may be handed out again."""
+def _offer(device: Device) -> Answer:
+    """The serialized PackageOffer for the device (None: nothing decided for it), its assignment's
+    counter, and until when that signed assignment may be handed out again."""
     issued = assignment_for(device)
     if issued is None:
-        return None, time.time() + 3600.0
+        return Answer(None, 0, time.time() + 3600.0)
     desired, version = issued.desired, issued.desired.version
     window = agent_pb2.MaintenanceWindow(**desired.window) if desired.window else None
     # the descriptive fields are for display: the agent acts on the signed assignment alone
@@ -112,13 +113,13 @@ def _offer(device: Device) -> tuple[bytes | None, float]:
         assignment=issued.blob,
         assignment_signature=issued.signature,
     )
-    return offer.SerializeToString(), issued.fresh_until
+    return Answer(offer.SerializeToString(), issued.counter, issued.fresh_until)
 
 
 class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
     def __init__(self, hub: HintHub | None = None) -> None:
         self.hub = hub or HintHub.from_settings()
-        self.desired_cache = DesiredCache()
+        self.known = KnownDevices(settings.FERRY_CHECKIN_INTERVAL_SECONDS)
 
     def Enrol(self, request, context):
         close_old_connections()
@@ -148,8 +149,28 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
         return agent_pb2.RenewResponse(client_certificate=certificate_der(issued.certificate_pem))
 
     def CheckIn(self, request, context):
+        """Answered from memory when nothing changed (gateway.checkin_fast: no SQL), else computed."""
+        device_id = peer_device_id(context)
+        response = self.known.answer(device_id, request) if device_id else None
+        if response is None:
+            response = self._computed_check_in(request, context)
+        rotation = current_rotation()  # always sent when there is one (~200 bytes); agents skip a known one
+        if rotation is not None:
+            response.key_rotation.rotation, response.key_rotation.signature = rotation
+        return response
+
+    def _computed_check_in(self, request, context) -> agent_pb2.CheckInResponse:
         close_old_connections()
+        epoch = self.known.epoch  # before the device row is read: see KnownDevices.remember
+        organisation_id = self.known.organisation_of(peer_device_id(context))
+        if organisation_id is None:  # the device's first check-in here: learn its organisation
+            organisation_id = _device(context).organisation_id
+        # read before the device row and the fleet are: a change committed after this bumps it,
+        # so an answer computed from older facts is never remembered as current
+        generation = fleet_generation(organisation_id)
         device = _device(context)
+        if device.organisation_id != organisation_id:
+            generation = None
         report = _update_report(request)  # checked before anything is stored
         attributes, _ = _attributes(request.attributes)
         device = device_record_check_in(
@@ -157,19 +178,10 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
         )
         if report is not None:
             device_status_record(device=device, report=report)
+        answer = self.known.reusable(device, generation) or _offer(device)
+        self.known.remember(device, request, generation, answer, epoch)
         response = agent_pb2.CheckInResponse(checkin_interval_seconds=settings.FERRY_CHECKIN_INTERVAL_SECONDS)
-        # read before computing: a change committed meanwhile bumps it, so this entry is never used
-        generation = fleet_generation(device.organisation_id)
-        hit, offer = self.desired_cache.get(device, generation)
-        if not hit:
-            offer, fresh_until = _offer(device)
-            self.desired_cache.put(device, generation, offer, fresh_until)
-        if offer is not None:
-            response.desired.MergeFromString(offer)
-        rotation = current_rotation()  # always sent when there is one (~200 bytes); agents skip a known one
-        if rotation is not None:
-            response.key_rotation.rotation, response.key_rotation.signature = rotation
-        return response
+        return answer_with(response, answer, request)
 
     def DownloadPackage(self, request, context) -> Iterator[agent_pb2.PackageChunk]:
         close_old_connections()

@@ -23,6 +23,7 @@ from ferry_cloud.device_ca import ensure_device_pki
 from ferry_cloud.stack import PKI_FILES, free_port, wait_for_port
 from fleet.models import Device
 from fleet.services import device_enrol, device_revoke, enrolment_token_create
+from gateway.checkin_fast import STALE_SECONDS
 from gateway.health import _probe_credentials
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -225,7 +226,7 @@ def _health(address: str, service: str = "") -> int:
         return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
 
 
-def test_gateway_health_metrics_and_rpc_lines(transactional_db, tmp_path, processes):
+def test_gateway_health_metrics_and_rpc_lines(transactional_db, tmp_path, processes, monkeypatch):
     org = organisation_ensure(name="Gatewayed")
     token = enrolment_token_create(organisation=org).token
     port, metrics_port, enrol_port = free_port(), free_port(), free_port()
@@ -250,7 +251,12 @@ def test_gateway_health_metrics_and_rpc_lines(transactional_db, tmp_path, proces
     records = [OutboxRecord(seq, "metrics", 1.7e9 + seq, "", {"inferences": seq}) for seq in (1, 2)]
     client.report(records)
     client.report(records)  # replayed: both duplicates
-    device_revoke(device=Device.objects.get(pk=reply.device_id))
+    with monkeypatch.context() as shared:  # the gateway hears of revocations through its Redis
+        shared.setenv("REDIS_URL", BROKER)
+        device_revoke(device=Device.objects.get(pk=reply.device_id))
+    # another process: it answers no-change check-ins from memory, and hears of revocations
+    # within STALE_SECONDS (or stops answering from memory)
+    time.sleep(STALE_SECONDS + 0.2)
     with pytest.raises(grpc.RpcError) as refused:
         client.check_in(attrs, "", "")
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
