@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 
 import httpx
@@ -63,7 +64,7 @@ def follow(
     wait = RECONNECT_SECONDS
     while deadline is None or time.monotonic() < deadline:
         try:
-            with ferry.stream("/events/stream/", params, last_event_id) as response:
+            with closing(ferry.stream("/events/stream/", params, last_event_id)) as response:
                 wait = RECONNECT_SECONDS
                 for frame in frames(response.iter_lines()):
                     if frame.retry is not None:
