@@ -229,3 +229,73 @@ def test_a_signed_event_reaches_a_real_receiver_after_a_500_and_can_be_redeliver
         assert json.loads(refusal["body"])["details"]["reason_code"] == "device_class"
     finally:
         receiver.close()
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    """What the services hand to the queue port (delivery id, countdown), instead of Celery."""
+    from webhooks import services
+
+    sent: list[tuple[str, float | None]] = []
+    monkeypatch.setitem(services._queue, "send", lambda pk, countdown: sent.append((pk, countdown)))
+    return sent
+
+
+@pytest.mark.django_db
+def test_attempts_are_leased_backed_off_swept_and_given_up(org, settings, queued):
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from webhooks import services
+
+    settings.FERRY_WEBHOOK_MAX_ATTEMPTS = 2
+    settings.FERRY_WEBHOOK_RETRY_BASE_SECONDS = 1000  # longer than a countdown: the sweep's
+    receiver = Receiver([503, 503])
+    try:
+        hook = services.webhook_create(organisation=org, url=receiver.url, event_types=["release.aborted"])
+        assert (
+            services.deliveries_create(
+                organisation_id=org.pk, event_id=7, event_type="release.started", payload={"id": 7}
+            )
+            == []
+        )  # not a type it wants
+        [delivery] = services.deliveries_create(
+            organisation_id=org.pk, event_id=8, event_type="release.aborted", payload={"id": 8}
+        )
+        first = services.delivery_attempt(delivery_id=delivery.pk)
+        assert (first.state, first.attempts, first.last_status_code) == ("pending", 1, 503)
+        assert first.next_attempt_at > timezone.now() + timedelta(seconds=900)
+        assert queued == []  # a 1000 s wait is not a countdown: the sweep sends it when due
+        assert services.delivery_attempt(delivery_id=delivery.pk) is None  # not due: nothing sent
+        assert services.deliveries_due() == []
+
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(
+            next_attempt_at=timezone.now() - timedelta(hours=1)
+        )
+        assert services.deliveries_send_due() == [str(delivery.pk)] and queued == [(str(delivery.pk), None)]
+        last = services.delivery_attempt(delivery_id=delivery.pk)
+        assert (last.state, last.attempts, last.next_attempt_at) == ("failed", 2, None)
+        assert [a["status_code"] for a in last.log] == [503, 503] and len(receiver.received) == 2
+        assert services.delivery_attempt(delivery_id=delivery.pk) is None  # failed stays failed
+        assert hook.deliveries.count() == 1
+    finally:
+        receiver.close()
+
+
+@pytest.mark.django_db
+def test_private_addresses_are_refused_unless_allowed(org, settings, queued):
+    from webhooks import services
+
+    settings.FERRY_WEBHOOK_ALLOW_PRIVATE = False
+    settings.FERRY_WEBHOOK_RETRY_BASE_SECONDS = 2
+    receiver = Receiver([])
+    try:
+        services.webhook_create(organisation=org, url=receiver.url, event_types=[])
+        [delivery] = services.deliveries_create(
+            organisation_id=org.pk, event_id=9, event_type="release.aborted", payload={"id": 9}
+        )
+        refused = services.delivery_attempt(delivery_id=delivery.pk)
+        assert refused.last_status_code is None and "not a public address" in refused.last_error
+        assert receiver.received == [] and queued == [(str(delivery.pk), 2.0)]  # retried by countdown
+    finally:
+        receiver.close()
