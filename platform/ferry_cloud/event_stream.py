@@ -198,11 +198,16 @@ class EventStreamApi(OrganisationApi):
             types=sorted(query.get("type", ())),
         )
         cursor, seen = _start(request, query, events)
+        if request.method == "HEAD":  # the headers only: no body, so no stream to hold open
+            return _headers(StreamingHttpResponse(iter(())))
         slot = _stream_slots()
         if not slot.acquire(blocking=False):
             raise TooManyStreams()
-        response = StreamingHttpResponse(_Stream(_frames(events, cursor, seen), slot))
-        response["Content-Type"] = "text/event-stream; charset=utf-8"
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
-        return response
+        return _headers(StreamingHttpResponse(_Stream(_frames(events, cursor, seen), slot)))
+
+
+def _headers(response: StreamingHttpResponse) -> StreamingHttpResponse:
+    response["Content-Type"] = "text/event-stream; charset=utf-8"
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
+    return response

@@ -207,6 +207,9 @@ def test_refusals_answer_json_even_to_an_event_stream_client(live_server, org, s
     )
     assert bad.status_code == 400 and "type" in bad.json()["error"]["fields"]
 
+    head = httpx.head(url, headers={"Authorization": f"Token {token}"})  # answered at once, no stream
+    assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
+
     from ferry_cloud import event_stream
 
     settings.FERRY_SSE_MAX_SECONDS = 5
