@@ -12,6 +12,7 @@ import typer
 
 from ferryctl.client import ApiError, Ferry, TransportError
 from ferryctl.config import Config, ConfigError, config_save
+from ferryctl.events import events_list, webhooks
 from ferryctl.fleet import devices, tokens
 from ferryctl.output import err, out
 from ferryctl.registry import models, versions
@@ -19,7 +20,7 @@ from ferryctl.releases import releases
 
 app = typer.Typer(
     name="ferryctl",
-    help="Ferry from the command line: models, versions, releases, devices and enrolment tokens.",
+    help="Ferry from the command line: models, versions, releases, devices, enrolment tokens, events.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -29,6 +30,8 @@ app.add_typer(versions, name="versions")
 app.add_typer(releases, name="releases")
 app.add_typer(devices, name="devices")
 app.add_typer(tokens, name="tokens")
+app.command("events")(events_list)
+app.add_typer(webhooks, name="webhooks")
 
 
 @app.command("login")

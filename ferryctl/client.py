@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import IO, Any
@@ -12,6 +13,8 @@ from ferryctl.config import Config
 
 API = "/api/v1"
 CREATE_ATTEMPTS = 3  # a create that timed out is sent again with the same Idempotency-Key
+THROTTLED_ATTEMPTS = 4  # a 429 was not carried out: wait its Retry-After and send it again
+LONGEST_WAIT = 60.0
 
 
 class ApiError(Exception):
@@ -84,15 +87,41 @@ class Ferry:
         self._http.close()
 
     def _send(self, method: str, url: str, **kwargs: Any) -> Any:
+        for attempt in range(1, THROTTLED_ATTEMPTS + 1):
+            try:
+                response = self._http.request(method, url, **kwargs)
+            except httpx.TimeoutException as exc:
+                raise TransportError(
+                    f"{self.base} did not answer in time ({exc.__class__.__name__})."
+                ) from exc
+            except httpx.TransportError as exc:
+                raise TransportError(f"Cannot reach {self.base}: {exc}.") from exc
+            if response.status_code == 429 and attempt < THROTTLED_ATTEMPTS and "files" not in kwargs:
+                time.sleep(retry_after(response))
+                continue
+            if response.status_code >= 400:
+                raise _error_of(response)
+            return response.json() if response.content else None
+        raise AssertionError("unreachable")
+
+    def stream(self, path: str, params: dict | None = None, last_event_id: str | None = None):
+        """An open server-sent-events response (a context manager); ApiError if it is refused."""
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id:
+            headers["Last-Event-ID"] = last_event_id
+        request = self._http.build_request("GET", API + path, params=_clean(params), headers=headers)
         try:
-            response = self._http.request(method, url, **kwargs)
-        except httpx.TimeoutException as exc:
-            raise TransportError(f"{self.base} did not answer in time ({exc.__class__.__name__}).") from exc
+            response = self._http.send(request, stream=True)
         except httpx.TransportError as exc:
             raise TransportError(f"Cannot reach {self.base}: {exc}.") from exc
         if response.status_code >= 400:
+            response.read()
+            response.close()
             raise _error_of(response)
-        return response.json() if response.content else None
+        return response
+
+    def delete(self, path: str) -> Any:
+        return self._send("DELETE", API + path)
 
     def get(self, path: str, params: dict | None = None) -> Any:
         return self._send("GET", API + path, params=_clean(params))
@@ -131,6 +160,14 @@ class Ferry:
                 seen += 1
                 yield row
             url, query = page.get("next"), None  # the next link carries the filters
+
+
+def retry_after(response: httpx.Response) -> float:
+    """The server's Retry-After in seconds (at most a minute), 1 if it gave none."""
+    try:
+        return min(LONGEST_WAIT, max(0.0, float(response.headers.get("Retry-After", "1"))))
+    except ValueError:
+        return 1.0
 
 
 def _clean(params: dict | None) -> dict:

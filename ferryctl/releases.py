@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Annotated
@@ -12,6 +13,7 @@ from rich.live import Live
 from ferryctl.client import Ferry
 from ferryctl.output import emit_json, err, field, out, show_record, show_rows, table
 from ferryctl.session import JsonOption, LimitOption, connect, parse_pairs
+from ferryctl.stream import follow
 
 releases = typer.Typer(help="Releases: a version rolled out to a target, in phases.", no_args_is_help=True)
 
@@ -40,7 +42,8 @@ DEVICE_COLUMNS = [
     ("SINCE", field("reported_at")),
 ]
 EVENT_COLUMNS = [
-    ("AT", field("created_at")),
+    ("AT", field("at")),
+    ("TYPE", field("type")),
     ("ACTION", field("action")),
     ("ACTOR", field("actor")),
     ("REASON", field("reason")),
@@ -176,11 +179,14 @@ def releases_watch(
     ferry = connect()
     deadline = None if timeout is None else time.monotonic() + timeout
     found, devices = _snapshot(ferry, release)
+    wake = _wake_on_events(release)
     with Live(_render(found, devices), console=err if as_json else out, auto_refresh=False) as live:
         while found["state"] not in FINISHED:
             if deadline is not None and time.monotonic() > deadline:
                 break
-            time.sleep(interval)
+            wait = interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic()))
+            if wake.wait(wait):  # an event of the release (a state change, a refusal): refresh now
+                wake.clear()
             found, devices = _snapshot(ferry, release)
             live.update(_render(found, devices), refresh=True)
     if as_json:
@@ -189,6 +195,26 @@ def releases_watch(
         err.print(f"still {found['state']} after {timeout:g} s")
         raise typer.Exit(3)
     raise typer.Exit(0 if found["state"] == "completed" else 1)
+
+
+def _wake_on_events(release: str) -> threading.Event:
+    """Set whenever the server's event stream reports something of the release, so a state change
+    or a refusal shows at once; per-device progress is not an event, the polling shows it. With
+    no stream (an older server, a refusal), the event is never set and polling does it all."""
+    wake = threading.Event()
+
+    def listen() -> None:
+        ferry = connect()
+        try:
+            for _ in follow(ferry, {"release": release}):
+                wake.set()
+        except Exception:  # noqa: BLE001 - the stream only hurries the refresh along
+            return
+        finally:
+            ferry.close()
+
+    threading.Thread(target=listen, name="release-events", daemon=True).start()
+    return wake
 
 
 def _act(release: str, action: str, reason: str, expected_revision: int | None, as_json: bool) -> None:

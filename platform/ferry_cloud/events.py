@@ -39,6 +39,43 @@ class DeviceRevoked:
     device_id: str
 
 
+@dataclass(frozen=True)
+class AuditEventRecorded:
+    """A row was added to the organisation's event feed (a release's ReleaseEvent): a state
+    change, a device's refusal or failure. Webhooks and live streams start from it."""
+
+    organisation_id: int
+    event_id: int
+
+
+# The event feed's types: what webhooks subscribe to and streams filter on. Each is one audit
+# action, "release.completed" being the advance into the completed state ("!completed": any other).
+EVENT_TYPES: dict[str, tuple[str, str | None]] = {
+    "release.created": ("create", None),
+    "release.started": ("start", None),
+    "release.paused": ("pause", None),
+    "release.resumed": ("resume", None),
+    "release.advanced": ("advance", "!completed"),
+    "release.completed": ("advance", "completed"),
+    "release.aborted": ("abort", None),
+    "release.rolled_back": ("rollback", None),
+    "release.activated": ("activate", None),
+    "device.refused": ("device_refused", None),
+    "device.failed": ("device_failed", None),
+    "device.rolled_back": ("device_rolled_back", None),
+}
+
+
+def event_type(action: str, to_state: str) -> str:
+    """The feed type of an audit row with this action and resulting release state."""
+    for name, (wanted, state) in EVENT_TYPES.items():
+        if wanted != action:
+            continue
+        if state is None or state == to_state or (state.startswith("!") and state[1:] != to_state):
+            return name
+    return f"release.{action}"  # an action added later still gets a type
+
+
 E = TypeVar("E")
 _subscribers: dict[type, list[Callable[[Any], None]]] = defaultdict(list)
 

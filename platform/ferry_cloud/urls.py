@@ -29,8 +29,17 @@ from releases.api import (
     ReleaseListCreateApi,
 )
 from telemetry.api import DeviceTelemetryApi, FleetSummaryApi
+from webhooks.api import (
+    DeliveryDetailApi,
+    DeliveryListApi,
+    RedeliverApi,
+    WebhookDetailApi,
+    WebhookListCreateApi,
+    WebhookRotateSecretApi,
+)
 
 from ferry_cloud.api_errors import api_not_found
+from ferry_cloud.event_stream import EventStreamApi
 from ferry_cloud.observability.health import healthz, readyz
 from ferry_cloud.observability.metrics import metrics_view
 
@@ -78,6 +87,25 @@ api = [
     path("api-tokens/", ApiTokenListCreateApi.as_view(), name="api-tokens"),
     path("api-tokens/<rowid:api_token_id>/", ApiTokenDetailApi.as_view(), name="api-token"),
     path("audit/", AuditFeedApi.as_view(), name="audit"),
+    path("events/stream/", EventStreamApi.as_view(), name="events-stream"),
+    path("webhooks/", WebhookListCreateApi.as_view(), name="webhooks"),
+    path("webhooks/<uuid:webhook_id>/", WebhookDetailApi.as_view(), name="webhook"),
+    path(
+        "webhooks/<uuid:webhook_id>/rotate-secret/",
+        WebhookRotateSecretApi.as_view(),
+        name="webhook-rotate-secret",
+    ),
+    path("webhooks/<uuid:webhook_id>/deliveries/", DeliveryListApi.as_view(), name="webhook-deliveries"),
+    path(
+        "webhooks/<uuid:webhook_id>/deliveries/<uuid:delivery_id>/",
+        DeliveryDetailApi.as_view(),
+        name="webhook-delivery",
+    ),
+    path(
+        "webhooks/<uuid:webhook_id>/deliveries/<uuid:delivery_id>/redeliver/",
+        RedeliverApi.as_view(),
+        name="webhook-redeliver",
+    ),
     path("fleet/summary/", FleetSummaryApi.as_view(), name="fleet-summary"),
 ]
 

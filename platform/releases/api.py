@@ -9,6 +9,7 @@ from ferry_cloud.api_conditions import IF_MATCH, created, require_match, tagged
 from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
 from ferry_cloud.api_shapes import StrictSerializer, VersionRefOutput, version_ref
 from ferry_cloud.errors import Invalid
+from ferry_cloud.events import EVENT_TYPES, event_type
 from ferry_cloud.idempotency import HEADER as IDEMPOTENCY_KEY
 from ferry_cloud.idempotency import idempotent
 from registry.selectors import version_get
@@ -34,11 +35,15 @@ class EventOutput(serializers.ModelSerializer):
     )
     from_phase = serializers.SerializerMethodField()
     to_phase = serializers.SerializerMethodField()
+    type = serializers.SerializerMethodField(
+        help_text="What happened, for webhooks and streams: release.completed, device.refused, ..."
+    )
 
     class Meta:
         model = ReleaseEvent
         fields = [
             "id",
+            "type",
             "action",
             "from_state",
             "to_state",
@@ -49,6 +54,9 @@ class EventOutput(serializers.ModelSerializer):
             "details",
             "at",
         ]
+
+    def get_type(self, obj: ReleaseEvent) -> str:
+        return event_type(obj.action, obj.to_state)
 
     def get_from_phase(self, obj: ReleaseEvent) -> int | None:
         return None if obj.from_phase is None else obj.from_phase + 1
@@ -386,7 +394,11 @@ class AuditEventOutput(EventOutput):
 
 class EventQuery(ListQuery):
     ORDERING = ("at", "-at")
+    LIST_PARAMETERS = frozenset({"type"})
 
+    type = serializers.MultipleChoiceField(
+        choices=sorted(EVENT_TYPES), required=False, help_text="Any of these event types (repeat it)."
+    )
     actor = serializers.CharField(
         required=False, allow_blank=True, max_length=150, help_text="A username; empty: the system's own."
     )
@@ -407,6 +419,7 @@ def _events_page(request, organisation, query: dict, release_id=None):
         actor=query.get("actor"),
         after=query.get("after"),
         before=query.get("before"),
+        types=sorted(query.get("type", ())),
     )
     return paginated(request, events, query, lambda rows: AuditEventOutput(rows, many=True).data)
 

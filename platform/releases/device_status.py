@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from django.db import IntegrityError, transaction
 from ferry_cloud.errors import Invalid
+from ferry_cloud.events import AuditEventRecorded, publish
 from fleet.models import Device
 
 from releases.models import DeviceReleaseStatus, Release, ReleaseEvent
@@ -156,7 +157,7 @@ def _upsert(release: Release, device: Device, report: UpdateReport) -> DeviceRel
             setattr(row, name, value)
         row.save()  # an unchanged report (most check-ins) writes nothing
     if report.state in FAILED_STATES and before != (report.state, report.reason_code):
-        ReleaseEvent.objects.create(
+        event = ReleaseEvent.objects.create(
             release=release,
             action=f"device_{report.state}",
             from_state=release.state,
@@ -173,4 +174,5 @@ def _upsert(release: Release, device: Device, report: UpdateReport) -> DeviceRel
                 "assignment_counter": report.assignment_counter,
             },
         )
+        publish(AuditEventRecorded(organisation_id=release.organisation_id, event_id=event.pk))
     return row

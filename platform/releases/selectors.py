@@ -7,8 +7,9 @@ from typing import Any
 
 from accounts.models import Organisation
 from django.core.exceptions import ValidationError
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from ferry_cloud.errors import NotFound
+from ferry_cloud.events import EVENT_TYPES
 from fleet.models import Device, DeviceGroup, DeviceVersionChange
 from registry.models import ModelVersion
 
@@ -385,10 +386,17 @@ def release_list_filtered(
 
 
 def release_events(
-    *, organisation: Organisation, release_id=None, actor: str | None = None, after=None, before=None
+    *,
+    organisation: Organisation,
+    release_id=None,
+    actor: str | None = None,
+    after=None,
+    before=None,
+    types: list[str] | None = None,
 ) -> QuerySet[ReleaseEvent]:
     """The organisation's release events (its audit of rollouts), narrowed by the optional filters:
-    one release, one actor's username ("" for the system's own, the health gate), a time span."""
+    one release, one actor's username ("" for the system's own, the health gate), a time span,
+    any of some event types (ferry_cloud.events.EVENT_TYPES)."""
     events = ReleaseEvent.objects.filter(release__organisation=organisation).select_related(
         "actor", "release"
     )
@@ -402,7 +410,20 @@ def release_events(
         events = events.filter(at__gte=after)
     if before is not None:
         events = events.filter(at__lt=before)
+    if types:
+        events = events.filter(_of_types(types))
     return events
+
+
+def _of_types(types: list[str]) -> Q:
+    wanted = Q(pk__in=[])
+    for name in types:
+        action, state = EVENT_TYPES[name]
+        one = Q(action=action)
+        if state is not None:
+            one &= ~Q(to_state=state[1:]) if state.startswith("!") else Q(to_state=state)
+        wanted |= one
+    return wanted
 
 
 # --- per-device status ------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from accounts.models import Organisation
 from django.db import transaction
 from django.utils import timezone
 from ferry_cloud.errors import Conflict, Invalid
-from ferry_cloud.events import FleetChanged, publish
+from ferry_cloud.events import AuditEventRecorded, FleetChanged, publish
 from registry.models import ModelVersion
 from registry.services import version_mark_released
 from telemetry.selectors import first_report_at, release_cohort_figures
@@ -152,7 +152,7 @@ def release_create(
     override = require_compatible(
         version=version, device_ids=list(selection.matching), new_pipeline=new_pipeline
     )
-    ReleaseEvent.objects.create(
+    event = ReleaseEvent.objects.create(
         release=release,
         action="create",
         from_state="",
@@ -163,6 +163,7 @@ def release_create(
         reason="ships a new pipeline: the version does not fit what its devices run now" if override else "",
         details=override,
     )
+    publish(AuditEventRecorded(organisation_id=release.organisation_id, event_id=event.pk))
     version_mark_released(version=version)
     if start:
         release = release_transition(
@@ -214,7 +215,7 @@ def release_transition(
             f"The release changed since revision {expected_revision}: it is now revision {release.revision}, "
             f"{release.state}{who}. Reload it and try again."
         )
-    ReleaseEvent.objects.create(
+    event = ReleaseEvent.objects.create(
         release=release,
         action=action,
         from_state=before.status,
@@ -225,6 +226,7 @@ def release_transition(
         reason=reason,
         details=details or {},
     )
+    publish(AuditEventRecorded(organisation_id=release.organisation_id, event_id=event.pk))
     release.state = after.status.value
     release.revision += 1
     fields = ["state", "revision", "updated_at"]
@@ -254,7 +256,7 @@ def _activate(release: Release, *, actor, reason: str, expected_revision: int | 
         )
     if release.state in (State.ABORTED, State.ROLLED_BACK):
         raise TransitionConflict(f"Cannot activate a release that is {release.state}.")
-    ReleaseEvent.objects.create(
+    event = ReleaseEvent.objects.create(
         release=release,
         action="activate",
         from_state=release.state,
@@ -264,6 +266,7 @@ def _activate(release: Release, *, actor, reason: str, expected_revision: int | 
         actor=actor,
         reason=reason,
     )
+    publish(AuditEventRecorded(organisation_id=release.organisation_id, event_id=event.pk))
     release.download_only = False
     release.revision += 1
     release.save(update_fields=["download_only", "revision", "updated_at"])

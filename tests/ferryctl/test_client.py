@@ -80,3 +80,51 @@ def test_refusals_carry_the_servers_code_message_and_fields(client):
     with pytest.raises(ApiError) as missing:
         client().get("/releases/00000000-0000-0000-0000-000000000000/")
     assert missing.value.status == 404 and missing.value.code
+
+
+class Recording(httpx.HTTPTransport):
+    """The real transport, remembering each answer's status."""
+
+    def __init__(self):
+        super().__init__()
+        self.statuses: list[int] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        self.statuses.append(response.status_code)
+        return response
+
+
+@pytest.mark.slow
+def test_a_429_is_waited_out_and_sent_again(client, settings):
+    settings.FERRY_API_RATE = "1/5s"  # three calls in a row cannot all fit one window each
+    transport = Recording()
+    ferry = client(transport=transport)
+    try:
+        answers = [ferry.get("/models/") for _ in range(3)]
+    finally:
+        ferry.close()
+    assert all(a["results"] == [] for a in answers)
+    assert 429 in transport.statuses and transport.statuses.count(200) == 3
+
+
+def test_event_stream_frames_parse_as_the_sse_format_says():
+    from ferryctl.stream import Frame, frames
+
+    lines = [
+        "retry: 1000",
+        "",
+        ": heartbeat",
+        "",
+        "id: 7",
+        "event: release.aborted",
+        "data: {",
+        "data: }",
+        "",
+    ]
+    parsed = list(frames(iter(lines)))
+    assert parsed == [
+        Frame(id=None, event=None, data=None, retry=1000),
+        Frame(id=None, event=None, data=None),
+        Frame(id="7", event="release.aborted", data="{\n}"),
+    ]

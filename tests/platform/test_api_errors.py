@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from tests.platform.conftest import member_of
@@ -100,16 +99,8 @@ def test_integers_in_phases_and_windows_are_range_checked(api, ready_version):
 
 
 @pytest.mark.django_db
-def test_a_throttled_caller_gets_429_with_retry_after_in_the_error_format(api, monkeypatch):
-    from registry.api import ModelListCreateApi
-    from rest_framework.throttling import UserRateThrottle
-
-    class OnePerHour(UserRateThrottle):
-        rate = "1/hour"
-        cache_format = "test-throttle-%(scope)s-%(ident)s"
-
-    monkeypatch.setattr(ModelListCreateApi, "throttle_classes", [OnePerHour])
-    cache.clear()  # the throttle counts in the process's cache
+def test_a_throttled_caller_gets_429_with_retry_after_in_the_error_format(api, settings):
+    settings.FERRY_API_RATE = "1/hour"  # the real throttle, counting in the suite's Redis
     assert api.get("/api/v1/models/").status_code == 200
     throttled = api.get("/api/v1/models/")
     _error(throttled, 429, "throttled")

@@ -63,6 +63,7 @@ def test_a_generated_client_imports_and_runs_the_automation_flow(
 
     from ferry_generated_client import AuthenticatedClient
     from ferry_generated_client.api.v1 import (
+        v1_audit_list,
         v1_devices_list,
         v1_models_create,
         v1_models_versions_create,
@@ -71,15 +72,19 @@ def test_a_generated_client_imports_and_runs_the_automation_flow(
         v1_releases_create,
         v1_releases_retrieve,
         v1_versions_retrieve,
+        v1_webhooks_create,
     )
     from ferry_generated_client.models import (
         ActionInputRequest,
         Error,
+        EventTypesEnum,
         ModelInputRequest,
         ReleaseInputRequest,
         TargetInputRequest,
+        V1AuditListTypeItem,
         V1ReleasesActionAction,
         VersionInputRequest,
+        WebhookInputRequest,
     )
     from ferry_generated_client.types import File
 
@@ -111,6 +116,12 @@ def test_a_generated_client_imports_and_runs_the_automation_flow(
     assert v1_releases_retrieve.sync(str(release.id), client=client).revision == paused.revision
     events = v1_release_events_list.sync(str(release.id), client=client)
     assert [e.action for e in events.results][-1] == "pause"
+    feed = v1_audit_list.sync(client=client, type_=[V1AuditListTypeItem.RELEASE_PAUSED])
+    assert [(e.type_, e.release) for e in feed.results] == [("release.paused", release.id)]
+    hook = WebhookInputRequest(
+        url="https://hooks.example.com/ferry", event_types=[EventTypesEnum.RELEASE_PAUSED]
+    )
+    assert v1_webhooks_create.sync(client=client, body=hook).secret.startswith("whsec_")
     devices = v1_devices_list.sync(client=client, filter_="labels.site == lab")
     assert [d.id for d in devices.results] == [device.pk]
 

@@ -27,11 +27,13 @@ from accounts.models import Membership
 from accounts.permissions import OperatorWrites, ViewerQueries, declared_permission
 from accounts.tokens import api_token_create
 from django.db import transaction
+from django.http import HttpResponse
 from django.urls import URLPattern, URLResolver, get_resolver
 from fleet.api import DeviceRevokeApi
 from fleet.services import device_enrol, device_group_create, enrolment_token_create
 from releases.services import release_create
 from rest_framework.test import APIClient, APIRequestFactory
+from webhooks.services import deliveries_create, webhook_create
 
 VIEWER, OPERATOR, ADMIN = Membership.Role.VIEWER, Membership.Role.RELEASE_MANAGER, Membership.Role.ADMIN
 
@@ -74,6 +76,13 @@ DECLARED: dict[str, dict[str, str]] = {
     "api:release-devices": {"GET": VIEWER},
     "api:release-action": {"POST": OPERATOR},
     "api:fleet-summary": {"GET": VIEWER},
+    "api:events-stream": {"GET": VIEWER},
+    "api:webhooks": {"GET": ADMIN, "POST": ADMIN},
+    "api:webhook": {"GET": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN},
+    "api:webhook-rotate-secret": {"POST": ADMIN},
+    "api:webhook-deliveries": {"GET": ADMIN},
+    "api:webhook-delivery": {"GET": ADMIN},
+    "api:webhook-redeliver": {"POST": ADMIN},
 }
 
 RANK = {VIEWER: 0, OPERATOR: 1, ADMIN: 2}
@@ -150,7 +159,7 @@ def test_the_declared_matrix_is_the_documented_one():
         for m, r in required_roles(e).items()
         if m in ("HEAD", "OPTIONS")
     }
-    assert {r for *_, r in safe} == {VIEWER}
+    assert {r for *_, r in safe} <= {VIEWER, ADMIN}  # webhooks: admins read them too
 
 
 def test_a_view_without_a_declaration_refuses_everyone(admin):
@@ -190,7 +199,8 @@ def _client(token: str | None) -> APIClient:
 
 
 @pytest.fixture
-def world(org, admin, viewer, operator, outsider, ready_version) -> World:
+def world(org, admin, viewer, operator, outsider, ready_version, settings) -> World:
+    settings.FERRY_SSE_MAX_SECONDS = 0.2  # the event stream ends at once: its body is read whole
     token = enrolment_token_create(organisation=org, labels={"site": "lab"}).token
     spare_api_token = api_token_create(membership=org.memberships.get(user=admin[0]), name="spare").record
     spare_token = enrolment_token_create(organisation=org, labels={"site": "spare"}).record
@@ -208,7 +218,13 @@ def world(org, admin, viewer, operator, outsider, ready_version) -> World:
         actor=admin[0],
         start=True,
     )
+    webhook = webhook_create(organisation=org, url="https://example.com/acme-secret-hook", event_types=[])
+    delivery = deliveries_create(
+        organisation_id=org.pk, event_id=1, event_type="release.started", payload={"id": 1}
+    )[0]
     values = {
+        "webhook_id": webhook.pk,
+        "delivery_id": delivery.pk,
         "model_id": ready_version.model_id,
         "version_id": ready_version.pk,
         "device_id": device.pk,
@@ -227,10 +243,18 @@ def world(org, admin, viewer, operator, outsider, ready_version) -> World:
         ("api:device-group", "PATCH"): {"name": "renamed"},
         ("api:releases", "POST"): {"name": "roles-release", "version": str(ready_version.pk)},
         ("api:release-action", "POST"): {"reason": "roles"},
+        ("api:webhooks", "POST"): {"url": "https://example.com/roles"},
+        ("api:webhook", "PATCH"): {"active": False},
     }
     row_numbers = ("model_id", "token_id", "api_token_id")  # small integers: any page may hold them
     secrets = [str(v) for k, v in values.items() if k != "action" and k not in row_numbers]
-    secrets += ["acme-secret-device", "acme-secret-group", "acme-secret-release", ready_version.model.name]
+    secrets += [
+        "acme-secret-hook",
+        "acme-secret-device",
+        "acme-secret-group",
+        "acme-secret-release",
+        ready_version.model.name,
+    ]
     clients = {
         "anonymous": (_client(None), None),
         "outsider": (_client(outsider[1]), None),
@@ -246,6 +270,9 @@ def _request(client: APIClient, method: str, url: str, body: dict | None):
     data = json.dumps(body) if body is not None else ""
     with transaction.atomic():
         response = client.generic(method, url, data=data, content_type="application/json")
+        if response.streaming:  # the event stream: read it whole (it ends soon)
+            streamed, response = response, HttpResponse(b"".join(response.streaming_content))
+            response.status_code, response.request = streamed.status_code, streamed.request
         transaction.set_rollback(True)
     return response
 

@@ -9,9 +9,11 @@ FERRY_S3_BUCKET (+ FERRY_S3_ENDPOINT_URL) for package and model storage.
 from .api import *  # noqa: F403
 from .base import *  # noqa: F403
 from .broker import *  # noqa: F403
+from .cache import *  # noqa: F403
 from .database import *  # noqa: F403
 from .ferry import *  # noqa: F403
 from .logs import *  # noqa: F403
 from .observability import *  # noqa: F403
 from .security import *  # noqa: F403
 from .storage import *  # noqa: F403
+from .webhooks import *  # noqa: F403

@@ -18,6 +18,10 @@ REST_FRAMEWORK = {
     # JSON bodies only; the one file upload declares multipart itself (registry/api.py).
     "DEFAULT_PARSER_CLASSES": ["ferry_cloud.api_parsers.BoundedJSONParser"],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
+    # Per API token, per IP address when anonymous (ferry_cloud/throttling.py); counted in CACHES.
+    "DEFAULT_THROTTLE_CLASSES": ["ferry_cloud.throttling.ApiRateThrottle"],
+    # Proxies in front whose X-Forwarded-For names the client (0: the peer's address is the client's).
+    "NUM_PROXIES": int(os.environ.get("FERRY_API_TRUSTED_PROXIES", "0") or 0),
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Ferry control plane API",
@@ -35,6 +39,22 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
 }
+
+# --- Rate limits (ferry_cloud/throttling.py): "<requests>/<s|min|hour|day>", or "off" ---------
+FERRY_API_RATE = os.environ.get("FERRY_API_RATE", "600/min")  # per API token or session user
+FERRY_API_ANON_RATE = os.environ.get("FERRY_API_ANON_RATE", "60/min")  # per IP, no credential
+
+# --- The event stream (ferry_cloud/event_stream.py) -------------------------------------------
+# A stream ends after this long and the client reconnects with Last-Event-ID: under gunicorn's
+# gthread workers an open stream holds a thread, so none may hold one for ever.
+FERRY_SSE_MAX_SECONDS = float(os.environ.get("FERRY_SSE_MAX_SECONDS", "55") or 55)
+FERRY_SSE_HEARTBEAT_SECONDS = float(os.environ.get("FERRY_SSE_HEARTBEAT_SECONDS", "15") or 15)
+FERRY_SSE_POLL_SECONDS = float(os.environ.get("FERRY_SSE_POLL_SECONDS", "1") or 1)
+# Streams per web process at once; the default leaves half of a worker's threads to requests.
+FERRY_SSE_STREAMS_PER_PROCESS = int(
+    os.environ.get("FERRY_SSE_STREAMS_PER_PROCESS", "")
+    or max(1, int(os.environ.get("FERRY_WEB_THREADS", "4") or 4) // 2)
+)
 
 # --- API tokens (accounts/tokens.py) ----------------------------------------------
 # Lifetime of a new API token unless its creator asks for less (or, up to the maximum, more).

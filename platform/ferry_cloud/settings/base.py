@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "fleet",
     "releases",
     "telemetry",
+    "webhooks",
     "console",
     "gateway",
 ]
@@ -65,6 +66,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",  # first: times everything below
     "ferry_cloud.observability.middleware.RequestLogMiddleware",  # request id, one log line a request
+    "ferry_cloud.throttling.RateLimitHeadersMiddleware",  # RateLimit-* on every throttled answer
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, before anything else reads the request
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -31,6 +31,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "registry.tasks.requeue_stale_conversions",
         "schedule": float(os.environ.get("FERRY_REQUEUE_INTERVAL_SECONDS", "10")),
     },
+    "send-due-webhooks": {
+        "task": "webhooks.tasks.send_due_webhooks",
+        "schedule": float(os.environ.get("FERRY_WEBHOOK_SWEEP_SECONDS", "30")),
+    },
     "roll-up-old-telemetry": {
         "task": "telemetry.tasks.roll_up_old_telemetry",
         "schedule": float(os.environ.get("FERRY_TELEMETRY_ROLLUP_INTERVAL_SECONDS", "3600")),
