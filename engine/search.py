@@ -28,6 +28,7 @@ import numpy as np
 
 from engine import jit, kernels
 from engine.ops.registry import Kernel, kernel_name
+from engine.planner import memory_order
 
 RUNS = 5  # timed rounds over the candidates (after one checked run each); each one's minimum counts
 PACKED_MARGIN = 0.85  # a kernel with pre-packed weights must take <= 85% of the default's time...
@@ -84,6 +85,10 @@ class KernelSearch:
         self.path = cache_dir() / f"{model_digest[:24]}-{device_fingerprint(threads, self.use_jit)[:24]}.json"
         self.choices: dict[str, str] = self._load()
         self._dirty = False
+        # node -> the memory order (planner.memory_order) of the chosen kernel's output, for the
+        # nodes measured in this process: the session lays later nodes' measuring inputs out
+        # the same way, so a channels-last kernel is timed on what its producer leaves it
+        self.output_orders: dict[str, tuple[int, ...] | None] = {}
 
     def _load(self) -> dict[str, str]:
         try:
@@ -124,7 +129,7 @@ class KernelSearch:
         for kernel in candidates:
             if kernel_name(kernel) == cached:
                 return kernel, "searched, cached"
-        best, note = self._measure(candidates, attrs, make_inputs())
+        best, note = self._measure(candidates, attrs, make_inputs(), node)
         self.choices[key] = kernel_name(best)
         self._dirty = True
         return best, note
@@ -149,9 +154,21 @@ class KernelSearch:
         return None
 
     def _measure(
-        self, candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None]
+        self, candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None], node: str
     ) -> tuple[Kernel, str]:
-        runnable = _agreeing(candidates, attrs, inputs)
+        orders: dict[Kernel, tuple[int, ...] | None] = {}
+        runnable = _agreeing(candidates, attrs, inputs, orders)
+        best, note = self._fastest(candidates, attrs, inputs, runnable)
+        self.output_orders[node] = orders.get(best)
+        return best, note
+
+    def _fastest(
+        self,
+        candidates: list[Kernel],
+        attrs: dict[str, Any],
+        inputs: list[np.ndarray | None],
+        runnable: list[tuple[Kernel, list[np.ndarray | None]]],
+    ) -> tuple[Kernel, str]:
         best = {kernel: float("inf") for kernel, _ in runnable}
         _time_rounds(runnable, attrs, best)
         close = sorted(runnable, key=lambda item: best[item[0]])[:2]
@@ -202,9 +219,13 @@ def _key(node: str, shapes: Sequence[tuple[int, ...] | None]) -> str:
 
 
 def _agreeing(
-    candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None]
+    candidates: list[Kernel],
+    attrs: dict[str, Any],
+    inputs: list[np.ndarray | None],
+    orders: dict[Kernel, tuple[int, ...] | None],
 ) -> list[tuple[Kernel, list[np.ndarray | None]]]:
-    """The candidates that run and agree with the first that does, each with its (packed) inputs."""
+    """The candidates that run and agree with the first that does, each with its (packed) inputs;
+    ``orders`` gets each one's output memory order."""
     reference, runnable = None, []
     for kernel in candidates:
         args = with_packed(kernel, inputs, attrs)
@@ -219,6 +240,7 @@ def _agreeing(
         ):
             continue
         runnable.append((kernel, args))
+        orders[kernel] = memory_order(result)
     return runnable
 
 
