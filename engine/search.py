@@ -35,6 +35,7 @@ PACKED_MARGIN = 0.85  # a kernel with pre-packed weights must take <= 85% of the
 SMALL_PACK_BYTES = 4 << 20  # ...or <= 95% when its packed copy adds at most this much memory
 SMALL_PACK_MARGIN = 0.95
 CLOSE_CALL = 1.10  # the two fastest within 10%: timed for RUNS more rounds before choosing
+CHANNELS_LAST = (0, 2, 3, 1)  # planner.memory_order of an NCHW value laid out channels last
 
 
 def enabled() -> bool:
@@ -158,7 +159,12 @@ class KernelSearch:
     ) -> tuple[Kernel, str]:
         orders: dict[Kernel, tuple[int, ...] | None] = {}
         runnable = _agreeing(candidates, attrs, inputs, orders)
-        best, note = self._fastest(candidates, attrs, inputs, runnable)
+        # With the JIT tier a channels-last result is read for free by the next conv (its JIT
+        # kernels and numpy's 1x1 read channels last), where an NCHW one costs that conv a
+        # transposing copy: within a close call, a channels-last kernel is kept.  Else a chain
+        # starting from an NCHW input (MobileNetV2's stem, a near tie) stays NCHW for layers.
+        prefer = {k for k, order in orders.items() if order == CHANNELS_LAST} if self.use_jit else set()
+        best, note = self._fastest(candidates, attrs, inputs, runnable, prefer)
         self.output_orders[node] = orders.get(best)
         return best, note
 
@@ -168,6 +174,7 @@ class KernelSearch:
         attrs: dict[str, Any],
         inputs: list[np.ndarray | None],
         runnable: list[tuple[Kernel, list[np.ndarray | None]]],
+        prefer: set[Kernel],
     ) -> tuple[Kernel, str]:
         best = {kernel: float("inf") for kernel, _ in runnable}
         _time_rounds(runnable, attrs, best)
@@ -178,6 +185,9 @@ class KernelSearch:
         timings.sort(key=lambda item: item[0])
         default = best.get(candidates[0], float("inf"))
         summary = ", ".join(f"{kernel_name(k).rsplit('.', 1)[-1]} {t * 1e3:.2f} ms" for t, k, _ in timings)
+        if prefer and timings:
+            close_to = CLOSE_CALL * timings[0][0]
+            timings.sort(key=lambda item: (item[0] > close_to or item[1] not in prefer, item[0]))
         # A kernel holding a pre-packed copy of the weights (Winograd's is 16/9 to 4x their size)
         # must beat the default clearly to be worth that memory (and the timing noise); a small
         # pack needs a smaller margin.
