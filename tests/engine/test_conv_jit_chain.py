@@ -293,3 +293,18 @@ def test_a_channels_last_kernel_wins_a_close_call_with_the_jit_tier(tmp_path, mo
     search = KernelSearch("1" * 64, threads=1, use_jit=use_jit)
     chosen, _ = search.choose("Conv", "n", {}, [(3,)], [False], lambda: [np.zeros(3, np.float32)])
     assert chosen is (last if use_jit else nchw)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_pointwise_jit_parallel_epilogue_on_a_large_output(activation):
+    """Outputs above PARALLEL_MIN_ELEMENTS take the parallel epilogue when two threads are allowed."""
+    rng = np.random.default_rng(13)
+    x = _laid_out(rng.standard_normal((1, 8, 40, 40)).astype(np.float32), "channels_last")
+    w, b = rng.standard_normal((64, 8, 1, 1)).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    residual = _laid_out(rng.standard_normal((1, 64, 40, 40)).astype(np.float32), "channels_last")
+    attrs = _with_activation({"group": 1, "kernel_shape": [1, 1]}, activation)
+    assert pointwise_jit.PARALLEL_MIN_ELEMENTS <= 64 * 40 * 40
+    want = fused.with_activation(conv_1x1)([x, w, b, residual], attrs)[0]
+    with jit.thread_limit(2):
+        got = fused.with_activation(pointwise_jit.conv_1x1_jit)([x, w, b, residual], attrs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -18,7 +18,6 @@ import numpy as np
 from numba import prange, types
 
 from engine import jit
-from engine.ops import window
 from engine.ops.conv.common import PING, THIRD, _check_residual, _clipped_fallback, fused_bounds, residual_of
 from engine.ops.conv.direct import conv_1x1
 from engine.ops.registry import Kernel
@@ -85,10 +84,17 @@ def pointwise_ok(x_shape: Sequence[int], w_shape: Sequence[int], attrs: dict[str
     """A plain 2-D 1x1 conv: one group, no padding, no dilation effect (any stride)."""
     if len(x_shape) != 4 or len(w_shape) != 4 or tuple(w_shape[2:]) != (1, 1):
         return False
-    if int(attrs.get("group", 1)) != 1 or x_shape[1] != w_shape[1]:
-        return False
-    win = window.geometry(attrs, tuple(x_shape[2:]), (1, 1))
-    return not win.padded
+    return int(attrs.get("group", 1)) == 1 and x_shape[1] == w_shape[1] and _strides(attrs) is not None
+
+
+def _strides(attrs: dict[str, Any]) -> tuple[int, int] | None:
+    """A 1x1 conv's strides, or None when it pads.  Only explicit pads pad a 1x1 window: SAME
+    needs (ceil(H/s) - 1) * s + 1 - H <= 0 cells (window.geometry in short, which costs a few
+    us a call, 10% of a small layer's kernel time)."""
+    if any(attrs.get("pads") or ()) and attrs.get("auto_pad", "NOTSET") == "NOTSET":
+        return None
+    strides = attrs.get("strides") or (1, 1)
+    return (int(strides[0]), int(strides[1])) if len(strides) == 2 else None
 
 
 def pack_pointwise(w: np.ndarray) -> np.ndarray:
@@ -137,16 +143,19 @@ def conv_1x1_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
             inputs = [x, w.T.reshape(shape_w), *inputs[2:]]
         return _clipped_fallback(conv_1x1, inputs, attrs)
     weights = w if packed else pack_pointwise(w)
-    win = window.geometry(attrs, tuple(x.shape[2:]), (1, 1))
-    n, c = x.shape[:2]
-    m, (ho, wo) = weights.shape[1], win.out
-    pixels = _pixels(x, win.strides).reshape(-1, c)
+    n, c, height, width = x.shape
+    (sh, sw), m = _strides(attrs), weights.shape[1]
+    ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
+    pixels = _pixels(x, (sh, sw)).reshape(-1, c)
     out = np.empty((n, ho, wo, m), np.float32)
     rows = out.reshape(-1, m)
     res = NO_RESIDUAL if residual is None else residual_rows(residual, (n, m, ho, wo))
     flags, bias = epilogue_flags(attrs, b, residual, m)
-    step = block_rows(m)
-    total = rows.shape[0]
+    step, total = block_rows(m), rows.shape[0]
+    if total <= step:  # one block (every layer of MobileNetV2)
+        np.matmul(pixels, weights, out=rows)
+        epilogue(rows, bias, res, flags)
+        return [out.transpose(0, 3, 1, 2)]
     for start in range(0, total, step):
         stop = min(total, start + step)
         np.matmul(pixels[start:stop], weights, out=rows[start:stop])
@@ -177,9 +186,17 @@ def epilogue_flags(
     return flags, bias
 
 
+# Below this many elements the epilogue runs on one thread: waking the pool costs more than the
+# pass (a 7x7x160 output is ~4 us of work).
+PARALLEL_MIN_ELEMENTS = 1 << 16
+
+
 def epilogue(rows: np.ndarray, bias: np.ndarray, res: np.ndarray, flags: tuple[Any, ...]) -> None:
     """Bias, residual rows and clip on the (pixels, M) block ``rows`` in place (JIT)."""
-    jit.run(_epilogue_serial, _epilogue_parallel, rows, bias, res, *flags)
+    if rows.size < PARALLEL_MIN_ELEMENTS:
+        _epilogue_serial(rows, bias, res, *flags)
+    else:
+        jit.run(_epilogue_serial, _epilogue_parallel, rows, bias, res, *flags)
 
 
 conv_1x1_jit.fuses_clip = True  # type: ignore[attr-defined]
