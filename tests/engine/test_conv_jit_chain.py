@@ -6,8 +6,6 @@ producer's choice leaves.  Skipped as a whole without numba or with FERRY_JIT=0.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,6 +14,7 @@ from hypothesis import strategies as st
 pytest.importorskip("numba")
 
 from engine import jit, kernels  # noqa: E402
+from engine import search as search_module  # noqa: E402
 from engine.ops import fused  # noqa: E402
 from engine.ops.conv import conv_1x1, conv_depthwise, conv_im2col  # noqa: E402
 from engine.planner import memory_order  # noqa: E402
@@ -271,11 +270,8 @@ def test_a_mobilenet_style_chain_matches_the_reference_through_a_session():
     assert_same(run_engine(model, feeds), run_reference(model, feeds), rtol=1e-4, atol=1e-4)
 
 
-def _busy(name: str, seconds: float, channels_last: bool):
+def _kernel(name: str, channels_last: bool):
     def kernel(inputs, attrs):
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:  # busy, not asleep: its minimum time is reliable
-            pass
         y = np.zeros((1, 4, 3, 3), np.float32)
         return [np.ascontiguousarray(y.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2) if channels_last else y]
 
@@ -286,13 +282,21 @@ def _busy(name: str, seconds: float, channels_last: bool):
 @pytest.mark.parametrize("use_jit", [True, False])
 def test_a_channels_last_kernel_wins_a_close_call_with_the_jit_tier(tmp_path, monkeypatch, use_jit):
     """Within CLOSE_CALL of the fastest, a channels-last result is kept (the next conv reads it
-    for free); without the JIT tier the fastest is kept."""
+    for free); without the JIT tier the fastest is kept.  Timings are fixed, not measured."""
     monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path))
-    nchw, last, slow = _busy("nchw", 0.002, False), _busy("last", 0.0021, True), _busy("slow", 0.004, True)
+    nchw, last, slow = _kernel("nchw", False), _kernel("last", True), _kernel("slow", True)
+    seconds = {nchw: 0.0020, last: 0.0021, slow: 0.0040}
+
+    def fixed_rounds(runnable, attrs, best):
+        for kernel, _ in runnable:
+            best[kernel] = seconds[kernel]
+
+    monkeypatch.setattr(search_module, "_time_rounds", fixed_rounds)
     monkeypatch.setitem(kernels.NUMPY, "Conv", lambda attrs, shapes: [nchw, last, slow])
     search = KernelSearch("1" * 64, threads=1, use_jit=use_jit)
     chosen, _ = search.choose("Conv", "n", {}, [(3,)], [False], lambda: [np.zeros(3, np.float32)])
     assert chosen is (last if use_jit else nchw)
+    assert search.output_orders["n"] == ((0, 2, 3, 1) if use_jit else None)
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
