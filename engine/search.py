@@ -158,13 +158,16 @@ class KernelSearch:
         self, candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None], node: str
     ) -> tuple[Kernel, str]:
         orders: dict[Kernel, tuple[int, ...] | None] = {}
-        runnable = _agreeing(candidates, attrs, inputs, orders)
+        out_bytes: list[int] = []
+        runnable = _agreeing(candidates, attrs, inputs, orders, out_bytes)
         # With the JIT tier a channels-last result is read for free by the next conv (its JIT
         # kernels and numpy's 1x1 read channels last), where an NCHW one costs that conv a
-        # transposing copy: within a close call, a channels-last kernel is kept.  Else a chain
-        # starting from an NCHW input (MobileNetV2's stem, a near tie) stays NCHW for layers.
+        # transposing copy: a channels-last kernel is kept when it is within a close call or
+        # that copy's time of the fastest.  Else a chain starting from an NCHW input
+        # (MobileNetV2's stem, a near tie) stays NCHW for layers.
         prefer = {k for k, order in orders.items() if order == CHANNELS_LAST} if self.use_jit else set()
-        best, note = self._fastest(candidates, attrs, inputs, runnable, prefer)
+        allowance = sum(out_bytes) * transpose_seconds_per_byte() if prefer else 0.0
+        best, note = self._fastest(candidates, attrs, inputs, runnable, prefer, allowance)
         self.output_orders[node] = orders.get(best)
         return best, note
 
@@ -175,6 +178,7 @@ class KernelSearch:
         inputs: list[np.ndarray | None],
         runnable: list[tuple[Kernel, list[np.ndarray | None]]],
         prefer: set[Kernel],
+        allowance: float,
     ) -> tuple[Kernel, str]:
         best = {kernel: float("inf") for kernel, _ in runnable}
         _time_rounds(runnable, attrs, best)
@@ -186,7 +190,7 @@ class KernelSearch:
         default = best.get(candidates[0], float("inf"))
         summary = ", ".join(f"{kernel_name(k).rsplit('.', 1)[-1]} {t * 1e3:.2f} ms" for t, k, _ in timings)
         if prefer and timings:
-            close_to = CLOSE_CALL * timings[0][0]
+            close_to = max(CLOSE_CALL * timings[0][0], timings[0][0] + allowance)
             timings.sort(key=lambda item: (item[0] > close_to or item[1] not in prefer, item[0]))
         # A kernel holding a pre-packed copy of the weights (Winograd's is 16/9 to 4x their size)
         # must beat the default clearly to be worth that memory (and the timing noise); a small
@@ -233,9 +237,10 @@ def _agreeing(
     attrs: dict[str, Any],
     inputs: list[np.ndarray | None],
     orders: dict[Kernel, tuple[int, ...] | None],
+    out_bytes: list[int],
 ) -> list[tuple[Kernel, list[np.ndarray | None]]]:
     """The candidates that run and agree with the first that does, each with its (packed) inputs;
-    ``orders`` gets each one's output memory order."""
+    ``orders`` gets each one's output memory order, ``out_bytes`` the output's size."""
     reference, runnable = None, []
     for kernel in candidates:
         args = with_packed(kernel, inputs, attrs)
@@ -245,6 +250,7 @@ def _agreeing(
             continue
         if reference is None:
             reference = result
+            out_bytes.append(result.nbytes)
         elif result.shape != reference.shape or not np.allclose(
             result, reference, rtol=1e-3, atol=1e-4 * max(1.0, float(np.max(np.abs(reference), initial=0)))
         ):
@@ -252,6 +258,24 @@ def _agreeing(
         runnable.append((kernel, args))
         orders[kernel] = memory_order(result)
     return runnable
+
+
+_transpose_rate: list[float] = []
+
+
+def transpose_seconds_per_byte() -> float:
+    """What an NCHW -> channels-last copy costs here per byte (measured once per process on a
+    cache-sized image): the price a channels-last consumer pays for an NCHW input."""
+    if not _transpose_rate:
+        image = np.ones((1, 32, 48, 48), np.float32)
+        target = np.empty((1, 48, 48, 32), np.float32)
+        seconds = []
+        for _ in range(5):
+            start = time.perf_counter()
+            np.copyto(target, image.transpose(0, 2, 3, 1))
+            seconds.append(time.perf_counter() - start)
+        _transpose_rate.append(min(seconds) / image.nbytes)
+    return _transpose_rate[0]
 
 
 def _extra_bytes(args: list[np.ndarray | None], inputs: list[np.ndarray | None]) -> int:

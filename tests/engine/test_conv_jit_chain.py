@@ -270,9 +270,9 @@ def test_a_mobilenet_style_chain_matches_the_reference_through_a_session():
     assert_same(run_engine(model, feeds), run_reference(model, feeds), rtol=1e-4, atol=1e-4)
 
 
-def _kernel(name: str, channels_last: bool):
+def _kernel(name: str, channels_last: bool, shape: tuple[int, ...] = (1, 4, 3, 3)):
     def kernel(inputs, attrs):
-        y = np.zeros((1, 4, 3, 3), np.float32)
+        y = np.zeros(shape, np.float32)
         return [np.ascontiguousarray(y.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2) if channels_last else y]
 
     kernel.__name__ = name
@@ -312,3 +312,32 @@ def test_pointwise_jit_parallel_epilogue_on_a_large_output(activation):
     with jit.thread_limit(2):
         got = fused.with_activation(pointwise_jit.conv_1x1_jit)([x, w, b, residual], attrs)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_channels_last_kernel_wins_when_it_saves_the_next_conv_a_transposing_copy(tmp_path, monkeypatch):
+    """Slower by more than CLOSE_CALL but by less than transposing its output would cost the
+    next conv: the channels-last kernel is kept."""
+    monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path))
+    shape = (1, 32, 100, 100)  # 1.28 MB: at 1 ns a byte, a 1.28 ms copy
+    nchw, last = _kernel("nchw", False, shape), _kernel("last", True, shape)
+    seconds = {nchw: 0.0020, last: 0.0030}
+
+    def fixed_rounds(runnable, attrs, best):
+        for kernel, _ in runnable:
+            best[kernel] = seconds[kernel]
+
+    monkeypatch.setattr(search_module, "_time_rounds", fixed_rounds)
+    monkeypatch.setattr(search_module, "transpose_seconds_per_byte", lambda: 1e-9)
+    monkeypatch.setitem(kernels.NUMPY, "Conv", lambda attrs, shapes: [nchw, last])
+    search = KernelSearch("2" * 64, threads=1)
+    chosen, _ = search.choose("Conv", "n", {}, [(3,)], [False], lambda: [np.zeros(3, np.float32)])
+    assert chosen is last
+    seconds[last] = 0.0040  # now slower than the fastest plus the copy
+    search = KernelSearch("3" * 64, threads=1)
+    chosen, _ = search.choose("Conv", "n", {}, [(3,)], [False], lambda: [np.zeros(3, np.float32)])
+    assert chosen is nchw
+
+
+def test_the_transposing_copy_is_priced_once_per_process():
+    rate = search_module.transpose_seconds_per_byte()
+    assert 0 < rate < 1e-6 and search_module.transpose_seconds_per_byte() == rate
