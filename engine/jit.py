@@ -39,6 +39,8 @@ from typing import Any
 # model's nodes can use: a model with none never imports numba (~65 MB of LLVM, ~0.3 s).
 MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.conv.depthwise_jit": ("Conv", "FusedConv"),
+    "engine.ops.conv.pointwise_jit": ("Conv", "FusedConv"),
+    "engine.ops.conv.im2col_jit": ("Conv", "FusedConv"),
     "engine.ops.rows_jit": ("FusedMatMul", "Gelu"),
     "engine.ops.quantized_jit": ("QMatMul",),
     "engine.llm.gemv_jit": ("LlmGemvInt4", "LlmGemvInt8"),

@@ -28,12 +28,14 @@ import numpy as np
 
 from engine import jit, kernels
 from engine.ops.registry import Kernel, kernel_name
+from engine.planner import memory_order
 
 RUNS = 5  # timed rounds over the candidates (after one checked run each); each one's minimum counts
 PACKED_MARGIN = 0.85  # a kernel with pre-packed weights must take <= 85% of the default's time...
 SMALL_PACK_BYTES = 4 << 20  # ...or <= 95% when its packed copy adds at most this much memory
 SMALL_PACK_MARGIN = 0.95
 CLOSE_CALL = 1.10  # the two fastest within 10%: timed for RUNS more rounds before choosing
+CHANNELS_LAST = (0, 2, 3, 1)  # planner.memory_order of an NCHW value laid out channels last
 
 
 def enabled() -> bool:
@@ -94,6 +96,10 @@ class KernelSearch:
         self.path = cache_dir() / f"{model_digest[:24]}-{device_fingerprint(threads, self.use_jit)[:24]}.json"
         self.choices: dict[str, str] = self._load()
         self._dirty = False
+        # node -> the memory order (planner.memory_order) of the chosen kernel's output, for the
+        # nodes measured in this process: the session lays later nodes' measuring inputs out
+        # the same way, so a channels-last kernel is timed on what its producer leaves it
+        self.output_orders: dict[str, tuple[int, ...] | None] = {}
 
     def _load(self) -> dict[str, str]:
         try:
@@ -134,7 +140,7 @@ class KernelSearch:
         for kernel in candidates:
             if kernel_name(kernel) == cached:
                 return kernel, "searched, cached"
-        best, note = self._measure(candidates, attrs, make_inputs())
+        best, note = self._measure(candidates, attrs, make_inputs(), node)
         self.choices[key] = kernel_name(best)
         self._dirty = True
         return best, note
@@ -159,9 +165,31 @@ class KernelSearch:
         return None
 
     def _measure(
-        self, candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None]
+        self, candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None], node: str
     ) -> tuple[Kernel, str]:
-        runnable = _agreeing(candidates, attrs, inputs)
+        orders: dict[Kernel, tuple[int, ...] | None] = {}
+        out_bytes: list[int] = []
+        runnable = _agreeing(candidates, attrs, inputs, orders, out_bytes)
+        # With the JIT tier a channels-last result is read for free by the next conv (its JIT
+        # kernels and numpy's 1x1 read channels last), where an NCHW one costs that conv a
+        # transposing copy: a channels-last kernel is kept when it is within a close call or
+        # that copy's time of the fastest.  Else a chain starting from an NCHW input
+        # (MobileNetV2's stem, a near tie) stays NCHW for layers.
+        prefer = {k for k, order in orders.items() if order == CHANNELS_LAST} if self.use_jit else set()
+        allowance = sum(out_bytes) * transpose_seconds_per_byte() if prefer else 0.0
+        best, note = self._fastest(candidates, attrs, inputs, runnable, prefer, allowance)
+        self.output_orders[node] = orders.get(best)
+        return best, note
+
+    def _fastest(
+        self,
+        candidates: list[Kernel],
+        attrs: dict[str, Any],
+        inputs: list[np.ndarray | None],
+        runnable: list[tuple[Kernel, list[np.ndarray | None]]],
+        prefer: set[Kernel],
+        allowance: float,
+    ) -> tuple[Kernel, str]:
         best = {kernel: float("inf") for kernel, _ in runnable}
         _time_rounds(runnable, attrs, best)
         close = sorted(runnable, key=lambda item: best[item[0]])[:2]
@@ -171,6 +199,9 @@ class KernelSearch:
         timings.sort(key=lambda item: item[0])
         default = best.get(candidates[0], float("inf"))
         summary = ", ".join(f"{kernel_name(k).rsplit('.', 1)[-1]} {t * 1e3:.2f} ms" for t, k, _ in timings)
+        if prefer and timings:
+            close_to = max(CLOSE_CALL * timings[0][0], timings[0][0] + allowance)
+            timings.sort(key=lambda item: (item[0] > close_to or item[1] not in prefer, item[0]))
         # A kernel holding a pre-packed copy of the weights (Winograd's is 16/9 to 4x their size)
         # must beat the default clearly to be worth that memory (and the timing noise); a small
         # pack needs a smaller margin.
@@ -212,9 +243,14 @@ def _key(node: str, shapes: Sequence[tuple[int, ...] | None]) -> str:
 
 
 def _agreeing(
-    candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None]
+    candidates: list[Kernel],
+    attrs: dict[str, Any],
+    inputs: list[np.ndarray | None],
+    orders: dict[Kernel, tuple[int, ...] | None],
+    out_bytes: list[int],
 ) -> list[tuple[Kernel, list[np.ndarray | None]]]:
-    """The candidates that run and agree with the first that does, each with its (packed) inputs."""
+    """The candidates that run and agree with the first that does, each with its (packed) inputs;
+    ``orders`` gets each one's output memory order, ``out_bytes`` the output's size."""
     reference, runnable = None, []
     for kernel in candidates:
         args = with_packed(kernel, inputs, attrs)
@@ -224,12 +260,32 @@ def _agreeing(
             continue
         if reference is None:
             reference = result
+            out_bytes.append(result.nbytes)
         elif result.shape != reference.shape or not np.allclose(
             result, reference, rtol=1e-3, atol=1e-4 * max(1.0, float(np.max(np.abs(reference), initial=0)))
         ):
             continue
         runnable.append((kernel, args))
+        orders[kernel] = memory_order(result)
     return runnable
+
+
+_transpose_rate: list[float] = []
+
+
+def transpose_seconds_per_byte() -> float:
+    """What an NCHW -> channels-last copy costs here per byte (measured once per process on a
+    cache-sized image): the price a channels-last consumer pays for an NCHW input."""
+    if not _transpose_rate:
+        image = np.ones((1, 32, 48, 48), np.float32)
+        target = np.empty((1, 48, 48, 32), np.float32)
+        seconds = []
+        for _ in range(5):
+            start = time.perf_counter()
+            np.copyto(target, image.transpose(0, 2, 3, 1))
+            seconds.append(time.perf_counter() - start)
+        _transpose_rate.append(min(seconds) / image.nbytes)
+    return _transpose_rate[0]
 
 
 def _extra_bytes(args: list[np.ndarray | None], inputs: list[np.ndarray | None]) -> int:

@@ -7,7 +7,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +254,9 @@ class Session:
             return inputs
 
         default = record.kernels[index]
-        return self._search.choose(step.op, step.name, step.attrs, shapes, static, make_inputs, default)
+        chosen = self._search.choose(step.op, step.name, step.attrs, shapes, static, make_inputs, default)
+        _note_output_order(record, step, self._search.output_orders)
+        return chosen
 
     # -- validation -----------------------------------------------------------------------------
 
@@ -282,6 +284,15 @@ class Session:
             raise PackageError(
                 f"{self.path}: manifest inputs {names} do not match graph inputs {self._program.inputs}"
             )
+
+
+def _note_output_order(record: Record, step: Step, orders: dict[str, tuple[int, ...] | None]) -> None:
+    """The memory order the measured choice leaves its output in, for the nodes measured after
+    it (the first run's kernels may have left another: a channels-last chain of convs would
+    otherwise be timed on NCHW inputs it never sees in the plan)."""
+    if step.name in orders and step.outputs and step.outputs[0] in record.info:
+        info = record.info[step.outputs[0]]
+        record.info[step.outputs[0]] = replace(info, order=orders[step.name])
 
 
 def _jit_ops(program: Program) -> set[str]:

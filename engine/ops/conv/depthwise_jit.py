@@ -217,6 +217,57 @@ _PIXELS = types.void(
 )
 
 
+_PIXEL_IN = jit.array(_F32, 2, "C", readonly=True)
+
+
+@jit.njit(
+    [
+        types.void(
+            _PIXEL_IN,
+            _PIXEL_IN,
+            _PIXEL_IN,
+            _I64,
+            _I64,
+            jit.array(_F32, 3, "C", readonly=True),
+            jit.array(_F32, 1, "C", readonly=True),
+            jit.array(_F32, 2, "C"),
+            jit.array(_F32, 2, "A", readonly=True),
+            _BOOL,
+        )
+    ]
+)
+def _pixels3x3(r0, r1, r2, q0, sw, wk, bias, dst, extra, has_res):  # noqa: ANN001, ANN202
+    """Output pixels dst[k] (each C channels) from 3x3 windows inside the image, top-left input
+    column q0 + k * sw of rows r0..r2 (each (W, C)): one loop over the channels per pixel with
+    the nine taps summed in registers and one store, where the general path adds each tap into
+    the output in turn."""
+    w00, w01, w02, w10, w11, w12 = wk[0, 0], wk[0, 1], wk[0, 2], wk[1, 0], wk[1, 1], wk[1, 2]
+    w20, w21, w22 = wk[2, 0], wk[2, 1], wk[2, 2]
+    channels = dst.shape[1]
+    for k in range(dst.shape[0]):
+        q = q0 + k * sw
+        out = dst[k]
+        for c in range(channels):
+            # the taps in (i, j) order, then the bias (then the residual): the order the numpy
+            # kernels and onnx's reference sum in
+            total = w00[c] * r0[q, c] + w01[c] * r0[q + 1, c] + w02[c] * r0[q + 2, c]
+            total = total + w10[c] * r1[q, c] + w11[c] * r1[q + 1, c] + w12[c] * r1[q + 2, c]
+            total = total + w20[c] * r2[q, c] + w21[c] * r2[q + 1, c] + w22[c] * r2[q + 2, c]
+            out[c] = total + bias[c]
+        if has_res:
+            more = extra[k]
+            for c in range(channels):
+                out[c] += more[c]
+
+
+@jit.njit([types.void(jit.array(_F32, 1, "C"), _F32, _F32)])
+def _clip(dst, lo, hi):  # noqa: ANN001, ANN202
+    for c in range(dst.shape[0]):
+        value = dst[c]
+        # comparisons, not min/max: a NaN stays NaN, as np.clip leaves it
+        dst[c] = lo if value < lo else (hi if value > hi else value)
+
+
 @jit.njit(
     [
         types.void(
@@ -233,11 +284,23 @@ def _pixel_row(x, wk, bias, out, res, has_res, has_clip, lo, hi, oh, sh, sw, dh,
     """One output row (Wo, C) of one image; ``oh`` here is the row's first input row (top)."""
     height, width, channels = x.shape
     kh, kw = wk.shape[0], wk.shape[1]
+    first, last = 0, 0  # the output columns whose 3x3 windows lie inside the image
+    if kh == 3 and kw == 3 and dh == 1 and dw == 1 and oh >= 0 and oh + 2 < height:
+        first, last = (pl + sw - 1) // sw, min(out.shape[0], (width - 3 + pl) // sw + 1)
+    if last > first:
+        inner = out[first:last]
+        extra = res[first:last] if has_res else res
+        _pixels3x3(x[oh], x[oh + 1], x[oh + 2], first * sw - pl, sw, wk, bias, inner, extra, has_res)
+        if has_clip:
+            for k in range(inner.shape[0]):
+                _clip(inner[k], lo, hi)
     for ow in range(out.shape[0]):
+        if first <= ow < last:
+            continue
         dst = out[ow]
+        left = ow * sw - pl
         for c in range(channels):
             dst[c] = 0
-        left = ow * sw - pl
         for i in range(kh):
             ih = oh + i * dh
             if ih < 0 or ih >= height:
@@ -256,12 +319,7 @@ def _pixel_row(x, wk, bias, out, res, has_res, has_clip, lo, hi, oh, sh, sw, dh,
             for c in range(channels):
                 dst[c] += extra[c]
         if has_clip:
-            for c in range(channels):
-                value = dst[c]
-                if value < lo:
-                    dst[c] = lo
-                elif value > hi:
-                    dst[c] = hi
+            _clip(dst, lo, hi)
 
 
 @jit.njit([_PIXELS])
