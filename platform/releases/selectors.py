@@ -480,3 +480,34 @@ def release_device_summary(*, release: Release) -> dict[str, int]:
     for row in release_device_statuses(release=release):
         summary[row["state"]] = summary.get(row["state"], 0) + 1
     return summary
+
+
+def release_state_counts(*, release_ids: list) -> dict[str, dict[str, int]]:
+    """{release id: {reported state: devices}} for many releases in one query (stored reports
+    only: a selected device that has not reported is not counted here)."""
+    counts: dict[str, dict[str, int]] = {str(r): {} for r in release_ids}
+    rows = (
+        DeviceReleaseStatus.objects.filter(release_id__in=release_ids)
+        .values_list("release_id", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for release_id, state, n in rows:
+        counts[str(release_id)][state] = n
+    return counts
+
+
+def recent_device_failures(*, organisation: Organisation, limit: int = 10) -> list[DeviceReleaseStatus]:
+    """The organisation's latest refusals, failures and rollbacks reported by devices, newest
+    first, with their device and release (one query)."""
+    rows = DeviceReleaseStatus.objects.filter(
+        release__organisation=organisation, state__in=FAILED_DEVICE_STATES
+    ).select_related("device", "release")
+    return list(rows.order_by("-updated_at", "-id")[:limit])
+
+
+def device_release_statuses(*, device: Device, limit: int = 20) -> list[DeviceReleaseStatus]:
+    """What one device last reported about each release that had a say over it, newest first:
+    installs, refusals and rollbacks with their reasons (one query)."""
+    rows = DeviceReleaseStatus.objects.filter(device=device).select_related("release")
+    return list(rows.order_by("-updated_at", "-id")[:limit])

@@ -45,6 +45,7 @@ class Offline:
     outside: list[str] = field(default_factory=list)
     csp_violations: list[str] = field(default_factory=list)
     loaded: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)  # what confirm() asked
 
     def route(self, route) -> None:
         url = route.request.url
