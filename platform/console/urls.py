@@ -13,6 +13,7 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("live/dashboard/", views.dashboard_live, name="dashboard-live"),
     path("redoc/", views.redoc, name="redoc"),
+    path("redoc/redoc.standalone.js", views.redoc_bundle, name="redoc-bundle"),
     path("models/", model_pages.models_list, name="models"),
     path("models/<int:model_id>/", model_pages.model_detail, name="model"),
     path("models/<int:model_id>/live/", model_pages.model_live, name="model-live"),

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from functools import wraps
+from functools import lru_cache, wraps
+from pathlib import Path
 
 from accounts.models import Membership
 from accounts.selectors import membership_for_user, role_require
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponseNotAllowed, JsonResponse
+from django.contrib.staticfiles import finders
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -151,11 +154,29 @@ def dashboard_live(request):
     return render(request, "console/live/dashboard.html", dashboard_live_context(request))
 
 
+# Redoc's sidebar shows Redocly's logo from their CDN, always (no option turns it off): the
+# bundle is served with that one address swapped for an empty local image.
+REDOCLY_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
+EMPTY_IMAGE = "data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg'/%3E"
+
+
+@lru_cache(maxsize=1)
+def _redoc_bundle() -> bytes:
+    path = finders.find("drf_spectacular_sidecar/redoc/bundles/redoc.standalone.js")
+    if path is None:
+        raise ImproperlyConfigured("drf-spectacular-sidecar is not installed: Redoc has no bundle.")
+    return Path(path).read_bytes().replace(REDOCLY_LOGO.encode(), EMPTY_IMAGE.encode())
+
+
 class RedocView(SpectacularRedocView):
     """Redoc from drf-spectacular-sidecar's vendored bundle, in a page without the CDN fonts
     and inline script of drf-spectacular's own template (so it works offline, under the CSP)."""
 
     template_name = "console/redoc.html"
+
+    @staticmethod
+    def _redoc_standalone() -> str:
+        return reverse("console:redoc-bundle")
 
 
 _redoc = RedocView.as_view(url_name="schema", title="Ferry control plane API")
@@ -164,6 +185,13 @@ _redoc = RedocView.as_view(url_name="schema", title="Ferry control plane API")
 @role_required(get=Role.VIEWER)
 def redoc(request):
     return _redoc(request)
+
+
+@role_required(get=Role.VIEWER)
+def redoc_bundle(request):
+    response = HttpResponse(_redoc_bundle(), content_type="text/javascript; charset=utf-8")
+    response["Cache-Control"] = "private, max-age=86400"
+    return response
 
 
 @role_required(get=Role.RELEASE_MANAGER, post=Role.RELEASE_MANAGER)

@@ -24,6 +24,7 @@ DECLARED: dict[str, dict[str, str]] = {
     "console:dashboard": {"GET": VIEWER, "HEAD": VIEWER},
     "console:dashboard-live": {"GET": VIEWER, "HEAD": VIEWER},
     "console:redoc": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:redoc-bundle": {"GET": VIEWER, "HEAD": VIEWER},
     "console:models": {"GET": VIEWER, "HEAD": VIEWER, "POST": OPERATOR},
     "console:model": {"GET": VIEWER, "HEAD": VIEWER, "POST": OPERATOR},
     "console:model-live": {"GET": VIEWER, "HEAD": VIEWER},

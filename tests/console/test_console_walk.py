@@ -32,6 +32,7 @@ NOT_PAGES = {
     "console:device-live",
     "console:release-live",
     "console:release-canary-chart",
+    "console:redoc-bundle",
 }
 PER_KIND = 2
 
