@@ -200,7 +200,9 @@ def release_new(request):
     devices the target matches and whether the version fits them (release_preview below)."""
     org = _organisation(request)
     groups = device_group_list(organisation=org)
-    form = ReleaseForm(request.POST or None, versions=_ready_versions(org), groups=groups)
+    # "Release this version" links here with ?version=<id>: that version is chosen already
+    initial = {"version": request.GET.get("version", "")[:64]}
+    form = ReleaseForm(request.POST or None, versions=_ready_versions(org), groups=groups, initial=initial)
     if request.method == "POST" and form.is_valid():
         try:
             arguments = form.service_arguments()

@@ -225,7 +225,9 @@ def test_a_device_refusal_shows_on_the_open_release_page_within_5_seconds(
     page.goto(f"{live_server.url}/")
     _marker(page)
     expect(page.locator("#failures")).to_contain_text("wrong_device_class")
-    DeviceReleaseStatus.objects.create(release=release, device=devices[3], state="failed", reason_code="self_test")
+    DeviceReleaseStatus.objects.create(
+        release=release, device=devices[3], state="failed", reason_code="self_test"
+    )
     expect(page.locator("#failures")).to_contain_text("self_test", timeout=LIVE_TIMEOUT_MS)
     expect(page.locator(f"tr[data-release='{release.pk}']")).to_contain_text("2 refused or failed")
     assert _no_reload(page)
