@@ -8,12 +8,20 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
+from django.core.cache import cache
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from ferry_cloud.errors import DomainError
+from fleet.models import Device
 from releases.models import DeviceReleaseStatus, Release
-from releases.selectors import release_device_counts, release_device_statuses, release_get, release_phases
+from releases.selectors import (
+    release_device_counts,
+    release_device_statuses_among,
+    release_get,
+    release_phases,
+    release_selection,
+)
 from releases.services import release_gate_evaluate, release_transition
 from telemetry.series import CanarySeries, version_vs_fleet_hourly
 
@@ -25,6 +33,11 @@ from deploy.gates import GateThresholds
 STATUS_PAGE = 50  # per-device rows shown at once: the page weighs the same at 100 or 100,000 devices
 TIMELINE = 50  # latest events shown (device refusals are events too: they grow with the fleet)
 CHART_HOURS = 24
+# The current phase's selection reads every matching device (linear in the fleet); the 2 s poll
+# keeps it this long per release revision. Reports are always read fresh: a device's change
+# shows at the next poll; a device whose attributes change mid-phase, within this many seconds.
+SELECTION_SECONDS = 15
+SELECTING_STATES = ("active", "paused", "completed")
 STATUS_STATES = tuple(DeviceReleaseStatus.State.values)
 DONE_STATES = ("installed", "running")
 # (what, the figure in the gate's last evaluation, the threshold in GateThresholds)
@@ -109,10 +122,23 @@ def phase_rows(release: Release, progress: float) -> list[dict[str, Any]]:
     return rows
 
 
+def _selected(release: Release) -> frozenset[str]:
+    if release.state not in SELECTING_STATES:
+        return frozenset()
+    # the live device count (one indexed count) catches enrolments, revocations and deletions
+    fleet = Device.objects.filter(organisation_id=release.organisation_id, revoked_at__isnull=True).count()
+    key = f"console:selection:{release.pk}:{release.revision}:{release.current_phase}:{release.state}:{fleet}"
+    selected = cache.get(key)
+    if selected is None:
+        selected = release_selection(release).selected
+        cache.set(key, selected, SELECTION_SECONDS)
+    return selected
+
+
 def live_context(request, release: Release) -> dict[str, Any]:
     """What the live part of the release page shows; the page and its 2 s poll share it."""
     state, page = _status_query(request.GET)
-    statuses = release_device_statuses(release=release)
+    statuses = release_device_statuses_among(release=release, selected=_selected(release))
     by_state: dict[str, int] = {}
     for row in statuses:
         by_state[row["state"]] = by_state.get(row["state"], 0) + 1
