@@ -513,18 +513,26 @@ def device_release_statuses(*, device: Device, limit: int = 20) -> list[DeviceRe
     return list(rows.order_by("-updated_at", "-id")[:limit])
 
 
+def release_selected_devices(*, release: Release) -> dict[str, tuple[str, Any]]:
+    """{device id: (name, running version id)} of the devices the release's current phase
+    selects (none for a draft, aborted or rolled back release): the selection plus one query."""
+    if release.state not in ("active", "paused", "completed"):
+        return {}
+    selected = release_selection(release).selected
+    rows = Device.objects.filter(pk__in=selected).values_list("pk", "name", "running_version_id")
+    return {str(pk): (name, running) for pk, name, running in rows}
+
+
 def release_device_statuses_among(
-    *, release: Release, selected: frozenset[str] | set[str]
+    *, release: Release, selected: dict[str, tuple[str, Any]]
 ) -> list[dict[str, Any]]:
-    """release_device_statuses with the selection given (a caller that keeps the current
-    phase's selection for a few seconds, such as the console's 2 s poll, saves its cost: the
-    selection reads every matching device). Same rows, same order."""
+    """release_device_statuses with the selection given (release_selected_devices): a caller
+    that keeps it for a few seconds, such as the console's 2 s poll, saves its cost (it reads
+    every matching device). The reports are read here, fresh; same rows, same order."""
     rows = {
         str(s.device_id): s
         for s in DeviceReleaseStatus.objects.filter(release=release).select_related("device")
     }
-    missing = set(selected) - set(rows)
-    unreported = Device.objects.filter(pk__in=missing).values_list("pk", "name", "running_version_id")
     result = [
         {
             "device_id": device_id,
@@ -539,7 +547,7 @@ def release_device_statuses_among(
     ]
     result += [
         {
-            "device_id": str(pk),
+            "device_id": device_id,
             "device_name": name,
             "state": "running" if running == release.version_id else "pending",
             "reason_code": "",
@@ -547,7 +555,8 @@ def release_device_statuses_among(
             "reported_at": None,
             "updated_at": None,
         }
-        for pk, name, running in (unreported if missing else ())
+        for device_id, (name, running) in selected.items()
+        if device_id not in rows
     ]
     order = {s: i for i, s in enumerate(FAILED_DEVICE_STATES)}
     result.sort(key=lambda r: (order.get(r["state"], len(order)), r["device_name"], r["device_id"]))

@@ -20,7 +20,7 @@ from releases.selectors import (
     release_device_statuses_among,
     release_get,
     release_phases,
-    release_selection,
+    release_selected_devices,
 )
 from releases.services import release_gate_evaluate, release_transition
 from telemetry.series import CanarySeries, version_vs_fleet_hourly
@@ -37,7 +37,6 @@ CHART_HOURS = 24
 # keeps it this long per release revision. Reports are always read fresh: a device's change
 # shows at the next poll; a device whose attributes change mid-phase, within this many seconds.
 SELECTION_SECONDS = 15
-SELECTING_STATES = ("active", "paused", "completed")
 STATUS_STATES = tuple(DeviceReleaseStatus.State.values)
 DONE_STATES = ("installed", "running")
 # (what, the figure in the gate's last evaluation, the threshold in GateThresholds)
@@ -122,15 +121,14 @@ def phase_rows(release: Release, progress: float) -> list[dict[str, Any]]:
     return rows
 
 
-def _selected(release: Release) -> frozenset[str]:
-    if release.state not in SELECTING_STATES:
-        return frozenset()
-    # the live device count (one indexed count) catches enrolments, revocations and deletions
+def _selected(release: Release) -> dict[str, tuple[str, Any]]:
+    """The current phase's selected devices, kept SELECTION_SECONDS per release revision, phase,
+    state and live fleet size (one indexed count catches enrolments, revocations, deletions)."""
     fleet = Device.objects.filter(organisation_id=release.organisation_id, revoked_at__isnull=True).count()
     key = f"console:selection:{release.pk}:{release.revision}:{release.current_phase}:{release.state}:{fleet}"
     selected = cache.get(key)
     if selected is None:
-        selected = release_selection(release).selected
+        selected = release_selected_devices(release=release)
         cache.set(key, selected, SELECTION_SECONDS)
     return selected
 
