@@ -6,6 +6,8 @@ from typing import Any
 
 from django import forms
 
+from converter.options import PRECISIONS
+
 GATE_FIELDS = [
     ("max_activation_failure_rate", "Max activation failure rate", 0.05),
     ("max_error_rate", "Max inference error rate", 0.02),
@@ -156,3 +158,36 @@ def window_from(data: dict[str, Any]) -> dict[str, Any] | None:
         "duration_seconds": data["window_duration_seconds"] or 0,
         "timezone": data["window_timezone"].strip() or "UTC",
     }
+
+
+class ModelForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
+
+
+class VersionUploadForm(forms.Form):
+    """A new version: the ONNX file and the converter's main options (the REST API has them all)."""
+
+    label = forms.CharField(max_length=100, help_text="e.g. v2")
+    file = forms.FileField(label="ONNX file")
+    quantize = forms.ChoiceField(
+        required=False,
+        choices=[("", "float32 (no quantization)"), *((p, p) for p in PRECISIONS)],
+        help_text="Reduced precision: the conversion report gives its accuracy against float32.",
+    )
+    device_class = forms.RegexField(
+        regex=r"^[A-Za-z0-9_.-]*$",
+        error_messages={"invalid": "Letters, digits, '.', '_' and '-' only, e.g. jetson."},
+        required=False,
+        max_length=64,
+        label="Device class",
+        help_text="Sign it for one hardware class only (e.g. jetson); blank: any device.",
+    )
+
+    def options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if self.cleaned_data["quantize"]:
+            options["quantize"] = self.cleaned_data["quantize"]
+        if self.cleaned_data["device_class"].strip():
+            options["device_class"] = self.cleaned_data["device_class"].strip()
+        return options

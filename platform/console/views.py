@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import wraps
+from datetime import timedelta
+from functools import lru_cache, wraps
+from pathlib import Path
 
 from accounts.models import Membership
 from accounts.selectors import membership_for_user, role_require
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponseNotAllowed, JsonResponse
+from django.contrib.staticfiles import finders
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
+from drf_spectacular.views import SpectacularRedocView
 from ferry_cloud.errors import DomainError, NotFound
 from fleet.selectors import (
     device_count,
@@ -19,27 +25,26 @@ from fleet.selectors import (
     device_group_get,
     device_group_list,
     device_group_member_ids,
+    device_state_counts,
     devices_per_version,
     devices_recently_seen,
 )
 from fleet.services import device_group_create, device_group_update, device_pin
-from registry.models import ModelVersion
+from registry.models import ConversionJob, ModelVersion
 from registry.selectors import model_list, version_get
 from releases.preview import release_target_preview
-from releases.selectors import (
-    release_device_counts,
-    release_device_statuses,
-    release_get,
-    release_list,
-    release_phases,
-)
-from releases.services import release_create, release_gate_evaluate, release_transition
+from releases.selectors import recent_device_failures, release_list, release_state_counts
+from releases.services import release_create
 from telemetry.selectors import fleet_rates
 
 from console.forms import GroupForm, ReleaseForm, TargetPreviewForm, window_from
 
 Role = Membership.Role
 DASHBOARD_DEVICES = 20
+DASHBOARD_RELEASES = 20
+DASHBOARD_FAILURES = 10
+DASHBOARD_JOBS = 10
+ONLINE_WITHIN = timedelta(minutes=5)
 
 
 def role_required(**roles: str) -> Callable:
@@ -94,107 +99,99 @@ def _error_page(request, exc: DomainError):
     return render(request, "console/error.html", {"message": str(exc)}, status=status)
 
 
+def dashboard_live_context(request) -> dict:
+    """The dashboard's changing part (fleet, releases with health, refusals, conversions); the
+    page and its 2 s poll share it. A fixed number of queries whatever the fleet's size."""
+    org = _organisation(request)
+    releases = list(release_list(organisation=org)[:DASHBOARD_RELEASES])
+    states = release_state_counts(release_ids=[r.pk for r in releases])
+    return {
+        "organisation": org,
+        "can": _can(request),
+        "releases": [{"release": r, "health": _health(r, states[str(r.pk)])} for r in releases],
+        "device_count": device_count(organisation=org),
+        "device_states": device_state_counts(organisation=org, online_within=ONLINE_WITHIN),
+        "spread": devices_per_version(organisation=org),
+        "rates": fleet_rates(organisation=org),
+        "failures": recent_device_failures(organisation=org, limit=DASHBOARD_FAILURES),
+        "jobs": ConversionJob.objects.filter(version__model__organisation=org)
+        .select_related("version__model")
+        .order_by("-created_at")[:DASHBOARD_JOBS],
+        "live_at": timezone.now(),
+    }
+
+
+def _health(release, states: dict[str, int]) -> dict:
+    """A release's health at a glance: the gate's last word and its devices' reports."""
+    gate = release.gate_status or {}
+    failed = sum(n for s, n in states.items() if s in ("refused", "failed", "rolled_back"))
+    done = sum(n for s, n in states.items() if s in ("installed", "running"))
+    verdict = "failing" if failed or gate.get("failures") else ("healthy" if done else "waiting")
+    return {
+        "verdict": verdict,
+        "gate": gate.get("step", ""),
+        "failed": failed,
+        "done": done,
+        "states": states,
+    }
+
+
 @role_required(get=Role.VIEWER)
 def dashboard(request):
     org = _organisation(request)
     context = {
-        "organisation": org,
-        "can": _can(request),
+        **dashboard_live_context(request),
         "versions": _ready_versions(org),
         "models": model_list(organisation=org),
-        "releases": release_list(organisation=org),
         # a glance, not the fleet: the list with filters and pages is the Devices page
         "devices": devices_recently_seen(organisation=org, limit=DASHBOARD_DEVICES),
-        "device_count": device_count(organisation=org),
-        "spread": devices_per_version(organisation=org),
-        "rates": fleet_rates(organisation=org),
     }
     return render(request, "console/dashboard.html", context)
 
 
-@role_required(post=Role.RELEASE_MANAGER)
-def release_action(request, release_id: str, action: str):
-    back = redirect("console:dashboard")
-    try:
-        release = release_get(organisation=_organisation(request), release_id=release_id)
-    except DomainError as exc:  # nothing by that id here (another tenant's included): 404
-        return _error_page(request, exc)
-    try:
-        if request.POST.get("next") == "detail":
-            back = redirect("console:release", release_id=release.pk)
-        revision = request.POST.get("expected_revision")
-        phase = request.POST.get("phase")
-        release_transition(
-            release_id=release.pk,
-            action=action,
-            actor=request.user,
-            reason=request.POST.get("reason", ""),
-            expected_revision=int(revision) if revision else None,
-            phase=int(phase) if phase else None,
-        )
-        messages.success(request, f"Release {release.name}: {action} done.")
-    except DomainError as exc:
-        messages.error(request, str(exc))
-    except ValueError:
-        messages.error(request, "The form's revision or phase is not a number; reload the page.")
-    return back
+@role_required(get=Role.VIEWER)
+def dashboard_live(request):
+    return render(request, "console/live/dashboard.html", dashboard_live_context(request))
+
+
+# Redoc's sidebar shows Redocly's logo from their CDN, always (no option turns it off): the
+# bundle is served with that one address swapped for an empty local image.
+REDOCLY_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
+EMPTY_IMAGE = "data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg'/%3E"
+
+
+@lru_cache(maxsize=1)
+def _redoc_bundle() -> bytes:
+    path = finders.find("drf_spectacular_sidecar/redoc/bundles/redoc.standalone.js")
+    if path is None:
+        raise ImproperlyConfigured("drf-spectacular-sidecar is not installed: Redoc has no bundle.")
+    return Path(path).read_bytes().replace(REDOCLY_LOGO.encode(), EMPTY_IMAGE.encode())
+
+
+class RedocView(SpectacularRedocView):
+    """Redoc from drf-spectacular-sidecar's vendored bundle, in a page without the CDN fonts
+    and inline script of drf-spectacular's own template (so it works offline, under the CSP)."""
+
+    template_name = "console/redoc.html"
+
+    @staticmethod
+    def _redoc_standalone() -> str:
+        return reverse("console:redoc-bundle")
+
+
+_redoc = RedocView.as_view(url_name="schema", title="Ferry control plane API")
 
 
 @role_required(get=Role.VIEWER)
-def release_detail(request, release_id: str):
-    org = _organisation(request)
-    try:
-        release = release_get(organisation=org, release_id=release_id)
-    except DomainError as exc:
-        return _error_page(request, exc)
-    phases = release_phases(release)
-    context = {
-        "organisation": org,
-        "can": _can(request),
-        "release": release,
-        "phases": [
-            {
-                "number": i + 1,
-                "current": i == release.current_phase,
-                "done": i < release.current_phase,
-                **p.as_dict(),
-            }
-            for i, p in enumerate(phases)
-        ],
-        "counts": release_device_counts(release=release),
-        "device_statuses": release_device_statuses(release=release)[:500],
-        "events": release.events.select_related("actor"),
-        "gate": release.gate_status,
-        "actions": _actions_for(release.state, release.download_only),
-    }
-    return render(request, "console/release_detail.html", context)
+def redoc(request):
+    return _redoc(request)
 
 
-def _actions_for(state: str, download_only: bool) -> list[str]:
-    actions = {
-        "draft": ["start", "abort"],
-        "active": ["pause", "advance", "abort", "rollback"],
-        "paused": ["resume", "advance", "abort", "rollback"],
-        "completed": ["rollback"],
-    }.get(state, [])
-    if download_only and state not in ("aborted", "rolled_back"):
-        actions.append("activate")
-    return actions
-
-
-@role_required(post=Role.RELEASE_MANAGER)
-def release_gate(request, release_id: str):
-    try:
-        release = release_get(organisation=_organisation(request), release_id=release_id)
-    except DomainError as exc:
-        return _error_page(request, exc)
-    try:
-        status = release_gate_evaluate(release_id=release.pk)
-        messages.success(request, f"Gate evaluated: {status['step']} ({status['reason']}).")
-    except DomainError as exc:
-        messages.error(request, str(exc))
-        return redirect("console:dashboard")
-    return redirect("console:release", release_id=release_id)
+@role_required(get=Role.VIEWER)
+def redoc_bundle(request):
+    response = HttpResponse(_redoc_bundle(), content_type="text/javascript; charset=utf-8")
+    response["Cache-Control"] = "private, max-age=86400"
+    return response
 
 
 @role_required(get=Role.RELEASE_MANAGER, post=Role.RELEASE_MANAGER)
@@ -203,7 +200,9 @@ def release_new(request):
     devices the target matches and whether the version fits them (release_preview below)."""
     org = _organisation(request)
     groups = device_group_list(organisation=org)
-    form = ReleaseForm(request.POST or None, versions=_ready_versions(org), groups=groups)
+    # "Release this version" links here with ?version=<id>: that version is chosen already
+    initial = {"version": request.GET.get("version", "")[:64]}
+    form = ReleaseForm(request.POST or None, versions=_ready_versions(org), groups=groups, initial=initial)
     if request.method == "POST" and form.is_valid():
         try:
             arguments = form.service_arguments()

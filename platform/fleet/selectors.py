@@ -322,3 +322,16 @@ def devices_recently_seen(*, organisation: Organisation, limit: int = 20) -> lis
 
 def device_count(*, organisation: Organisation) -> int:
     return Device.objects.filter(organisation=organisation, revoked_at__isnull=True).count()
+
+
+def device_state_counts(*, organisation: Organisation, online_within: timedelta) -> dict[str, int]:
+    """{"online", "offline", "never_seen", "revoked": devices} of the organisation, in one query
+    (the console's dashboard: the same cost at 100 devices as at 100,000)."""
+    since = timezone.now() - online_within
+    live = Q(revoked_at__isnull=True)
+    return Device.objects.filter(organisation=organisation).aggregate(
+        online=Count("id", filter=live & Q(last_seen_at__gte=since)),
+        offline=Count("id", filter=live & Q(last_seen_at__lt=since)),
+        never_seen=Count("id", filter=live & Q(last_seen_at__isnull=True)),
+        revoked=Count("id", filter=Q(revoked_at__isnull=False)),
+    )

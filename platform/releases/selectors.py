@@ -501,3 +501,84 @@ def release_device_summary(*, release: Release) -> dict[str, int]:
     for row in release_device_statuses(release=release):
         summary[row["state"]] = summary.get(row["state"], 0) + 1
     return summary
+
+
+def release_state_counts(*, release_ids: list) -> dict[str, dict[str, int]]:
+    """{release id: {reported state: devices}} for many releases in one query (stored reports
+    only: a selected device that has not reported is not counted here)."""
+    counts: dict[str, dict[str, int]] = {str(r): {} for r in release_ids}
+    rows = (
+        DeviceReleaseStatus.objects.filter(release_id__in=release_ids)
+        .values_list("release_id", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for release_id, state, n in rows:
+        counts[str(release_id)][state] = n
+    return counts
+
+
+def recent_device_failures(*, organisation: Organisation, limit: int = 10) -> list[DeviceReleaseStatus]:
+    """The organisation's latest refusals, failures and rollbacks reported by devices, newest
+    first, with their device and release (one query)."""
+    rows = DeviceReleaseStatus.objects.filter(
+        release__organisation=organisation, state__in=FAILED_DEVICE_STATES
+    ).select_related("device", "release")
+    return list(rows.order_by("-updated_at", "-id")[:limit])
+
+
+def device_release_statuses(*, device: Device, limit: int = 20) -> list[DeviceReleaseStatus]:
+    """What one device last reported about each release that had a say over it, newest first:
+    installs, refusals and rollbacks with their reasons (one query)."""
+    rows = DeviceReleaseStatus.objects.filter(device=device).select_related("release")
+    return list(rows.order_by("-updated_at", "-id")[:limit])
+
+
+def release_selected_devices(*, release: Release) -> dict[str, tuple[str, Any]]:
+    """{device id: (name, running version id)} of the devices the release's current phase
+    selects (none for a draft, aborted or rolled back release): the selection plus one query."""
+    if release.state not in ("active", "paused", "completed"):
+        return {}
+    selected = release_selection(release).selected
+    rows = Device.objects.filter(pk__in=selected).values_list("pk", "name", "running_version_id")
+    return {str(pk): (name, running) for pk, name, running in rows}
+
+
+def release_device_statuses_among(
+    *, release: Release, selected: dict[str, tuple[str, Any]]
+) -> list[dict[str, Any]]:
+    """release_device_statuses with the selection given (release_selected_devices): a caller
+    that keeps it for a few seconds, such as the console's 2 s poll, saves its cost (it reads
+    every matching device). The reports are read here, fresh; same rows, same order."""
+    rows = {
+        str(s.device_id): s
+        for s in DeviceReleaseStatus.objects.filter(release=release).select_related("device")
+    }
+    result = [
+        {
+            "device_id": device_id,
+            "device_name": row.device.name,
+            "state": row.state,
+            "reason_code": row.reason_code,
+            "message": row.message,
+            "reported_at": row.reported_at,
+            "updated_at": row.updated_at,
+        }
+        for device_id, row in rows.items()
+    ]
+    result += [
+        {
+            "device_id": device_id,
+            "device_name": name,
+            "state": "running" if running == release.version_id else "pending",
+            "reason_code": "",
+            "message": "",
+            "reported_at": None,
+            "updated_at": None,
+        }
+        for device_id, (name, running) in selected.items()
+        if device_id not in rows
+    ]
+    order = {s: i for i, s in enumerate(FAILED_DEVICE_STATES)}
+    result.sort(key=lambda r: (order.get(r["state"], len(order)), r["device_name"], r["device_id"]))
+    return result

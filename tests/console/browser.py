@@ -3,7 +3,7 @@
 Every page these tests open runs behind request interception: a request to anything but the
 loopback server is refused and recorded, and so is any Content-Security-Policy violation the
 page reports; the fixture fails the test on either. Screenshots (1280x800) go to
-FERRY_ARTIFACTS_DIR, or a ferry-console-screenshots folder in the temp dir (never committed).
+FERRY_ARTIFACTS_DIR, or var/screenshots in the repository (gitignored, never committed).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -32,7 +31,7 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
 def artifacts_dir() -> Path:
-    default = Path(tempfile.gettempdir()) / "ferry-console-screenshots"
+    default = Path(__file__).resolve().parents[2] / "var" / "screenshots"
     path = Path(os.environ.get("FERRY_ARTIFACTS_DIR") or default)
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -45,6 +44,7 @@ class Offline:
     outside: list[str] = field(default_factory=list)
     csp_violations: list[str] = field(default_factory=list)
     loaded: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)  # what confirm() asked
 
     def route(self, route) -> None:
         url = route.request.url

@@ -20,6 +20,9 @@ def offline_page(monkeypatch, offline):
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_playwright() as p:
         browser, page = open_page(p, offline)
+        # the console asks before it changes a release (static/console/confirm.js): say yes,
+        # and keep what was asked so a test can check it
+        page.on("dialog", lambda dialog: (offline.dialogs.append(dialog.message), dialog.accept()))
         yield page
         browser.close()
     assert not offline.outside, f"requests off this machine: {offline.outside}"

@@ -22,24 +22,35 @@ from tests.platform.test_roles import ADMIN, OPERATOR, PUBLIC, RANK, VIEWER, End
 
 DECLARED: dict[str, dict[str, str]] = {
     "console:dashboard": {"GET": VIEWER, "HEAD": VIEWER},
-    "console:models": {"GET": VIEWER, "HEAD": VIEWER},
-    "console:model": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:dashboard-live": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:redoc": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:redoc-bundle": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:models": {"GET": VIEWER, "HEAD": VIEWER, "POST": OPERATOR},
+    "console:model": {"GET": VIEWER, "HEAD": VIEWER, "POST": OPERATOR},
+    "console:model-live": {"GET": VIEWER, "HEAD": VIEWER},
     "console:version": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:version-job": {"GET": VIEWER, "HEAD": VIEWER},
     "console:groups": {"GET": VIEWER, "HEAD": VIEWER, "POST": OPERATOR},
     "console:group-pin": {"POST": OPERATOR},
     "console:devices": {"GET": VIEWER, "HEAD": VIEWER},
     "console:devices-bulk": {"POST": OPERATOR},
     "console:device": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:device-live": {"GET": VIEWER, "HEAD": VIEWER},
     "console:device-pin": {"POST": OPERATOR},
     "console:release-new": {"GET": OPERATOR, "HEAD": OPERATOR, "POST": OPERATOR},
     "console:release-preview": {"GET": OPERATOR, "HEAD": OPERATOR},
     "console:release": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:release-live": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:release-canary": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:release-canary-chart": {"GET": VIEWER, "HEAD": VIEWER},
     "console:release-gate": {"POST": OPERATOR},
     "console:release-action": {"POST": OPERATOR},
 }
 
 BODIES: dict[tuple[str, str], dict[str, str]] = {
     ("console:groups", "POST"): {"name": "roles-group", "kind": "static"},
+    ("console:models", "POST"): {"name": "roles-model"},
+    ("console:model", "POST"): {"label": "roles-version"},  # no file: the form refuses it
     ("console:group-pin", "POST"): {"version": ""},
     ("console:device-pin", "POST"): {"version": ""},
     ("console:devices-bulk", "POST"): {"action": "unpin"},

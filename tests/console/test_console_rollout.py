@@ -51,7 +51,7 @@ def test_create_watch_and_control_a_release(console, ready_version):
     assert release.gate["on_failure"] == "abort" and release.gate["max_error_rate"] == 0.01
     assert release.window == {"cron": "0 2 * * *", "duration_seconds": 3600, "timezone": "Europe/Berlin"}
     page_text = response.content.decode()
-    assert "hardware == rpi4" in page_text and "current" in page_text and "Audit log" in page_text
+    assert "hardware == rpi4" in page_text and "current" in page_text and "events and audit log" in page_text
 
     gate = console.post(f"/releases/{release.pk}/gate/", follow=True).content.decode()
     assert "0 of 5 devices reporting" in gate

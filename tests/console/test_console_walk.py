@@ -20,8 +20,20 @@ from tests.console.browser import login, screenshot
 from tests.platform.test_roles import endpoints
 
 pytestmark = [pytest.mark.browser]
-# an action, where we came from, and JSON the pages fetch
-NOT_PAGES = {"console:logout", "console:login", "schema", "console:release-preview"}
+# an action, where we came from, JSON the pages fetch, and the parts htmx re-fetches
+NOT_PAGES = {
+    "console:logout",
+    "console:login",
+    "schema",
+    "console:release-preview",
+    "console:dashboard-live",
+    "console:model-live",
+    "console:version-job",
+    "console:device-live",
+    "console:release-live",
+    "console:release-canary-chart",
+    "console:redoc-bundle",
+}
 PER_KIND = 2
 
 

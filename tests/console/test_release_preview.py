@@ -74,7 +74,11 @@ def test_the_form_refuses_an_incompatible_version_unless_it_ships_a_new_pipeline
 
 def test_the_page_loads_the_preview_script_and_has_no_inline_script(console, ready_version):
     text = console.get("/releases/new/").content.decode()
-    assert re.findall(r"<script[^>]*>", text) == ['<script src="/static/console/release_preview.js" defer>']
+    assert re.findall(r"<script[^>]*>", text) == [
+        '<script src="/static/console/htmx.min.js" defer>',
+        '<script src="/static/console/confirm.js" defer>',
+        '<script src="/static/console/release_preview.js" defer>',
+    ]
     assert 'data-preview-url="/releases/new/preview/"' in text
     script = console.get("/static/console/release_preview.js")
     assert script.status_code == 200

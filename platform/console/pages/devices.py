@@ -23,6 +23,7 @@ from fleet.selectors import (
     devices_by_ids,
 )
 from fleet.services import InvalidPin, device_group_update, device_pin, device_revoke
+from releases.selectors import device_release_statuses
 from telemetry.selectors import device_recent_records
 
 from console.pages.charts import HEIGHT, WIDTH, line
@@ -177,6 +178,19 @@ def _bulk_do(action: str, devices: list[Device], target) -> None:
             device_revoke(device=device)
 
 
+def _live_context(request, device: Device) -> dict:
+    return {
+        "organisation": _organisation(request),
+        "can": _can(request),
+        "device": device,
+        "state": device_state(device),
+        "groups": device.groups.order_by("name"),
+        "history": device_version_history(device=device),
+        "release_statuses": device_release_statuses(device=device),
+        "live_at": timezone.now(),
+    }
+
+
 @role_required(get=Role.VIEWER)
 def device_detail(request, device_id: str):
     org = _organisation(request)
@@ -188,16 +202,21 @@ def device_detail(request, device_id: str):
     metrics = [r for r in reversed(telemetry) if r["kind"] == "metrics"]
     charts = [line(name, [r[key] for r in metrics]) for name, key in CHARTS]
     context = {
-        "organisation": org,
-        "can": _can(request),
-        "device": device,
+        **_live_context(request, device),
         "charts": [c for c in charts if c is not None],
-        "state": device_state(device),
-        "groups": device.groups.order_by("name"),
-        "history": device_version_history(device=device),
         "telemetry": telemetry[:20],
         "versions": _ready_versions(org),
         "chart_box": f"0 0 {WIDTH} {HEIGHT}",
         "chart_records": len(metrics),
     }
     return render(request, "console/pages/device.html", context)
+
+
+@role_required(get=Role.VIEWER)
+def device_live(request, device_id: str):
+    """The device page's live part: state, running version, version history, release reports."""
+    try:
+        device = device_get(organisation=_organisation(request), device_id=device_id)
+    except DomainError as exc:
+        return _error_page(request, exc)
+    return render(request, "console/live/device.html", _live_context(request, device))
