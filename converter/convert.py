@@ -150,7 +150,7 @@ def convert(
         report.converted_size = draft.stat().st_size
         report.size_ratio = round(report.converted_size / report.fp32_package_size, 4)
         say(0.8, "self-testing")
-        feeds = selftest.make_inputs(graph.inputs)
+        feeds = selftest.on_grid(selftest.make_inputs(graph.inputs))
         outputs = selftest.run(draft, feeds)
 
     say(0.9, "writing package")
