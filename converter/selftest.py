@@ -6,9 +6,10 @@ catches a corrupted install or an engine that computes differently there.
 Large vectors are stored compactly (engine/selftest.py reads both forms), so that they do not
 grow a quantized package past its size budget (a GPT step's KV-cache inputs and outputs were
 6.3 MB, 15 % of its int8 package): a float input of more than COMPACT_BYTES gets values on a
-1/32 grid within +-127/32 (``on_grid``, before the run) and is stored as int8 codes with that
-scale; an output of more than MAX_OUTPUT_ELEMENTS is stored as a strided sample of about that
-many elements, whose stride spans the whole output.  Small ones stay exactly as they were.
+1/4 grid within [-2, 1.75] (N(0, 1) samples rounded and clipped, ``on_grid``, before the run)
+and is stored as signed 4-bit codes, two per byte, with that scale; an output of more than
+MAX_OUTPUT_ELEMENTS is stored as a strided sample of about that many elements, whose stride
+spans the whole output.  Small ones stay exactly as they were.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from typing import Any
 import numpy as np
 
 from converter.errors import SelfTestError
+from converter.quantize import pack4
 from engine import EngineError, Session
 from engine.ops.fastmath import fixed_forms
 
 SEED = 20240601
 ATOL, RTOL = 1e-4, 1e-3
-COMPACT_BYTES = 64 * 1024  # a float input larger than this is stored as int8 codes
-GRID = 32  # ...of values k / GRID, |k| <= 127 (N(0, 1) samples, rounded, clipped at ~4 sigma)
+COMPACT_BYTES = 64 * 1024  # a float input larger than this is stored as 4-bit codes
+GRID = 4  # ...of values k / GRID, -8 <= k <= 7
 MAX_OUTPUT_ELEMENTS = 16384  # an output larger than this is stored as a strided sample
 
 
@@ -53,9 +55,7 @@ def on_grid(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The feeds with every large float input moved onto the int8 code grid (so the stored
     codes reproduce it exactly on the device); other inputs unchanged."""
     return {
-        name: (np.clip(np.rint(value * GRID), -127, 127) / GRID).astype(value.dtype)
-        if _compact(value)
-        else value
+        name: (np.clip(np.rint(value * GRID), -8, 7) / GRID).astype(value.dtype) if _compact(value) else value
         for name, value in feeds.items()
     }
 
@@ -77,14 +77,17 @@ def vectors(
     """The tensors to add to the package and the manifest metadata that points at them."""
     tensors: dict[str, np.ndarray] = {}
     meta: dict[str, Any] = {"inputs": {}, "outputs": {}, "atol": ATOL, "rtol": RTOL}
-    scales, strides = {}, {}
+    codes, strides = {}, {}
     for name, array in feeds.items():
         key = meta["inputs"][name] = f"selftest/input/{name}"
         if _compact(array):
-            codes = np.rint(array.astype(np.float64) * GRID)
-            if np.abs(codes).max(initial=0) > 127 or not np.array_equal(codes / GRID, array):
-                raise SelfTestError(f"self-test input {name!r} is not on the int8 grid (use on_grid)")
-            array, scales[name] = codes.astype(np.int8), 1 / GRID
+            values = np.rint(array.astype(np.float64) * GRID)
+            if not (values.min(initial=0) >= -8 and values.max(initial=0) <= 7) or not np.array_equal(
+                values / GRID, array
+            ):
+                raise SelfTestError(f"self-test input {name!r} is not on the 4-bit grid (use on_grid)")
+            codes[name] = {"scale": 1 / GRID, "shape": list(array.shape)}
+            array = pack4(values.astype(np.int8))
         tensors[key] = array
     for name, array in outputs.items():
         key = meta["outputs"][name] = f"selftest/output/{name}"
@@ -92,8 +95,8 @@ def vectors(
             strides[name] = -(-array.size // MAX_OUTPUT_ELEMENTS) | 1  # odd: no lock-step with even dims
             array = np.ascontiguousarray(array.reshape(-1)[:: strides[name]])
         tensors[key] = array
-    if scales:
-        meta["input_scales"] = scales
+    if codes:
+        meta["input_codes"] = codes
     if strides:
         meta["output_strides"] = strides
     return tensors, meta

@@ -383,13 +383,14 @@ def test_large_self_test_vectors_are_stored_compactly_and_still_checked(tmp_path
     package = read_package(dst)
     spec = package.manifest["metadata"]["selftest"]
     codes, sample = package.tensors["selftest/input/x"], package.tensors["selftest/output/y"]
-    assert codes.dtype == np.int8 and codes.shape == (1, 600, 256)
-    assert spec["input_scales"] == {"x": 1 / selftest.GRID}
+    assert codes.dtype == np.uint8 and codes.shape == (600 * 256 // 2,)  # two 4-bit codes a byte
+    assert spec["input_codes"] == {"x": {"scale": 1 / selftest.GRID, "shape": [1, 600, 256]}}
     stride = spec["output_strides"]["y"]
     assert stride % 2 == 1 and sample.shape == (-(-600 * 256 // stride),)
     assert sample.size <= selftest.MAX_OUTPUT_ELEMENTS
     # the stored sample is the model's output on the decoded input
-    x = codes.astype(np.float32) / selftest.GRID
+    x = unpack4(codes, [1, 600, 256], signed=True).astype(np.float32) / selftest.GRID
+    assert len(np.unique(x)) == 16  # N(0, 1) on the grid: every code used
     want = Session(dst).run({"x": x})["y"].reshape(-1)[::stride]
     np.testing.assert_array_equal(sample, want)
     assert Session(dst).self_test().passed
@@ -413,4 +414,4 @@ def test_a_compact_self_test_still_catches_a_wrong_result(tmp_path):
 def test_small_self_test_vectors_stay_as_they_were(mlp_packages):
     root, _, _ = mlp_packages
     spec = read_package(root / "int8.ferry").manifest["metadata"]["selftest"]
-    assert "input_scales" not in spec and "output_strides" not in spec
+    assert "input_codes" not in spec and "output_strides" not in spec
