@@ -182,3 +182,28 @@ def test_jit_softmax_runs_rows_in_parallel_with_two_threads():
         parallel = attention_jit.softmax_rows_into(rows.copy(), 1.0)
     np.testing.assert_array_equal(serial, parallel)
     np.testing.assert_allclose(serial.sum(axis=1), 1.0, rtol=1e-6)
+
+
+# -- GELU (rows_jit: the polynomial form with exp_jit's 2^t) -------------------------------------
+
+
+@SETTINGS
+@given(st.integers(1, 9), st.integers(1, 300), st.sampled_from([0.5, 3.0, 12.0]), st.booleans())
+def test_jit_gelu_rows_match_the_erf_formula_with_and_without_bias(rows, width, spread, with_bias):
+    rows_jit = jit.module("engine.ops.rows_jit")
+    x = _array(rows * width, (rows, width), spread)
+    bias = _array(width, (width,)) if with_bias else None
+    wide = x.astype(np.float64) + (0 if bias is None else bias)
+    want = 0.5 * wide * (1 + np.vectorize(math.erf)(wide / math.sqrt(2)))
+    got = rows_jit.gelu_rows_into(x.copy(), bias)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    with jit.thread_limit(2):  # the parallel variant: the same values
+        np.testing.assert_array_equal(rows_jit.gelu_rows_into(x.copy(), bias), got)
+
+
+def test_jit_gelu_limits():
+    rows_jit = jit.module("engine.ops.rows_jit")
+    x = np.array([[np.inf, -np.inf, np.nan, -40.0, 40.0, -6.5, 0.0, -0.0]], np.float32)
+    got = rows_jit.gelu_rows_into(x.copy(), None)[0]
+    assert got[0] == np.inf and np.isnan(got[1]) and np.isnan(got[2])  # gelu(-inf) is NaN, as erf's
+    assert got[3] == 0 and got[4] == 40.0 and abs(got[5]) < 1e-9 and got[6] == 0 and got[7] == 0
