@@ -290,6 +290,7 @@ def health_check(directory: Path, recent_events: Path | None = None) -> None:
 
     from agent.stream import PipelineError
     from engine import Session
+    from engine import selftest as selftest_vectors
     from engine.errors import EngineError
     from engine.format import read_package
 
@@ -322,14 +323,19 @@ def health_check(directory: Path, recent_events: Path | None = None) -> None:
         selftest = package.manifest.get("metadata", {}).get("selftest")
         if not selftest:
             return
-        feeds = {name: np.asarray(package.tensors[t]) for name, t in selftest["inputs"].items()}
-        outputs = session.run(feeds)
+        dtypes = {spec["name"]: spec["dtype"] for spec in package.manifest.get("inputs") or []}
+        outputs = session.run(selftest_vectors.feeds(selftest, package.tensors, dtypes))
         for name, tensor in selftest["outputs"].items():
-            expected = package.tensors[tensor]
-            if not np.allclose(
-                outputs[name], expected, atol=selftest.get("atol", 1e-4), rtol=selftest.get("rtol", 1e-3)
+            expected, value = (
+                package.tensors[tensor],
+                selftest_vectors.observed(selftest, name, outputs[name]),
+            )
+            if value.shape != expected.shape or not np.allclose(
+                value, expected, atol=selftest.get("atol", 1e-4), rtol=selftest.get("rtol", 1e-3)
             ):
-                diff = float(np.max(np.abs(outputs[name] - expected)))
+                diff = (
+                    float(np.max(np.abs(value - expected))) if value.shape == expected.shape else float("inf")
+                )
                 raise ActivationError(
                     f"self-test output {name!r} differs from the expected one by {diff:.3g}"
                 )

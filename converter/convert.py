@@ -153,7 +153,8 @@ def convert(
         report.converted_size = draft.stat().st_size
         report.size_ratio = round(report.converted_size / report.fp32_package_size, 4)
         say(0.8, "self-testing")
-        feeds = selftest_inputs if selftest_inputs is not None else selftest.make_inputs(graph.inputs)
+        inputs = selftest_inputs if selftest_inputs is not None else selftest.make_inputs(graph.inputs)
+        feeds = selftest.on_grid(inputs)
         outputs = selftest.run(draft, feeds)
 
     say(0.9, "writing package")

@@ -1,4 +1,5 @@
-"""int8 GEMV as a JIT kernel (numba): the twin of quantized.py's one-row QMatMul.
+"""int8 QMatMul JIT kernels (numba): a GEMV, the twin of quantized.py's one-row QMatMul, and for
+several rows BLAS on the cast weights with the scale, bias and GELU in one JIT epilogue.
 
 numpy can only multiply floats, so its int8 QMatMul casts the weight rows to float32 (a scratch
 four times the weights' size, written and read again) before BLAS's gemv.  Here the weights are
@@ -19,8 +20,9 @@ import numpy as np
 from numba import prange, types
 
 from engine import jit
+from engine.ops import rows_jit
 from engine.ops.fused import apply_activation
-from engine.ops.quantized import _plain_int8, qmatmul
+from engine.ops.quantized import SCRATCH_BYTES, _cast_matmul, _plain_int8, _rows_scratch, qmatmul
 from engine.ops.registry import Kernel
 
 BLOCK = 256  # output columns per block: 1 KB of float32 accumulators, in L1 beside the rows read
@@ -100,15 +102,95 @@ def qmatmul_gemv_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
     return [apply_activation(out, attrs).reshape((*a.shape[:-1], n))]
 
 
-qmatmul_gemv_jit.jit = True  # type: ignore[attr-defined]
+# -- several rows (a prompt, an encoder's tokens): BLAS on the cast weights, a JIT epilogue -------
+
+_EPILOGUE = types.void(
+    jit.array(_F32, 2, "C"),
+    jit.array(_F32, 1, "C", readonly=True),
+    jit.array(_F32, 1, "C", readonly=True),
+    _BOOL,
+)
+
+
+@jit.njit([types.void(*_EPILOGUE.args, jit.array(_F32, 1, "C"), jit.array(types.int32, 1, "C"), _I64)])
+def _epilogue_row(y, scale, bias, gelu, mantissa, bits, r):  # noqa: ANN001, ANN202
+    row = y[r]
+    if gelu:  # gelu(row * scale + bias): the scale here, the bias inside the GELU's first pass
+        for j in range(row.shape[0]):
+            row[j] *= scale[j]
+        rows_jit._gelu_row(row, bias, mantissa, bits)
+    else:
+        for j in range(row.shape[0]):
+            row[j] = row[j] * scale[j] + bias[j]
+
+
+@jit.njit([_EPILOGUE])
+def _epilogue_serial(y, scale, bias, gelu):  # noqa: ANN001, ANN202
+    mantissa, bits = np.empty(y.shape[1], np.float32), np.empty(y.shape[1], np.int32)
+    for r in range(y.shape[0]):
+        _epilogue_row(y, scale, bias, gelu, mantissa, bits, r)
+
+
+@jit.njit([_EPILOGUE], parallel=True)
+def _epilogue_parallel(y, scale, bias, gelu):  # noqa: ANN001, ANN202
+    chunks = 8
+    per = (y.shape[0] + chunks - 1) // chunks
+    for c in prange(chunks):
+        mantissa, bits = np.empty(y.shape[1], np.float32), np.empty(y.shape[1], np.int32)
+        for r in range(c * per, min((c + 1) * per, y.shape[0])):
+            _epilogue_row(y, scale, bias, gelu, mantissa, bits, r)
+
+
+def qmatmul_rows_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """QMatMul of several float32 rows by int8 weights [K, N] with per-column scales: numpy's
+    cast and BLAS product (quantized.py), then the scale, bias and an exact GELU in one JIT pass
+    per row while it is in cache (numpy: a pass each, and an 11-pass GELU)."""
+    a, x, scale = inputs[0], inputs[1], inputs[2]
+    zero = inputs[3] if len(inputs) > 3 else None
+    bias = inputs[4] if len(inputs) > 4 else None
+    activation = attrs.get("activation")
+    gelu = activation == "Gelu" and (attrs.get("activation_attrs") or {}).get("approximate", "none") == "none"
+    n = x.shape[1] if x.ndim == 2 else -1
+    plain = x.dtype == np.int8 and _plain_int8(a, scale, zero, attrs) and a.shape[-1] == x.shape[0]
+    if not plain or (activation is not None and not gelu) or a.size == a.shape[-1] or scale.size != n:
+        return qmatmul(inputs, attrs)
+    if bias is not None and (bias.shape != (n,) or bias.dtype != np.float32):
+        return qmatmul(inputs, attrs)
+    y = _cast_product(a, x)
+    rows = y.reshape(-1, n)
+    vector = np.ascontiguousarray(scale.reshape(-1))
+    jit.run(
+        _epilogue_serial,
+        _epilogue_parallel,
+        rows,
+        vector,
+        rows_jit._zeros(n) if bias is None else np.ascontiguousarray(bias),
+        gelu,
+    )
+    return [y]
+
+
+def _cast_product(a: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """a @ float(x), x cast into the reused scratch (whole, or a few MB of rows at a time)."""
+    k, n = x.shape
+    if x.size * 4 > SCRATCH_BYTES:
+        return _cast_matmul(a, x, n, np.dtype(np.float32), {}, None)
+    part = _rows_scratch(k, n, np.dtype(np.float32))
+    np.copyto(part, x, casting="unsafe")
+    # one 2-D product: numpy runs a stacked [B, M, K] @ [K, N] as B separate ones
+    return np.matmul(a.reshape(-1, k), part).reshape((*a.shape[:-1], n))
+
+
+for _kernel in (qmatmul_gemv_jit, qmatmul_rows_jit):
+    _kernel.jit = True  # type: ignore[attr-defined]
 
 
 def _qmatmul(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
     a_shape, x_shape = shapes[0], shapes[1] if len(shapes) > 1 else None
-    if a_shape is None or x_shape is None or len(x_shape) != 2 or not a_shape:
+    if a_shape is None or x_shape is None or len(x_shape) != 2 or not a_shape or a_shape[-1] != x_shape[0]:
         return []
     rows = int(np.prod(a_shape[:-1], dtype=np.int64))
-    return [qmatmul_gemv_jit] if rows == 1 and a_shape[-1] == x_shape[0] else []
+    return [qmatmul_gemv_jit] if rows == 1 else [qmatmul_rows_jit] if rows > 1 else []
 
 
 CANDIDATES = {"QMatMul": _qmatmul}

@@ -2,19 +2,24 @@
 twin of fastmath.py's GELU forms.
 
 numpy's fastest exact GELU here is fastmath.py's table form: 11 whole-array passes, two of them
-gathers; this is one pass per row while it sits in L1, bias included.  It uses the same Phi
-table and first-order step, so it agrees with the numpy table form to float32 rounding and with
-the erf formula to ~6e-7 absolute; no fastmath.
+gathers; this is two passes per row while it sits in L1, bias included, and both vectorise.  It
+is fastmath's polynomial form, gelu(x) = x / (1 + 2^(x Q(x^2))), with 2^t as exp_jit's
+polynomial (its exponent bits written in the first pass, multiplied in the second: numba has
+no scalar bit cast).  An earlier JIT kernel read fastmath's Phi table (a gather per element,
+which does not vectorise): 1.3x this one's time at ViT's 197x768.  It agrees with the erf
+formula to ~8e-7 absolute; infinities and NaN give what the formula gives (gelu(-inf) is NaN);
+no fastmath.
 
 Row-wise LayerNorm and Softmax JIT kernels were measured here and left out: LayerNorm within
 noise of numpy's (61 vs 63 us at ViT's 197x192, 77 vs 67 at BERT's 128x384: numpy's form is
 already four L1-resident passes), and with the mean summed more exactly than onnx's reference
-sums it, it failed the reference test on rows far from zero; Softmax took twice numpy's time
-(numba's float32 exp is a scalar libm call without Intel's SVML).
+sums it, it failed the reference test on rows far from zero.  The softmax inside attention is
+a JIT kernel (attention_jit.py) since exp_jit's 2^x replaced numba's scalar float32 exp.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,72 +27,91 @@ import numpy as np
 from numba import prange, types
 
 from engine import jit
-from engine.ops import fastmath
+from engine.ops import exp_jit, fastmath
 from engine.ops.fused import apply_activation, fused_matmul
 from engine.ops.registry import REGISTRY, Kernel
 
-_F32, _F64, _I64, _BOOL = types.float32, types.float64, types.int64, types.boolean
-_ROWS_IN = jit.array(_F32, 2, "C", readonly=True)
-_ROWS_OUT = jit.array(_F32, 2, "C")
-_VECTOR_IN = jit.array(_F32, 1, "A", readonly=True)  # A: a stride-0 packed scale is allowed too
-_VECTOR_OUT = jit.array(_F32, 1, "C")
-
-
-_GELU = types.void(
-    _ROWS_OUT,
-    _VECTOR_IN,
-    _BOOL,
-    jit.array(_F32, 1, "C", readonly=True),
-    jit.array(_F32, 1, "C", readonly=True),
+_F32 = types.float32
+_ROWS = jit.array(_F32, 2, "C")
+# C, not A: with unknown strides LLVM does not vectorise the loop reading the bias (5x slower)
+_VECTOR_IN = jit.array(_F32, 1, "C", readonly=True)
+_ROW = jit.array(_F32, 1, "C")
+_BITS = jit.array(types.int32, 1, "C")
+_GELU = types.void(_ROWS, _VECTOR_IN)
+# the exponent of 2 in gelu(x) = x / (1 + 2^(x Q(x^2))): fastmath's fit, in powers of x^2
+_Q0, _Q1, _Q2, _Q3, _Q4, _Q5, _Q6 = (float(c) for c in fastmath._EXP2_COEFFS)
+_E0, _E1, _E2, _E3, _E4, _E5, _E6 = (
+    exp_jit._C0,
+    exp_jit._C1,
+    exp_jit._C2,
+    exp_jit._C3,
+    exp_jit._C4,
+    exp_jit._C5,
+    exp_jit._C6,
 )
-_HALF_WIDTH = float(fastmath._TABLE_HALF_WIDTH)
-_STEPS = float(fastmath._STEPS_PER_UNIT)
-_CENTRE = float(fastmath._CENTRE)
-_LAST = 2 * fastmath._CENTRE
+_ROUNDER = exp_jit._ROUNDER
 
 
-@jit.njit(
-    [
-        types.void(
-            _VECTOR_OUT,
-            _VECTOR_IN,
-            _BOOL,
-            jit.array(_F32, 1, "C", readonly=True),
-            jit.array(_F32, 1, "C", readonly=True),
-        )
-    ]
-)
-def _gelu_row(row, bias, has_bias, values, slopes):  # noqa: ANN001, ANN202
-    """row = gelu(row + bias) in place: x * Phi(x), Phi one step from its nearest table node."""
-    for k in range(row.shape[0]):
-        v = row[k] + bias[k] if has_bias else row[k]
-        clipped = min(max(v, np.float32(-_HALF_WIDTH)), np.float32(_HALF_WIDTH))
-        steps = clipped * np.float32(_STEPS) + np.float32(_CENTRE)
-        # the nearest node (steps >= 0: truncation floors); kept inside the table whatever a NaN
-        # converts to, and the NaN itself survives in v * phi
-        index = min(max(int(steps + np.float32(0.5)), 0), _LAST)
-        fraction = steps - np.float32(index)
-        row[k] = v * (values[index] + fraction * slopes[index])
+@jit.njit([types.void(_ROW, _VECTOR_IN, _ROW, _BITS)])
+def _gelu_row(row, bias, mantissa, bits):  # noqa: ANN001, ANN202
+    """row = gelu(row + bias) in place; ``mantissa`` and ``bits`` are scratch rows."""
+    n = row.shape[0]
+    for k in range(n):
+        v = row[k] + bias[k]
+        row[k] = v
+        s = v * v
+        q = np.float32(_Q6) * s + np.float32(_Q5)
+        q = q * s + np.float32(_Q4)
+        q = q * s + np.float32(_Q3)
+        q = q * s + np.float32(_Q2)
+        q = q * s + np.float32(_Q1)
+        q = q * s + np.float32(_Q0)
+        # 2^t as exp_jit.exp2_row computes it; t = +-inf (x = -+inf) gives 2^t = inf / 0
+        t = min(max(q * v, np.float32(exp_jit.LOW)), np.float32(exp_jit.HIGH))
+        r = (t + np.float32(_ROUNDER)) - np.float32(_ROUNDER)
+        f = t - r
+        e = np.float32(_E6) * f + np.float32(_E5)
+        e = e * f + np.float32(_E4)
+        e = e * f + np.float32(_E3)
+        e = e * f + np.float32(_E2)
+        e = e * f + np.float32(_E1)
+        mantissa[k] = e * f + np.float32(_E0)
+        bits[k] = (np.int32(r) + np.int32(127)) << 23
+    powers = bits[:n].view(np.float32)
+    for k in range(n):
+        row[k] = row[k] / (np.float32(1) + mantissa[k] * powers[k])
 
 
 @jit.njit([_GELU])
-def _gelu_serial(y, bias, has_bias, values, slopes):  # noqa: ANN001, ANN202
+def _gelu_serial(y, bias):  # noqa: ANN001, ANN202
+    mantissa, bits = np.empty(y.shape[1], np.float32), np.empty(y.shape[1], np.int32)
     for r in range(y.shape[0]):
-        _gelu_row(y[r], bias, has_bias, values, slopes)
+        _gelu_row(y[r], bias, mantissa, bits)
 
 
 @jit.njit([_GELU], parallel=True)
-def _gelu_parallel(y, bias, has_bias, values, slopes):  # noqa: ANN001, ANN202
-    for r in prange(y.shape[0]):
-        _gelu_row(y[r], bias, has_bias, values, slopes)
+def _gelu_parallel(y, bias):  # noqa: ANN001, ANN202
+    chunks = 8
+    per = (y.shape[0] + chunks - 1) // chunks
+    for c in prange(chunks):
+        mantissa, bits = np.empty(y.shape[1], np.float32), np.empty(y.shape[1], np.int32)
+        for r in range(c * per, min((c + 1) * per, y.shape[0])):
+            _gelu_row(y[r], bias, mantissa, bits)
+
+
+@functools.lru_cache(maxsize=32)
+def _zeros(n: int) -> np.ndarray:
+    """A read-only vector of n zeros: the bias of a GELU without one (no branch in the loop)."""
+    zeros = np.zeros(n, np.float32)
+    zeros.flags.writeable = False
+    return zeros
 
 
 def gelu_rows_into(y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """y = gelu(y + bias) in place, for a C-contiguous float32 y (bias over its last axis)."""
-    values, slopes = fastmath._phi_table()
     rows = y.reshape(-1, y.shape[-1])
-    has_bias = bias is not None
-    jit.run(_gelu_serial, _gelu_parallel, rows, bias if has_bias else values, has_bias, values, slopes)
+    bias = _zeros(rows.shape[1]) if bias is None else np.ascontiguousarray(bias)
+    jit.run(_gelu_serial, _gelu_parallel, rows, bias)
     return y
 
 

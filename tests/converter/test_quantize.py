@@ -3,6 +3,8 @@ engine's fused kernels against numpy, and what convert() writes and reports."""
 
 from __future__ import annotations
 
+import tarfile
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -326,3 +328,90 @@ def test_quantization_error_is_at_most_half_a_step(rows, cols, block, spread, se
     # half a step of rounding, plus the float16 rounding of the scale applied to up to 15 steps
     assert np.all(np.abs(restored - w) <= step * (0.5 + 15 * 2**-11) + 1e-6 * spread)
     np.testing.assert_array_equal(unpack4(quant.pack4(q4), [rows, cols], signed=False), q4)
+
+
+# -- what else a quantized package holds ---------------------------------------------------------
+
+
+def test_small_float_tensors_are_stored_half_size_unless_kept_float(tmp_path):
+    """Biases and the int8 scales go float16 (cast back at load); a layer kept float32 keeps
+    its tensors float32; the accuracy report is measured with the narrowed tensors."""
+    report = convert(mlp(width=64), tmp_path / "m.ferry", quantize="int8", keep_float=("fc2",))
+    package = read_package(tmp_path / "m.ferry")
+    casts = package.graph["load_casts"]
+    assert package.tensors["b1"].dtype == np.float16 and casts["b1"] == "float32"
+    assert package.tensors["w1/scale"].dtype == np.float16 and casts["w1/scale"] == "float32"
+    assert package.tensors["w2"].dtype == np.float32 and "w2" not in casts  # fc2 kept float
+    assert report.accuracy["outputs"]["probs"]["cosine_similarity"] >= 0.9999
+    assert Session(tmp_path / "m.ferry").self_test().passed
+
+
+def test_a_float_tensor_float16_would_distort_stays_float32():
+    tensors = {
+        "fine": rand(8, 16),
+        "huge": rand(8, 16) * 1e6,  # beyond float16's range
+        "tiny": rand(8, 16) * 1e-7,  # below float16's normal numbers: most digits lost
+        "short": rand(8),  # fewer than MIN_ELEMENTS: not worth it
+    }
+    casts: dict[str, str] = {}
+    quant._narrow_floats(tensors, casts, keep=set())
+    assert casts == {"fine": "float32"} and tensors["fine"].dtype == np.float16
+    assert all(tensors[name].dtype == np.float32 for name in ("huge", "tiny", "short"))
+
+
+def big_io_model() -> onnx.ModelProto:
+    """A float input and output of 150 K elements each: the self-test vectors go compact."""
+    rng = np.random.default_rng(4)
+    return model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+            helper.make_node("Add", ["h", "x"], ["y"], name="residual"),
+        ],
+        [fvalue("x", [1, 600, 256])],
+        [fvalue("y", [1, 600, 256])],
+        initializers=[
+            numpy_helper.from_array((rng.standard_normal((256, 256)) / 16).astype(np.float32), "w")
+        ],
+    )
+
+
+def test_large_self_test_vectors_are_stored_compactly_and_still_checked(tmp_path):
+    from converter import selftest  # noqa: PLC0415 - it imports the engine's Session
+
+    dst = tmp_path / "m.ferry"
+    convert(big_io_model(), dst, quantize="int8")
+    package = read_package(dst)
+    spec = package.manifest["metadata"]["selftest"]
+    codes, sample = package.tensors["selftest/input/x"], package.tensors["selftest/output/y"]
+    assert codes.dtype == np.uint8 and codes.shape == (600 * 256 // 2,)  # two 4-bit codes a byte
+    assert spec["input_codes"] == {"x": {"scale": 1 / selftest.GRID, "shape": [1, 600, 256]}}
+    stride = spec["output_strides"]["y"]
+    assert stride % 2 == 1 and sample.shape == (-(-600 * 256 // stride),)
+    assert sample.size <= selftest.MAX_OUTPUT_ELEMENTS
+    # the stored sample is the model's output on the decoded input
+    x = unpack4(codes, [1, 600, 256], signed=True).astype(np.float32) / selftest.GRID
+    assert len(np.unique(x)) == 16  # N(0, 1) on the grid: every code used
+    want = Session(dst).run({"x": x})["y"].reshape(-1)[::stride]
+    np.testing.assert_array_equal(sample, want)
+    assert Session(dst).self_test().passed
+
+
+def test_a_compact_self_test_still_catches_a_wrong_result(tmp_path):
+    """Changing a weight after the self-test was recorded: the sampled output no longer matches."""
+    src, dst = tmp_path / "m.ferry", tmp_path / "bad"
+    convert(big_io_model(), src, quantize="int8")
+    with tarfile.open(src) as archive:  # an unpacked package: loaded without re-hashing
+        archive.extractall(dst, filter="data")
+    graph = read_package(dst).graph
+    entry = graph["tensors"]["w/scale"]
+    with open(dst / "weights.bin", "r+b") as weights:
+        weights.seek(entry["offset"])
+        weights.write(np.full(4, 2.0, np.float16).tobytes())
+    result = Session(dst).self_test()
+    assert not result.passed and "output 'y'" in result.failures[0]
+
+
+def test_small_self_test_vectors_stay_as_they_were(mlp_packages):
+    root, _, _ = mlp_packages
+    spec = read_package(root / "int8.ferry").manifest["metadata"]["selftest"]
+    assert "input_codes" not in spec and "output_strides" not in spec

@@ -259,3 +259,64 @@ def test_verifying_a_package_does_not_map_its_weights_in(tmp_path):
     grown = _rss_file_kb() - before
     assert grown < 8 * 1024, f"loading made {grown} KB of the 32 MB package resident"
     assert float(package.tensors["w"][-1]) == float(np.asarray(package.tensors["w"])[-1])
+
+
+# -- the JIT tier's several-row int8 QMatMul (BLAS on the cast weights, JIT scale/bias/GELU) ---------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(2, 40),  # rows
+    st.integers(1, 70),  # k
+    st.integers(1, 90),  # n
+    st.sampled_from([None, "Gelu"]),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_int8_rows_qmatmul_jit_matches_numpy_and_the_reference(rows, k, n, activation, with_bias, seed):
+    pytest.importorskip("numba")
+    from engine import jit  # noqa: PLC0415 - only with the JIT tier
+
+    if not jit.enabled():
+        pytest.skip("the JIT tier is turned off (FERRY_JIT=0)")
+    quantized_jit = jit.module("engine.ops.quantized_jit")
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((1, rows, k)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    q, scale = quant.quantize_int8(w, axis=1)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    attrs = {"axis": 1, **({"activation": activation} if activation else {})}
+    inputs = [a, q, scale] + ([None, bias] if with_bias else [])
+    want = run_int8_matmul_reference(q, scale, a, bias, activation)
+    numpy_result = qmatmul(inputs, attrs)[0]
+    got = quantized_jit.qmatmul_rows_jit(inputs, attrs)[0]
+    assert got.shape == want.shape == (1, rows, n) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, numpy_result, rtol=1e-5, atol=1e-5)
+    with jit.thread_limit(2):
+        np.testing.assert_array_equal(quantized_jit.qmatmul_rows_jit(inputs, attrs)[0], got)
+
+
+def test_int8_rows_qmatmul_jit_falls_back_where_it_does_not_apply():
+    """Other activations, zero points, block scales and one row go to the numpy kernel (or the GEMV)."""
+    pytest.importorskip("numba")
+    from engine import jit, kernels  # noqa: PLC0415
+
+    if not jit.enabled():
+        pytest.skip("the JIT tier is turned off (FERRY_JIT=0)")
+    quantized_jit = jit.module("engine.ops.quantized_jit")
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 8)).astype(np.float32)
+    q, scale = quant.quantize_int8(rng.standard_normal((8, 5)).astype(np.float32), axis=1)
+    for attrs, inputs in [
+        ({"axis": 1, "activation": "Relu"}, [a, q, scale]),
+        ({"axis": 1}, [a, q, scale, np.full(5, 3, np.int8)]),
+    ]:
+        np.testing.assert_array_equal(
+            quantized_jit.qmatmul_rows_jit(inputs, attrs)[0], qmatmul(inputs, attrs)[0]
+        )
+    offered = kernels.jit_candidates("QMatMul", {"axis": 1}, [(3, 8), (8, 5), (5,)])
+    assert quantized_jit.qmatmul_rows_jit in offered and quantized_jit.qmatmul_gemv_jit not in offered
+    assert kernels.jit_candidates("QMatMul", {"axis": 1}, [(1, 8), (8, 5), (5,)]) == [
+        quantized_jit.qmatmul_gemv_jit
+    ]

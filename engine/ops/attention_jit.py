@@ -1,0 +1,148 @@
+"""FusedAttention with a JIT softmax (numba): the twin of fused.py's batched numpy attention.
+
+The two products stay batched BLAS calls (numba has no BLAS without scipy, and OpenBLAS beats a
+loop nest at head sizes 32-64); between them the softmax runs row by row in one JIT call: the
+row max, 2^((s - max) * c) by exp_jit's vectorised polynomial (numpy's float32 ``exp`` runs
+scalar on AVX2 machines, ~2 ns an element), the sum and the normalisation, each row while it
+sits in L1, instead of numpy's five whole-array passes.  Rows in parallel (prange) when the
+session allows two threads.  No fastmath: results agree with the numpy kernels to float32
+rounding of the exponential (~1e-7 relative).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numba import prange, types
+
+from engine import jit
+from engine.ops.exp_jit import exp2_row
+from engine.ops.fused import LOG2_E, _attention_inputs, _attention_output, _base2, fused_attention
+from engine.ops.registry import Kernel
+
+_F32 = types.float32
+_SOFTMAX = types.void(jit.array(_F32, 2, "C"), _F32)
+
+
+_ROW = jit.array(_F32, 1, "C")
+
+
+@jit.njit([_F32(_ROW, types.int64)])
+def _row_max(row, n):  # noqa: ANN001, ANN202
+    """max(row[:n]) over eight interleaved lanes: one running max waits on the previous
+    compare every element (no vectorising a reduction without fastmath); eight need not.
+    NaN is not propagated here: a NaN score makes its own exponential NaN, and so the row."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[0]
+    whole = n - n % 8
+    for k in range(0, whole, 8):
+        m0, m1 = max(m0, row[k]), max(m1, row[k + 1])
+        m2, m3 = max(m2, row[k + 2]), max(m3, row[k + 3])
+        m4, m5 = max(m4, row[k + 4]), max(m5, row[k + 5])
+        m6, m7 = max(m6, row[k + 6]), max(m7, row[k + 7])
+    for k in range(whole, n):
+        m0 = max(m0, row[k])
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
+@jit.njit([_F32(_ROW, types.int64)])
+def _row_sum(row, n):  # noqa: ANN001, ANN202
+    """sum(row[:n]) over eight interleaved partial sums (as _row_max: latency, not bandwidth)."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0)
+    whole = n - n % 8
+    for k in range(0, whole, 8):
+        s0, s1, s2, s3 = s0 + row[k], s1 + row[k + 1], s2 + row[k + 2], s3 + row[k + 3]
+        s4, s5, s6, s7 = s4 + row[k + 4], s5 + row[k + 5], s6 + row[k + 6], s7 + row[k + 7]
+    for k in range(whole, n):
+        s0 += row[k]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@jit.njit([types.void(_ROW, _F32, _ROW, jit.array(types.int32, 1, "C"))])
+def _softmax_row(row, scale, spare, bits):  # noqa: ANN001, ANN202
+    """row = softmax(row * scale) in base 2 (scale = log2(e) for natural-base scores)."""
+    n = row.shape[0]
+    exp2_row(row, scale, _row_max(row, n), spare, bits, n)
+    inverse = np.float32(1) / _row_sum(spare, n)
+    for k in range(n):
+        row[k] = spare[k] * inverse
+
+
+@jit.njit([_SOFTMAX])
+def _softmax_serial(rows, scale):  # noqa: ANN001, ANN202
+    spare = np.empty(rows.shape[1], np.float32)
+    bits = np.empty(rows.shape[1], np.int32)
+    for r in range(rows.shape[0]):
+        _softmax_row(rows[r], scale, spare, bits)
+
+
+@jit.njit([_SOFTMAX], parallel=True)
+def _softmax_parallel(rows, scale):  # noqa: ANN001, ANN202
+    chunks = 8
+    per = (rows.shape[0] + chunks - 1) // chunks
+    for c in prange(chunks):
+        spare = np.empty(rows.shape[1], np.float32)
+        bits = np.empty(rows.shape[1], np.int32)
+        for r in range(c * per, min((c + 1) * per, rows.shape[0])):
+            _softmax_row(rows[r], scale, spare, bits)
+
+
+def softmax_rows_into(rows: np.ndarray, scale: float) -> np.ndarray:
+    """Row-wise softmax of ``rows * scale`` in base 2, in place (C-contiguous float32 [R, T])."""
+    jit.run(_softmax_serial, _softmax_parallel, rows, np.float32(scale))
+    return rows
+
+
+def attention_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """softmax(q @ k^T * scale [+ mask]) @ v: BLAS products, the softmax as one JIT pass per row.
+    float32 only (other dtypes take the numpy kernel)."""
+    q, keys, v, mask = _attention_inputs(inputs, attrs)
+    if not (q.dtype == keys.dtype == v.dtype == np.float32) or 0 in q.shape or 0 in keys.shape:
+        return fused_attention(inputs, attrs)
+    scores = np.matmul(q, np.swapaxes(keys, -1, -2))  # [..., S, T], fresh and C-contiguous
+    if mask is not None:
+        if np.broadcast_shapes(scores.shape, mask.shape) != scores.shape or mask.dtype != np.float32:
+            return fused_attention(inputs, attrs)
+        scores += mask
+    # q carries log2(e) already (base 2) unless a mask keeps the scores in natural units
+    scale = 1.0 if _base2(q, mask) else LOG2_E
+    softmax_rows_into(scores.reshape(-1, scores.shape[-1]), scale)
+    lead = np.broadcast_shapes(scores.shape[:-2], v.shape[:-2])
+    result, out = _attention_output(attrs, (*lead, scores.shape[-2], v.shape[-1]), v.dtype)
+    np.matmul(scores, v, out=out)
+    return [result]
+
+
+def attention_jit_per_head(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """As ``attention_jit``, one head at a time on 2-D matrices (numpy runs a batched matmul of
+    strided 4-D views slower than a loop of 2-D BLAS calls at ViT's sizes; BERT's 12 small heads
+    go the other way: measured).  Without a mask; float32 only."""
+    q, keys, v, mask = _attention_inputs(inputs, attrs)
+    if mask is not None or not (q.dtype == keys.dtype == v.dtype == np.float32) or 0 in q.shape + keys.shape:
+        return fused_attention(inputs, attrs)
+    lead = np.broadcast_shapes(q.shape[:-2], keys.shape[:-2], v.shape[:-2])
+    q, keys, v = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (q, keys, v))
+    result, out = _attention_output(attrs, (*lead, q.shape[-2], v.shape[-1]), np.float32)
+    scores = np.empty((q.shape[-2], keys.shape[-2]), np.float32)
+    for index in np.ndindex(*lead):
+        np.matmul(q[index], keys[index].T, out=scores)
+        softmax_rows_into(scores, 1.0)
+        np.matmul(scores, v[index], out=out[index])
+    return [result]
+
+
+for _kernel in (attention_jit, attention_jit_per_head):
+    _kernel.jit = True  # type: ignore[attr-defined]
+
+
+def _attention(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
+    q_shape = shapes[0] if shapes else None
+    if q_shape is None or len(q_shape) < 2 or math.prod(q_shape) == 0:
+        return []
+    masked = len(shapes) > 3 and shapes[3] is not None
+    return [attention_jit] if masked else [attention_jit, attention_jit_per_head]
+
+
+CANDIDATES = {"FusedAttention": _attention}
