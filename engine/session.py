@@ -300,13 +300,16 @@ def _jit_ops(program: Program) -> set[str]:
     FusedMatMul only with a GELU).  GELU alone does not bring numba in: its JIT kernel measured
     within noise of numpy's GELU (ViT 197x768: 1.06 vs 0.75 ms, BERT 128x1536: 1.55 vs 1.60), and
     numba's LLVM costs ~120 MB of peak RSS and ~0.5 s of load; where numba is loaded anyway (a
-    depthwise conv, an int8 matmul) the GELU kernels are measured too."""
+    depthwise conv, an int8 matmul) the GELU kernels are measured too.  Attention's JIT softmax
+    rides along the same way: loading numba for it alone put ViT-Tiny's peak RSS at 190 MB
+    against onnxruntime's 92."""
     served = set().union(*jit_tier.MODULES.values())
     ops = {step.op for step in program.steps if step.op in served and _jit_may_serve(step)}
-    return ops if ops - set(GELU_OPS) else set()
+    return ops if ops - set(RIDER_OPS) else set()
 
 
-GELU_OPS = ("FusedMatMul", "Gelu")
+# JIT kernels that never bring numba in on their own (see _jit_ops)
+RIDER_OPS = ("FusedMatMul", "Gelu", "FusedAttention")
 
 
 def _jit_may_serve(step: Step) -> bool:
