@@ -172,6 +172,9 @@ CASES = [
     ),
     ("instance_norm", "InstanceNormalization", [f32(2, 3, 4, 5), f32(3), f32(3)], {}, {}),
     ("layer_norm", "LayerNormalization", [f32(2, 3, 8), f32(8), f32(8)], {}, {}),
+    ("group_norm", "GroupNormalization", [f32(2, 6, 4, 4), f32(6), f32(6)], {"num_groups": 3}, {"opset": 21}),
+    ("trilu_upper", "Trilu", [f32(4, 5)], {}, {}),
+    ("trilu_lower_k", "Trilu", [f32(2, 4, 5), np.array(1, np.int64)], {"upper": 0}, {}),
     (
         "layer_norm_axis1_all_outputs",
         "LayerNormalization",
