@@ -47,6 +47,14 @@ _INT4 = types.void(
 _INT8 = types.void(
     _X, jit.array(types.int8, 2, "C", readonly=True), jit.array(_F32, 1, "C", readonly=True), _OUT
 )
+_INT4_GROUPED = types.void(
+    _X,
+    jit.array(types.uint8, 3, "C", readonly=True),
+    jit.array(_F32, 2, "C", readonly=True),
+    _I64,
+    _I64,
+    _OUT,
+)
 _FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"}
 
 
@@ -94,6 +102,41 @@ def _int4_serial(x, packed, scale, block, out):  # noqa: ANN001, ANN202
         out[n] = acc
 
 
+@jit.njit([_INT4_GROUPED], fastmath=_FAST)
+def _int4_grouped(x, packed, scale, block, group, out):  # noqa: ANN001, ANN202
+    """The row-grouped layout (gemv.py): packed [N/G, B/2, G * blocks].  The inner loop runs
+    across a group's G * blocks lanes, one float32 accumulator per (row, block); the scales and
+    the -8 offset are applied once per (row, block) after the byte loop."""
+    groups, half, lanes = packed.shape
+    blocks = lanes // group
+    # x per lane, tiled G times: lane g * blocks + b of byte j meets x[b * B + j] (low nibble)
+    low_x = np.empty((half, lanes), np.float32)
+    mixed_x = np.empty((half, lanes), np.float32)
+    xsum = np.zeros(blocks, np.float32)
+    for b in range(blocks):
+        for j in range(half):
+            low, high = x[b * block + j], x[b * block + half + j]
+            xsum[b] += low + high
+            for g in range(group):
+                low_x[j, g * blocks + b] = low
+                mixed_x[j, g * blocks + b] = high - np.float32(16.0) * low
+    acc = np.empty(lanes, np.float32)
+    for i in range(groups):
+        for lane in range(lanes):
+            acc[lane] = 0.0
+        for j in range(half):
+            bytes_, low, mixed = packed[i, j], low_x[j], mixed_x[j]
+            for lane in range(lanes):
+                value = np.float32(bytes_[lane])
+                acc[lane] += value * low[lane] + np.floor(value * np.float32(0.0625)) * mixed[lane]
+        for g in range(group):
+            row = scale[i * group + g]
+            s = np.float32(0.0)
+            for b in range(blocks):
+                s += (acc[g * blocks + b] - np.float32(8.0) * xsum[b]) * row[b]
+            out[i * group + g] = s
+
+
 @jit.njit([_INT8], fastmath=_FAST)
 def _int8_serial(x, q, scale, out):  # noqa: ANN001, ANN202
     for n in range(q.shape[0]):
@@ -105,10 +148,18 @@ def _int8_serial(x, q, scale, out):  # noqa: ANN001, ANN202
 
 
 def gemv_int4_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block -> [N]."""
+    """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block, group
+    (1 when absent) -> [N]."""
     x, packed, scale = inputs
+    block, group = int(attrs["block"]), int(attrs.get("group", 1))
     out = np.empty(packed.shape[0], np.float32)
-    _int4_serial(np.ascontiguousarray(x, np.float32), packed, scale, int(attrs["block"]), out)
+    x = np.ascontiguousarray(x, np.float32)
+    if group == 1:
+        _int4_serial(x, packed, scale, block, out)
+    else:
+        n, half_k = packed.shape
+        grouped = packed.reshape(n // group, block // 2, group * half_k * 2 // block)
+        _int4_grouped(x, grouped, scale, block, group, out)
     return [out]
 
 

@@ -33,11 +33,28 @@ def test_int4_needs_a_block_that_divides_the_rows() -> None:
     assert make_matrix(np.ones((2, 40), np.float32), "int4", 32).kind == "int8"
 
 
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_row_grouped_int4_layout_holds_the_same_values() -> None:
+    w = np.random.default_rng(3).standard_normal((12, 128)).astype(np.float32)
+    plain, scale = gemv.quantize_int4(w, 32)
+    grouped, same_scale = gemv.quantize_int4(w, 32, group=4)
+    assert grouped.shape == plain.shape and not np.array_equal(grouped, plain)
+    np.testing.assert_array_equal(same_scale, scale)
+    np.testing.assert_array_equal(gemv.to_standard(grouped, 32, 4), plain)
+    np.testing.assert_array_equal(gemv.to_grouped(plain, 32, 4), grouped)
+    index = np.array([11, 0, 5, 5, 6])
+    np.testing.assert_array_equal(gemv.grouped_rows(grouped, index, 32, 4), plain[index])
+    matrix = make_matrix(w, "int4", 32)
+    assert matrix.group == 4 and make_matrix(w[:10], "int4", 32).group == 1  # 4 does not divide 10
+    np.testing.assert_array_equal(matrix.rows(index), gemv.dequantize_int4(plain, scale, 32)[index])
+
+
+@pytest.mark.parametrize(("kind", "group"), [("int8", None), ("int4", 1), ("int4", 4)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_every_gemv_candidate_matches_the_dequantized_matrix(kind: str, threads: int) -> None:
+def test_every_gemv_candidate_matches_the_dequantized_matrix(
+    kind: str, group: int | None, threads: int
+) -> None:
     rng = np.random.default_rng(2)
-    matrix = make_matrix(rng.standard_normal((300, 192)).astype(np.float32), kind, 64)
+    matrix = make_matrix(rng.standard_normal((300, 192)).astype(np.float32), kind, 64, group)
     x = rng.standard_normal(192).astype(np.float32)
     expected = matrix.dense().astype(np.float64) @ x
     op = "LlmGemvInt4" if kind == "int4" else "LlmGemvInt8"
@@ -47,7 +64,8 @@ def test_every_gemv_candidate_matches_the_dequantized_matrix(kind: str, threads:
     assert len(found) == (2 if jit.enabled() else 1)
     for kernel in found:
         with jit.thread_limit(threads):
-            out = kernel([x, matrix.arrays["q"], matrix.arrays["scale"]], {"block": 64})[0]
+            attrs = {"block": 64, "group": matrix.group}
+            out = kernel([x, matrix.arrays["q"], matrix.arrays["scale"]], attrs)[0]
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(
         matrix.gemm(np.stack([x, x])), np.stack([expected, expected]), rtol=1e-4, atol=1e-4
