@@ -74,6 +74,7 @@ SHAPES = {
     },
 }
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 
 
 # ---------------------------------------------------------------- the model, built once
@@ -101,7 +102,7 @@ def train_tokenizer(directory: Path, vocab: int) -> None:
         "eos_token": "<|endoftext|>",
         "bos_token": "<|endoftext|>",
         "add_prefix_space": False,
-        "chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+        "chat_template": TEMPLATE,
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
