@@ -211,10 +211,21 @@ def patched_converter(directory: Path) -> Path:
     shutil.copy(source / "convert_hf_to_gguf.py", directory)
     base = directory / "conversion" / "base.py"
     check = 'raise NotImplementedError("BPE pre-tokenizer was not recognized - update get_vocab_base_pre()")'
+    # upstream imports sentencepiece before it looks for tokenizer.model, so a BPE checkpoint
+    # fails where sentencepiece is not installed: look first (the fallback is then the BPE vocab)
+    spm = "        from sentencepiece import SentencePieceProcessor\n\n        tokenizer_path = self.dir_model / 'tokenizer.model'\n"
     text = base.read_text(encoding="utf-8")
-    if check not in text:
-        raise SystemExit(f"{base}: the pre-tokenizer check moved; update bench/llm.py's patch")
-    base.write_text(text.replace(check, 'res = "gpt-2"  # patched by bench/llm.py'), encoding="utf-8")
+    if check not in text or spm not in text:
+        raise SystemExit(f"{base}: the code bench/llm.py patches moved; update its patch")
+    text = text.replace(check, 'res = "gpt-2"  # patched by bench/llm.py')
+    text = text.replace(
+        spm,
+        "        tokenizer_path = self.dir_model / 'tokenizer.model'\n"
+        "        if not tokenizer_path.is_file():  # patched by bench/llm.py\n"
+        "            raise FileNotFoundError(tokenizer_path)\n"
+        "        from sentencepiece import SentencePieceProcessor\n",
+    )
+    base.write_text(text, encoding="utf-8")
     return directory / "convert_hf_to_gguf.py"
 
 

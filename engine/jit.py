@@ -42,6 +42,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.rows_jit": ("FusedMatMul", "Gelu"),
     "engine.ops.quantized_jit": ("QMatMul",),
     "engine.llm.gemv_jit": ("LlmGemvInt4", "LlmGemvInt8"),
+    "engine.llm.attention_jit": ("LlmDecodeAttention",),
 }
 
 _lock = threading.RLock()

@@ -163,4 +163,15 @@ def gemv_int4_numpy(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.
     return [gemm_int4(x[None, :], packed, scale, int(attrs["block"]), int(attrs.get("group", 1)))[0]]
 
 
-NUMPY_GEMV = {"LlmGemvInt8": gemv_int8_numpy, "LlmGemvInt4": gemv_int4_numpy}
+def _decode_attention(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+    from engine.llm.attention import decode_attention_numpy  # noqa: PLC0415
+
+    return decode_attention_numpy(inputs, attrs)
+
+
+# The LLM runtime's numpy kernels by op (engine/kernels.py); decode attention rides along.
+NUMPY_GEMV = {
+    "LlmGemvInt8": gemv_int8_numpy,
+    "LlmGemvInt4": gemv_int4_numpy,
+    "LlmDecodeAttention": _decode_attention,
+}

@@ -18,7 +18,7 @@ from engine.llm.cache import KVCache
 from engine.llm.checkpoint import Checkpoint
 from engine.llm.config import LlmConfig
 from engine.llm.lora import LoraAdapter, LowRank
-from engine.llm.weights import Matrix, make_matrix
+from engine.llm.weights import Matrix, gemv_kernel, make_matrix
 
 PREFILL_BLOCK = 256  # tokens per prefill step: bounds the activations' scratch
 
@@ -97,6 +97,7 @@ class LlmModel:
         self.config, self.weights = config, weights
         self._inv_freq = config.inv_freq()
         self._scale = np.float32(1.0 / np.sqrt(config.head_dim))
+        self._decode_attention = None
 
     def new_cache(self, context: int | None = None) -> KVCache:
         return KVCache(self.config, context)
@@ -156,6 +157,11 @@ class LlmModel:
     def _attention(self, q: np.ndarray, cache: KVCache, index: int, start: int, m: int) -> np.ndarray:
         """Causal grouped-query attention of m queries at positions start.. over the cache."""
         c = self.config
+        if m == 1:  # decode: one kernel call per layer (engine/llm/attention_jit.py)
+            if self._decode_attention is None:
+                self._decode_attention = gemv_kernel("LlmDecodeAttention")
+            inputs = [q[0], cache.keys[index], cache.values[index]]
+            return self._decode_attention(inputs, {"total": start + 1, "scale": self._scale})[0][None, :]
         group = c.num_heads // c.num_kv_heads
         total = start + m
         keys, values = cache.keys[index, :, :total], cache.values[index, :, :total]

@@ -24,7 +24,8 @@ _kernels: dict[str, Any] = {}
 
 
 def gemv_kernel(op: str) -> Any:
-    """The kernel this process runs for ``op`` (LlmGemvInt4/LlmGemvInt8): JIT if there, else numpy."""
+    """The kernel this process runs for ``op`` (LlmGemvInt4/LlmGemvInt8/LlmDecodeAttention): JIT if
+    there, else numpy."""
     found = _kernels.get(op)
     if found is None:
         jit.load(ops=[op])

@@ -71,3 +71,25 @@ def test_every_gemv_candidate_matches_the_dequantized_matrix(
         matrix.gemm(np.stack([x, x])), np.stack([expected, expected]), rtol=1e-4, atol=1e-4
     )
     np.testing.assert_allclose(matrix.gemv(x), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("total", [1, 7, 50])
+def test_every_decode_attention_candidate_matches_the_softmax_of_the_equations(total: int) -> None:
+    rng = np.random.default_rng(4)
+    heads, kv, d, context = 6, 2, 16, 64
+    q = rng.standard_normal((heads, d)).astype(np.float32)
+    keys = rng.standard_normal((kv, context, d)).astype(np.float32)
+    values = rng.standard_normal((kv, context, d)).astype(np.float32)
+    keys[:, total:] = values[:, total:] = np.nan  # positions past ``total`` must not be read
+    expected = []
+    for h in range(heads):
+        g = h // (heads // kv)
+        s = keys[g, :total].astype(np.float64) @ q[h] / 4.0
+        e = np.exp(s - s.max())
+        expected.append(e / e.sum() @ values[g, :total])
+    jit.load(ops=["LlmDecodeAttention"])
+    found = kernels.candidates("LlmDecodeAttention", {}, [])
+    assert len(found) == (2 if jit.enabled() else 1)
+    for kernel in found:
+        out = kernel([q, keys, values], {"total": total, "scale": 0.25})[0]
+        np.testing.assert_allclose(out, np.concatenate(expected), rtol=1e-5, atol=1e-5)
