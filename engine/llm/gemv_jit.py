@@ -12,14 +12,16 @@ precomputed per call (measured on the 49152 x 576 LM head: 72 ms with 2-D indexi
 integer nibbles, 2.9 ms splitting both nibbles in float, 2.4 ms like this; four rows at a time
 was slower).
 
-Where it stands (SmolLM2-135M's 49152 x 576 LM head, 1 thread, best of 15 on a loaded
-machine): int8 2.1 ms = 13.7 GB/s, the read bandwidth, so int8 decode is memory-bound; int4
-2.4 ms = 7 GB/s, compute-bound on the nibble split and the per-block horizontal sums, so int4
-decode is not yet faster than int8.  Tried and slower: 16 rows interleaved per vector
+Where it stands (SmolLM2-135M's 49152 x 576 LM head, 1 thread, a loaded host): int8 ~2.9 ms,
+about the read bandwidth, so int8 decode is memory-bound.  int4 in the plain layout
+(``_int4_serial``) took 17-24 ms, compute-bound on the per-block horizontal sums; the
+row-grouped layout the converter now writes (``_int4_grouped``: four rows' blocks side by
+side, one accumulator per (row, block), the inner loop 72 lanes wide) takes 2.6 ms, at or
+below int8.  Tried and slower in the plain layout: 16 rows interleaved per vector
 ([N/16, K/2, 16], 15 ms), per-element scales gathered by index (15 ms), a vector accumulator
-across blocks (6 ms), literal trip counts (22 ms).  The next step is integer dot products on
-int8-quantized activations (llama.cpp's q8 x q4), which numba's int64 promotion gets in the way
-of: a kernel outside numba's typing, or a different split.  ``fastmath`` lets the row sums
+across blocks (6 ms), literal trip counts (22 ms).  Integer dot products on int8-quantized
+activations (llama.cpp's q8 x q4) remain untried: numba promotes integer products to int64.
+``fastmath`` lets the row sums
 reassociate (that is what vectorises a float reduction); results differ from the numpy kernel
 by float32 rounding of the sums only (tests/engine/llm/test_gemv.py bounds it).
 """
