@@ -98,6 +98,13 @@ def parser() -> argparse.ArgumentParser:
         "--model-name", default="", help="the model's name in the API (default: the file's)"
     )
     serve_llm.add_argument("--queue", type=int, default=8, help="requests that may wait; more get 429")
+    serve_llm.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="NAME=PACKAGE",
+        help="also serve a LoRA adapter package of this base as model NAME (repeatable)",
+    )
     serve_llm.add_argument("--log-level", default="INFO")
     status = sub.add_parser("status", help="print what the agent's state directory says, as JSON")
     status.add_argument("--state-dir", type=Path, required=True)
@@ -198,11 +205,24 @@ def _serve_llm(args: argparse.Namespace) -> int:
             public_key=key,
             name=args.model_name,
             queue_bound=max(args.queue, 0),
+            adapters=_adapters(args.adapter),
         )
     except (PackageError, LlmError, OSError) as exc:
         logging.getLogger("serve-llm").error("%s", exc)
         return 2
     return 0
+
+
+def _adapters(values: list[str]) -> dict[str, Path]:
+    from agent.llm_api.standalone import PackageError
+
+    found = {}
+    for value in values:
+        name, _, path = value.partition("=")
+        if not name or not path:
+            raise PackageError(f"--adapter {value!r}: give NAME=PACKAGE")
+        found[name] = Path(path)
+    return found
 
 
 def _enrol(args: argparse.Namespace) -> int:

@@ -1,16 +1,25 @@
-"""Ferry's LLM runtime: prefill and decode tok/s, peak RSS and file size, beside the machine's
-memory-bandwidth ceiling for decode, for a random-weight model with SmolLM2-135M's shapes.
+"""Ferry's LLM runtime beside llama.cpp (through llama-cpp-python), same model, same bits, one run:
+prefill and decode tok/s, peak RSS, file size, and the memory-bandwidth ceiling for decode.
 
-    .venv/bin/python bench/llm.py [--weights fp32,int8,int4] [--threads 1,2] [--decode 64]
+    bench/setup_llama_cpp.sh          # once: builds the peer outside the repository (~20 min)
+    .venv/bin/python bench/llm.py [--models smollm2-135m,qwen2.5-0.5b] [--weights int8,int4]
+                                  [--threads 1,2] [--prefill 256] [--decode 64]
 
-The model (Llama architecture: hidden 576, 30 layers, 9 heads / 3 kv heads, MLP 1536, vocab
-49152, tied embedding) is built with numpy (no download, no torch), stored at each precision as
-a Ferry LLM package directory under var/bench/llm/, and each (weights, threads) pair runs in a
-fresh process that maps the package, prefills ``--prefill`` tokens, then decodes greedily; its
-peak RSS (VmHWM) is the process's.  The ceiling is bytes read per decoded token (every matrix
-once: layers and the LM head) divided by the read bandwidth measured in this run with the same
-thread count.  llama.cpp beside it (issue 21's peer, through llama-cpp-python) is not built
-here yet: its build takes both cores for ~20 minutes.  Prints a table; asserts nothing.
+Per model (random weights with SmolLM2-135M's or Qwen2.5-0.5B's shapes, built with transformers
+and saved as a Hugging Face checkpoint with a byte-level BPE tokenizer trained on this
+repository's text; all under var/bench/llm/, built once):
+- Ferry: ``convert_llm`` at int8 and int4 (block 32), the package unpacked;
+- llama.cpp: the sdist's ``convert_hf_to_gguf.py`` (a patched copy: a freshly trained byte-level
+  BPE tokenizer is llama.cpp's "gpt-2" pre-tokenizer, which its hash table cannot know) to an
+  f32 GGUF, then ``llama_model_quantize`` to q8_0 and q4_0 with ``pure`` (every matrix at the
+  type, embedding/output included, as Ferry stores them);
+- both tokenize the same prompt; the table says whether the ids are identical.
+Each (runtime, weights, threads) runs in a fresh process: map the model, prefill ``--prefill``
+tokens, decode ``--decode`` tokens greedily (argmax of the logits each step, both runtimes);
+its peak RSS is the process's VmHWM.  The ceiling is the bytes of weights a decode step reads
+divided by the read bandwidth measured in this run at that thread count.  Ferry's rows also
+split a decode step into its GEMVs per matrix and the rest (attention, norms, RoPE, Python).
+The host is shared: compare ratios within one run.  Prints tables; asserts nothing.
 """
 
 from __future__ import annotations
@@ -33,61 +42,210 @@ import numpy as np  # noqa: E402  (after the re-exec above)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
+PEER_DIR = Path(os.environ.get("FERRY_LLAMA_CPP_DIR", Path.home() / ".cache/ferry/bench/llama-cpp-python"))
+PEER_TYPES = {"int8": ("q8_0", 7), "int4": ("q4_0", 2)}  # Ferry precision -> GGUF type, llama_ftype
 
-SMOLLM2_135M = {
-    "model_type": "llama",
-    "vocab_size": 49152,
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 100000.0,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
+SHAPES = {
+    "smollm2-135m": {
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+        "tie_word_embeddings": True,
+    },
+    "qwen2.5-0.5b": {
+        "model_type": "qwen2",
+        "vocab_size": 151936,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+    },
 }
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 
 
-def random_checkpoint(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    """float32 tensors with the config's names and shapes (N(0, 1/fan_in) matrices)."""
-    from engine.llm.checkpoint import expected_shapes  # noqa: PLC0415
-    from engine.llm.config import parse_config  # noqa: PLC0415
+# ---------------------------------------------------------------- the model, built once
+def train_tokenizer(directory: Path, vocab: int) -> None:
+    """A byte-level BPE (GPT-2's pre-tokenizer) trained on this repository's text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
 
-    rng = np.random.default_rng(seed)
-    tensors = {}
-    for name, shape in expected_shapes(parse_config(config)).items():
-        if len(shape) == 1:
-            tensors[name] = np.ones(shape, np.float32)
-        else:
-            scale = 1.0 if "embed" in name else 1.0 / np.sqrt(shape[1])
-            tensors[name] = (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
-    return tensors
+    files = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "*.md", "*.py"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    texts = [(ROOT / f).read_text(encoding="utf-8", errors="replace") for f in files if (ROOT / f).is_file()]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|endoftext|>",
+        "bos_token": "<|endoftext|>",
+        "add_prefix_space": False,
+        "chat_template": TEMPLATE,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def build_packages(directory: Path, precisions: list[str], block: int) -> dict[str, Path]:
-    """One package directory per precision (llm.json + weights.bin), built once."""
-    from engine.llm.checkpoint import Checkpoint  # noqa: PLC0415
-    from engine.llm.config import parse_config  # noqa: PLC0415
-    from engine.llm.model import weights_from_checkpoint  # noqa: PLC0415
-    from engine.llm.package import INDEX, WEIGHTS, serialize  # noqa: PLC0415
+def build_checkpoint(directory: Path, shape: dict) -> Path:
+    """A random-weight Hugging Face checkpoint (float32 safetensors) and transformers' own logits
+    for the first tokens of the prompt (``reference.npz``), for the fp32 parity line."""
+    if (directory / "reference.npz").is_file():
+        return directory
+    import torch  # noqa: PLC0415
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
 
-    found = {p: directory / f"smollm2-135m-{p}" for p in precisions}
-    missing = [p for p, path in found.items() if not (path / WEIGHTS).is_file()]
-    if missing:
-        config = parse_config(SMOLLM2_135M)
-        checkpoint = Checkpoint(directory, config, random_checkpoint(SMOLLM2_135M))
-        for precision in missing:
-            weights = weights_from_checkpoint(checkpoint, precision, block)
-            index, data = serialize(config, weights, precision, block)
-            path = found[precision]
-            path.mkdir(parents=True, exist_ok=True)
-            (path / WEIGHTS).write_bytes(data)
-            (path / INDEX).write_bytes(index)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    fields = dict(shape)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields, bos_token_id=0, eos_token_id=0)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    train_tokenizer(directory, shape["vocab_size"])
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": 0, "bos_token_id": 0}))
+    ids = prompt_ids(directory, 32)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].numpy()
+    np.savez(directory / "reference.npz", ids=np.asarray(ids), logits=logits)
+    return directory
+
+
+def prompt_text(directory: Path, tokens: int) -> tuple[str, list[int]]:
+    """README text cut to ``tokens`` tokens of the model's tokenizer (decoded, re-encoded)."""
+    from engine.llm.tokenizer import LlmTokenizer  # noqa: PLC0415
+
+    tokenizer = LlmTokenizer.from_directory(directory)
+    ids = tokenizer.encode((ROOT / "README.md").read_text(encoding="utf-8"))[:tokens]
+    text = tokenizer.decode(ids)
+    return text, tokenizer.encode(text)
+
+
+def prompt_ids(directory: Path, tokens: int) -> list[int]:
+    return prompt_text(directory, tokens)[1]
+
+
+def transformers_parity(checkpoint: Path) -> float:
+    """max |Ferry fp32 logits - transformers' logits| over the reference prompt (every position)."""
+    from engine.llm.checkpoint import load_checkpoint  # noqa: PLC0415
+    from engine.llm.model import LlmModel, weights_from_checkpoint  # noqa: PLC0415
+
+    reference = np.load(checkpoint / "reference.npz")
+    loaded = load_checkpoint(checkpoint)
+    model = LlmModel(loaded.config, weights_from_checkpoint(loaded, "fp32"))
+    ids = reference["ids"].tolist()
+    logits = model.forward(ids, model.new_cache(len(ids)), all_logits=True)
+    return float(np.abs(logits - reference["logits"]).max())
+
+
+def ferry_package(checkpoint: Path, directory: Path, precision: str, block: int) -> tuple[Path, dict]:
+    """``convert_llm`` into an archive, unpacked; (the package directory, its accuracy report)."""
+    import tarfile  # noqa: PLC0415
+
+    from converter.llm.convert import convert_llm  # noqa: PLC0415
+
+    unpacked = directory / f"ferry-{precision}"
+    if not (unpacked / "accuracy.json").is_file():
+        archive = directory / f"ferry-{precision}.ferry"
+        convert_llm(checkpoint, archive, weights=precision, block=block)
+        with tarfile.open(archive) as tar:
+            tar.extractall(unpacked, filter="data")
+        archive.unlink()
+    return unpacked, json.loads((unpacked / "accuracy.json").read_text())
+
+
+# ---------------------------------------------------------------- the peer's files
+def peer_python() -> Path | None:
+    python = PEER_DIR / "venv" / "bin" / "python"
+    return python if (PEER_DIR / "venv" / ".built").is_file() else None
+
+
+def gguf_files(checkpoint: Path, directory: Path, precisions: list[str]) -> dict[str, Path]:
+    """f32 GGUF by the sdist's converter (patched copy), then q8_0/q4_0 by llama_model_quantize."""
+    f32 = directory / "llama-f32.gguf"
+    if not f32.is_file():
+        script = patched_converter(directory / "gguf-convert")
+        env = dict(os.environ, PYTHONPATH=str(PEER_DIR / "src/vendor/llama.cpp/gguf-py"), NO_LOCAL_GGUF="1")
+        command = [sys.executable, str(script), str(checkpoint), "--outfile", str(f32), "--outtype", "f32"]
+        subprocess.run(command, check=True, env=env, capture_output=True)
+    found = {}
+    for precision in precisions:
+        name, ftype = PEER_TYPES[precision]
+        out = directory / f"llama-{name}.gguf"
+        if not out.is_file():
+            command = [str(peer_python()), __file__, "--quantize", str(f32), str(out), str(ftype)]
+            done = subprocess.run(command, capture_output=True, text=True)  # llama.cpp's log: per tensor
+            if done.returncode:
+                raise SystemExit(f"quantizing {out.name} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        found[precision] = out
     return found
 
 
+def patched_converter(directory: Path) -> Path:
+    """A copy of convert_hf_to_gguf.py and its ``conversion`` package whose unrecognised-BPE
+    check answers "gpt-2" (a byte-level BPE with GPT-2's regex, which this tokenizer is)."""
+    import shutil  # noqa: PLC0415
+
+    source = PEER_DIR / "src" / "vendor" / "llama.cpp"
+    shutil.rmtree(directory, ignore_errors=True)
+    shutil.copytree(source / "conversion", directory / "conversion")
+    shutil.copy(source / "convert_hf_to_gguf.py", directory)
+    base = directory / "conversion" / "base.py"
+    check = 'raise NotImplementedError("BPE pre-tokenizer was not recognized - update get_vocab_base_pre()")'
+    # upstream imports sentencepiece before it looks for tokenizer.model, so a BPE checkpoint
+    # fails where sentencepiece is not installed: look first (the fallback is then the BPE vocab)
+    spm = (
+        "        from sentencepiece import SentencePieceProcessor\n\n"
+        "        tokenizer_path = self.dir_model / 'tokenizer.model'\n"
+    )
+    text = base.read_text(encoding="utf-8")
+    if check not in text or spm not in text:
+        raise SystemExit(f"{base}: the code bench/llm.py patches moved; update its patch")
+    text = text.replace(check, 'res = "gpt-2"  # patched by bench/llm.py')
+    text = text.replace(
+        spm,
+        "        tokenizer_path = self.dir_model / 'tokenizer.model'\n"
+        "        if not tokenizer_path.is_file():  # patched by bench/llm.py\n"
+        "            raise FileNotFoundError(tokenizer_path)\n"
+        "        from sentencepiece import SentencePieceProcessor\n",
+    )
+    base.write_text(text, encoding="utf-8")
+    return directory / "convert_hf_to_gguf.py"
+
+
+def quantize(source: str, dest: str, ftype: int) -> None:
+    """Runs in the peer's venv: every tensor (embedding and output too) at ``ftype``."""
+    import ctypes  # noqa: PLC0415
+
+    import llama_cpp  # noqa: PLC0415
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.pure, params.nthread = ftype, True, 2
+    if llama_cpp.llama_model_quantize(source.encode(), dest.encode(), ctypes.byref(params)) != 0:
+        raise SystemExit(f"llama_model_quantize {source} -> {dest} failed")
+
+
+# ---------------------------------------------------------------- the timed children
 def _peak_rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -95,8 +253,8 @@ def _peak_rss_mb() -> float:
     return float("nan")
 
 
-def child(package: Path, threads: int, prefill: int, decode: int) -> dict:
-    """Runs in a fresh process: map, prefill, decode; tok/s and peak RSS."""
+def ferry_child(package: Path, threads: int, prompt: dict, decode: int) -> dict:
+    """Map, prefill, decode; tok/s, peak RSS and one decode step's GEMVs by matrix."""
     from threadpoolctl import threadpool_limits  # noqa: PLC0415
 
     from engine import jit  # noqa: PLC0415
@@ -104,62 +262,100 @@ def child(package: Path, threads: int, prefill: int, decode: int) -> dict:
     from engine.llm.weights import gemv_kernel  # noqa: PLC0415
 
     with threadpool_limits(threads), jit.thread_limit(threads):
-        start = time.perf_counter()
         model = load_model(package)
         for op in ("LlmGemvInt4", "LlmGemvInt8"):
             gemv_kernel(op)  # compile or load the JIT kernels before timing
-        load = time.perf_counter() - start
-        rng = np.random.default_rng(0)
-        prompt = rng.integers(0, model.config.vocab_size, prefill).tolist()
-        context = prefill + decode + 1
-        model.forward(prompt[:8], model.new_cache(context))  # warm-up (first touch of the pages)
+        ids = prompt["ids"]
+        context = len(ids) + decode + 1
+        model.forward(ids[:8], model.new_cache(context))  # warm-up (first touch of the pages)
         cache = model.new_cache(context)
         start = time.perf_counter()
-        logits = model.forward(prompt, cache)
+        logits = model.forward(ids, cache)
         prefill_s = time.perf_counter() - start
         token = int(np.argmax(logits))
         start = time.perf_counter()
         for _ in range(decode):
             token = int(np.argmax(model.forward([token], cache)))
         decode_s = time.perf_counter() - start
-        gemv_s = _gemv_seconds(model)
+        gemv = _gemv_seconds(model)
     return {
-        "gemv_ms": gemv_s * 1e3,
-        "other_ms": max(decode_s / decode - gemv_s, 0.0) * 1e3,
-        "prefill_tps": prefill / prefill_s,
+        "prefill_tps": len(ids) / prefill_s,
         "decode_tps": decode / decode_s,
+        "decode_ms": decode_s / decode * 1e3,
+        "gemv_ms": {k: v * 1e3 for k, v in gemv.items()},
         "rss_mb": _peak_rss_mb(),
-        "load_s": load,
         "tier": "jit" if jit.enabled() else "numpy",
     }
 
 
-def _gemv_seconds(model: object) -> float:
-    """One token's GEMVs alone (every matrix once, the LM head included), best of three: the
-    rest of a decode step's time is attention, norms, RoPE and Python."""
+def _gemv_seconds(model: object) -> dict[str, float]:
+    """One token's GEMVs alone, by matrix (every layer's, and the LM head), best of five."""
     weights = model.weights  # type: ignore[attr-defined]
-    matrices = [m for layer in weights.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    matrices.append(weights.lm_head)
-    inputs = [np.ones(m.shape[1], np.float32) for m in matrices]
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for matrix, x in zip(matrices, inputs, strict=True):
-            matrix.gemv(x)
-        best = min(best, time.perf_counter() - start)
-    return best
+    groups = {
+        name: [getattr(layer, name) for layer in weights.layers] for name in ("qkv", "o", "gate_up", "down")
+    }
+    groups["lm_head"] = [weights.lm_head]
+    found = {}
+    for name, matrices in groups.items():
+        x = np.ones(matrices[0].shape[1], np.float32)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for matrix in matrices:
+                matrix.gemv(x)
+            best = min(best, time.perf_counter() - start)
+        found[name] = best
+    return found
 
 
+def llama_child(gguf: Path, threads: int, prompt: dict, decode: int) -> dict:
+    """Runs in the peer's venv: the same steps through llama-cpp-python."""
+    from llama_cpp import Llama  # noqa: PLC0415
+
+    context = len(prompt["ids"]) + decode + 16
+    llm = Llama(
+        model_path=str(gguf),
+        n_ctx=context,
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+    ids = llm.tokenize(prompt["text"].encode(), add_bos=False, special=False)
+    vocab = llm.n_vocab()
+
+    def last_logits() -> np.ndarray:
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))
+
+    llm.eval(ids[:8])  # warm-up, as Ferry's
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(ids)
+    prefill_s = time.perf_counter() - start
+    token = int(np.argmax(last_logits()))
+    start = time.perf_counter()
+    for _ in range(decode):
+        llm.eval([token])
+        token = int(np.argmax(last_logits()))
+    decode_s = time.perf_counter() - start
+    return {
+        "prefill_tps": len(ids) / prefill_s,
+        "decode_tps": decode / decode_s,
+        "decode_ms": decode_s / decode * 1e3,
+        "rss_mb": _peak_rss_mb(),
+        "tokens_match": ids == prompt["ids"],
+    }
+
+
+# ---------------------------------------------------------------- bandwidth
 def bandwidth(threads: int, megabytes: int = 256) -> float:
     """Read bandwidth in GB/s: the best of a few sums over a buffer far larger than the caches."""
-    data = np.ones(megabytes << 18, np.float32)  # megabytes MB of float32
-    try:
-        from engine import jit  # noqa: PLC0415
+    data = np.ones(megabytes << 18, np.float32)
+    from engine import jit  # noqa: PLC0415
 
-        if jit.enabled() and threads > 1:
-            return _numba_bandwidth(data, threads)
-    except ImportError:
-        pass
+    if jit.enabled() and threads > 1:
+        return _numba_bandwidth(data, threads)
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
@@ -189,7 +385,7 @@ def _numba_bandwidth(data: np.ndarray, threads: int) -> float:
 
 
 def decode_bytes(package: Path) -> int:
-    """Bytes a decode step reads: every matrix once (the embedding row aside; tied -> the head)."""
+    """Bytes a Ferry decode step reads: every matrix once (tied: the embedding is the head)."""
     index = json.loads((package / "llm.json").read_text())
     return sum(
         int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
@@ -198,43 +394,145 @@ def decode_bytes(package: Path) -> int:
     )
 
 
+def gguf_decode_bytes(gguf: Path) -> int:
+    """Bytes a llama.cpp decode step reads: its matrices (the file less metadata and vectors)."""
+    return gguf.stat().st_size  # the vectors and the header are < 0.5% of it
+
+
+# ---------------------------------------------------------------- the run
+def run_model(name: str, args: argparse.Namespace, ceilings: dict[int, float]) -> list[tuple]:
+    directory = Path(os.environ.get("FERRY_BENCH_DIR", ROOT / "var" / "bench")) / "llm" / name
+    checkpoint = build_checkpoint(directory / "hf", SHAPES[name])
+    precisions = args.weights.split(",")
+    text, ids = prompt_text(checkpoint, args.prefill)
+    prompt_file = directory / "prompt.json"
+    prompt_file.write_text(json.dumps({"text": text, "ids": ids}))
+    packages = {p: ferry_package(checkpoint, directory, p, args.block) for p in precisions}
+    peer = peer_python()
+    ggufs = gguf_files(checkpoint, directory, precisions) if peer and not args.no_peer else {}
+    parity = transformers_parity(checkpoint)
+    print(f"\n{name}: random weights; fp32 logits vs transformers' forward: max |diff| {parity:.2e}")
+    for precision, (_, accuracy) in packages.items():
+        print(
+            f"  ferry {precision} accuracy vs fp32 over {accuracy['tokens']} tokens: top-1 "
+            f"{accuracy['top1_agreement']:.1%}, mean KL {accuracy['mean_kl']:.2e}, "
+            f"perplexity {accuracy['perplexity']:.1f} (fp32 {accuracy['fp32_perplexity']:.1f})"
+        )
+    rows = []
+    for precision in precisions:
+        package = packages[precision][0]
+        for t in args.threads:
+            runs: dict[str, list[dict]] = {"ferry": [], "llama": []}
+            for _ in range(args.repeat):  # alternating, so both see the same spells of load
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    "ferry",
+                    str(package),
+                    str(t),
+                    str(prompt_file),
+                ]
+                runs["ferry"].append(_run(command + ["--decode", str(args.decode)]))
+                if precision in ggufs:
+                    command = [str(peer), __file__, "--child", "llama", str(ggufs[precision]), str(t)]
+                    runs["llama"].append(_run(command + [str(prompt_file), "--decode", str(args.decode)]))
+            result = _best(runs["ferry"])
+            size = sum(p.stat().st_size for p in package.iterdir()) / 1e6
+            ceiling = ceilings[t] * 1e9 / decode_bytes(package)
+            rows.append((f"ferry-{result['tier']}", precision, t, result, size, ceiling))
+            if runs["llama"]:
+                gguf = ggufs[precision]
+                ceiling = ceilings[t] * 1e9 / gguf_decode_bytes(gguf)
+                peer_row = (_best(runs["llama"]), gguf.stat().st_size / 1e6, ceiling)
+                rows.append(("llama.cpp", PEER_TYPES[precision][0], t, *peer_row))
+    return rows
+
+
+def _best(results: list[dict]) -> dict:
+    """The fastest of repeated runs, field by field (a shared host only ever slows a run down)."""
+    best = dict(results[0])
+    for key in ("prefill_tps", "decode_tps"):
+        best[key] = max(r[key] for r in results)
+    best["decode_ms"] = min(r["decode_ms"] for r in results)
+    if "gemv_ms" in best:
+        best["gemv_ms"] = {k: min(r["gemv_ms"][k] for r in results) for k in best["gemv_ms"]}
+    best["rss_mb"] = max(r["rss_mb"] for r in results)
+    return best
+
+
+def _run(command: list[str]) -> dict:
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def print_table(name: str, args: argparse.Namespace, rows: list[tuple]) -> None:
+    print(
+        f"{name}: prefill {args.prefill} tokens, decode {args.decode} tokens greedily, best of {args.repeat}"
+    )
+    header = f"{'runtime':<11}{'weights':<8}{'threads':>8}{'prefill tok/s':>14}{'decode tok/s':>13}"
+    header += f"{'ceiling tok/s':>14}{'peak RSS MB':>12}{'file MB':>9}  same ids"
+    print(header)
+    for runtime, weights, t, r, size, ceiling in rows:
+        same = "" if "tokens_match" not in r else ("yes" if r["tokens_match"] else "NO")
+        print(
+            f"{runtime:<11}{weights:<8}{t:>8}{r['prefill_tps']:>14.1f}{r['decode_tps']:>13.1f}"
+            f"{ceiling:>14.1f}{r['rss_mb']:>12.0f}{size:>9.1f}  {same}"
+        )
+    print("Ferry's decode step, ms per token: GEMVs by matrix (alone, best of 5) and the rest")
+    print(
+        f"{'weights':<8}{'threads':>8}{'qkv':>7}{'o':>7}{'gate_up':>8}{'down':>7}{'lm_head':>8}{'rest':>7}{'step':>7}"
+    )
+    for runtime, weights, t, r, _, _ in rows:
+        if runtime.startswith("ferry"):
+            g = r["gemv_ms"]
+            rest = r["decode_ms"] - sum(g.values())
+            print(
+                f"{weights:<8}{t:>8}{g['qkv']:>7.2f}{g['o']:>7.2f}{g['gate_up']:>8.2f}{g['down']:>7.2f}"
+                f"{g['lm_head']:>8.2f}{rest:>7.2f}{r['decode_ms']:>7.2f}"
+            )
+
+
+def child_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("runtime", choices=("ferry", "llama"))
+    parser.add_argument("model", type=Path)
+    parser.add_argument("threads", type=int)
+    parser.add_argument("prompt", type=Path)
+    parser.add_argument("--decode", type=int, default=64)
+    args = parser.parse_args(argv)
+    prompt = json.loads(args.prompt.read_text())
+    run = ferry_child if args.runtime == "ferry" else llama_child
+    print(json.dumps(run(args.model, args.threads, prompt, args.decode)))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        child_main(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["--quantize"]:
+        quantize(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--weights", default="fp32,int8,int4")
-    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--models", default="smollm2-135m", help=f"comma-separated: {', '.join(SHAPES)}")
+    parser.add_argument("--weights", default="int8,int4")
+    parser.add_argument("--threads", default="1,2", type=lambda s: [int(t) for t in s.split(",")])
     parser.add_argument("--prefill", type=int, default=256)
     parser.add_argument("--decode", type=int, default=64)
     parser.add_argument("--block", type=int, default=32)
-    parser.add_argument("--child", nargs=2, metavar=("PACKAGE", "THREADS"), help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row, alternating; the best is kept")
+    parser.add_argument("--no-peer", action="store_true", help="Ferry alone (no llama.cpp rows)")
     args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(Path(args.child[0]), int(args.child[1]), args.prefill, args.decode)))
-        return
-    directory = Path(os.environ.get("FERRY_BENCH_DIR", ROOT / "var" / "bench")) / "llm"
-    packages = build_packages(directory, args.weights.split(","), args.block)
-    threads = [int(t) for t in args.threads.split(",")]
-    ceilings = {t: bandwidth(t) for t in threads}
-    rows = []
-    for precision, package in packages.items():
-        for t in threads:
-            command = [sys.executable, __file__, "--child", str(package), str(t)]
-            command += ["--prefill", str(args.prefill), "--decode", str(args.decode)]
-            result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
-            size = sum(p.stat().st_size for p in package.iterdir()) / 1e6
-            ceiling = ceilings[t] * 1e9 / decode_bytes(package)
-            rows.append((precision, t, result, size, ceiling))
-    print(f"SmolLM2-135M shapes, random weights; prefill {args.prefill} tokens, decode {args.decode}")
+    if peer_python() is None and not args.no_peer:
+        print(f"llama.cpp peer not built in {PEER_DIR}: run bench/setup_llama_cpp.sh (Ferry rows only)")
+    ceilings = {t: bandwidth(t) for t in args.threads}
     print("read bandwidth: " + ", ".join(f"{t} thread(s) {gbs:.1f} GB/s" for t, gbs in ceilings.items()))
-    header = f"{'runtime':<12}{'weights':<9}{'threads':>8}{'prefill tok/s':>15}{'decode tok/s':>14}"
-    header += f"{'ceiling tok/s':>15}{'peak RSS MB':>13}{'file MB':>9}{'GEMV ms/tok':>13}{'other ms/tok':>14}"
-    print(header)
-    for precision, t, r, size, ceiling in rows:
-        runtime = f"ferry-{r['tier']}"
-        print(
-            f"{runtime:<12}{precision:<9}{t:>8}{r['prefill_tps']:>15.1f}{r['decode_tps']:>14.1f}"
-            f"{ceiling:>15.1f}{r['rss_mb']:>13.0f}{size:>9.1f}{r['gemv_ms']:>13.1f}{r['other_ms']:>14.1f}"
-        )
-    print("llama.cpp (q8_0/q4_0 via llama-cpp-python): not built this session (see the module docstring)")
+    tables = [(name, run_model(name, args, ceilings)) for name in args.models.split(",")]
+    for name, rows in tables:
+        print()
+        print_table(name, args, rows)
 
 
 if __name__ == "__main__":

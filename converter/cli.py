@@ -1,6 +1,7 @@
 """`ferry convert model.onnx -o model.ferry [--quantize fp16|int8|int4]`: the converter from a shell.
 
-`ferry convert-llm <checkpoint dir> --weights fp16|int8|int4 [--block 32|64]`: converter/llm/cli.py."""
+`ferry convert-llm <checkpoint dir> --weights fp16|int8|int4 [--block 32|64]` and
+`ferry convert-lora <adapter dir> --base <LLM package>`: converter/llm/cli.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from rich.table import Table
 from converter.convert import ConversionReport, convert
 from converter.diffusion.cli import add_diffusion_parser, run_convert_diffusion
 from converter.errors import ConversionError
-from converter.llm.cli import add_llm_parser, run_convert_llm
+from converter.llm.cli import add_llm_parser, run_convert_llm, run_convert_lora
 from converter.options import ACTIVATION_METHODS, DEFAULT_BLOCK_SIZE, PRECISIONS, ConversionOptions
 
 
@@ -67,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_convert_llm(args)
     if args.command == "convert-diffusion":
         return run_convert_diffusion(args)
+    if args.command == "convert-lora":
+        return run_convert_lora(args)
     return _convert(args)
 
 

@@ -45,6 +45,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.quantized_jit": ("QMatMul",),
     "engine.ops.attention_jit": ("FusedAttention",),
     "engine.llm.gemv_jit": ("LlmGemvInt4", "LlmGemvInt8"),
+    "engine.llm.attention_jit": ("LlmDecodeAttention",),
 }
 
 _lock = threading.RLock()

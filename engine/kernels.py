@@ -57,6 +57,7 @@ NUMPY: dict[str, Provider] = {
     "FusedAttention": _attention,
     "LlmGemvInt4": _llm_gemv("LlmGemvInt4"),
     "LlmGemvInt8": _llm_gemv("LlmGemvInt8"),
+    "LlmDecodeAttention": _llm_gemv("LlmDecodeAttention"),
 }
 
 

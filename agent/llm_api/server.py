@@ -113,7 +113,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "id": chunk_id,
                 "object": "chat.completion.chunk",
                 "created": created,
-                "model": service.name,
+                "model": request.model or service.name,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
             }
             self._event(json.dumps(chunk))

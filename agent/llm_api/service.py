@@ -21,13 +21,19 @@ DEFAULT_MAX_TOKENS = 256
 DEFAULT_QUEUE_BOUND = 8
 
 
-def is_llm_package(directory: Path) -> bool:
-    """Whether an unpacked package's manifest says ``kind: "llm"``."""
+def package_kind(directory: Path) -> str | None:
+    """An unpacked package's ``metadata.kind`` ("llm", "llm-adapter"; None for other models)."""
     try:
         manifest = json.loads((Path(directory) / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and (manifest.get("metadata") or {}).get("kind") == "llm"
+        kind = (manifest.get("metadata") or {}).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
+def is_llm_package(directory: Path) -> bool:
+    """Whether an unpacked package's manifest says ``kind: "llm"``."""
+    return package_kind(directory) == "llm"
 
 
 @dataclass
@@ -93,7 +99,12 @@ class LlmService:
     """An unpacked LLM package, loaded (weights memory-mapped), answering chat requests."""
 
     def __init__(
-        self, directory: Path, name: str = "", version_id: str = "", queue_bound: int = DEFAULT_QUEUE_BOUND
+        self,
+        directory: Path,
+        name: str = "",
+        version_id: str = "",
+        queue_bound: int = DEFAULT_QUEUE_BOUND,
+        adapters: dict[str, Path] | None = None,
     ) -> None:
         from engine.llm.package import load_model  # noqa: PLC0415 - numpy only when an LLM runs
         from engine.llm.tokenizer import LlmTokenizer  # noqa: PLC0415
@@ -102,6 +113,9 @@ class LlmService:
         self.model = load_model(self.directory)
         self.tokenizer = LlmTokenizer.from_directory(self.directory)
         self.name = name or self.directory.name
+        self.adapters: dict[str, Any] = {}
+        for adapter_name, adapter_directory in (adapters or {}).items():
+            self.add_adapter(adapter_name, adapter_directory)
         self.version_id = version_id
         self.context_length = self.model.config.max_positions
         config = self.tokenizer.config
@@ -125,12 +139,31 @@ class LlmService:
             stops.append(found)
         return stops
 
+    def add_adapter(self, name: str, directory: Path) -> None:
+        """Load a LoRA adapter package, served as model ``name``; one made for another base is
+        refused (engine.llm.lora.AdapterError names both digests)."""
+        from engine.llm.lora import base_digest, load_adapter  # noqa: PLC0415
+
+        if name == self.name or name in self.adapters:
+            raise ValueError(f"model name {name!r} is taken; give the adapter another name")
+        manifest = _read_json(self.directory / "manifest.json")
+        self.adapters[name] = load_adapter(directory, self.model.config, name, base_digest(manifest))
+
     def models(self) -> dict[str, Any]:
         created = int(self.directory.stat().st_mtime)
-        return {
-            "object": "list",
-            "data": [{"id": self.name, "object": "model", "created": created, "owned_by": "ferry"}],
-        }
+        entry = {"object": "model", "created": created, "owned_by": "ferry"}
+        data = [{"id": self.name, **entry}]
+        data += [{"id": name, **entry, "parent": self.name} for name in self.adapters]
+        return {"object": "list", "data": data}
+
+    def _adapter(self, model: str) -> Any:
+        """The adapter a request's ``model`` names (None: the base), or 404."""
+        if not model or model == self.name:
+            return None
+        if model in self.adapters:
+            return self.adapters[model]
+        served = ", ".join(repr(n) for n in [self.name, *self.adapters])
+        raise ApiError(404, f"model {model!r} is not served here; try {served}", code="model_not_found")
 
     def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
         try:
@@ -141,10 +174,7 @@ class LlmService:
 
     def complete(self, request: ChatRequest, on_text: Callable[[str], None] | None = None) -> Completion:
         """Run ``request`` when its turn comes (429 at once when the queue is full)."""
-        if request.model and request.model != self.name:
-            raise ApiError(
-                404, f"model {request.model!r} is not served here; try {self.name!r}", code="model_not_found"
-            )
+        adapter = self._adapter(request.model)
         prompt = self.prompt_tokens(request.messages)
         room = self.context_length - len(prompt)
         if room < 1 or (request.max_tokens is not None and request.max_tokens > room):
@@ -166,7 +196,7 @@ class LlmService:
             )
         try:
             with self._running:
-                return self._generate(request, prompt, max_tokens, options, on_text)
+                return self._generate(request, prompt, max_tokens, options, on_text, adapter)
         finally:
             self._admitted.release()
 
@@ -183,7 +213,7 @@ class LlmService:
         except (TypeError, ValueError) as exc:
             raise invalid(str(exc)) from exc
 
-    def _generate(self, request, prompt, max_tokens, options, on_text) -> Completion:
+    def _generate(self, request, prompt, max_tokens, options, on_text, adapter=None) -> Completion:
         from engine.llm.errors import ContextLimitError  # noqa: PLC0415
         from engine.llm.generate import generate  # noqa: PLC0415
 
@@ -197,6 +227,7 @@ class LlmService:
                 stop=request.stop,
                 stop_tokens=self.stop_tokens,
                 on_text=on_text,
+                adapter=adapter,
             )
         except ContextLimitError as exc:
             raise invalid(str(exc), "context_length_exceeded") from exc
@@ -217,7 +248,7 @@ class LlmService:
         return Completion(
             id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
             created=int(time.time()),
-            model=self.name,
+            model=request.model or self.name,
             text=result.text,
             finish_reason=result.finish_reason,
             prompt_tokens=len(prompt),

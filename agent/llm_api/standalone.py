@@ -15,7 +15,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from agent.llm_api.service import is_llm_package
+from agent.llm_api.service import package_kind
 
 log = logging.getLogger(__name__)
 
@@ -41,21 +41,22 @@ def read_public_key(path: Path) -> bytes:
     return key
 
 
-def open_package(source: Path, workdir: Path, public_key: bytes | None = None) -> Path:
-    """The unpacked directory of ``source`` (a directory, or an archive unpacked under ``workdir``)."""
+def open_package(source: Path, workdir: Path, public_key: bytes | None = None, kind: str = "llm") -> Path:
+    """The unpacked directory of ``source`` (a directory, or an archive unpacked under ``workdir``),
+    which must be a package of ``kind`` ("llm", or "llm-adapter" for a LoRA adapter)."""
     source = Path(source)
     if source.is_dir():
         directory = source
     elif source.is_file():
-        directory = workdir / "package"
+        directory = workdir / ("package" if kind == "llm" else f"{kind}-{source.name}")
         if public_key is not None:
             directory = _verified(source, directory, public_key)
         else:
             directory = _checked(source, directory)
     else:
         raise PackageError(f"{source}: no such package file or directory")
-    if not is_llm_package(directory):
-        raise PackageError(f"{source}: not an LLM package (its manifest's metadata.kind is not 'llm')")
+    if package_kind(directory) != kind:
+        raise PackageError(f"{source}: its manifest's metadata.kind is not {kind!r}")
     return directory
 
 
@@ -104,15 +105,26 @@ def serve(
     public_key: bytes | None = None,
     name: str = "",
     queue_bound: int = 8,
+    adapters: dict[str, Path] | None = None,
 ) -> None:
-    """Load the package and serve it until interrupted (SIGINT or SIGTERM)."""
+    """Load the package (and its LoRA ``adapters``, by model name) and serve it until
+    interrupted (SIGINT or SIGTERM).  An adapter made for another base is refused."""
     from agent.llm_api.server import LlmApiServer  # noqa: PLC0415
     from agent.llm_api.service import LlmService  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="ferry-serve-llm-") as workdir:
         directory = open_package(Path(source), Path(workdir), public_key)
         default_name = Path(source).name.removesuffix(".ferry")
-        service = LlmService(directory, name=name or default_name, queue_bound=queue_bound)
+        found = {
+            adapter_name: open_package(Path(path), Path(workdir), public_key, kind="llm-adapter")
+            for adapter_name, path in (adapters or {}).items()
+        }
+        try:
+            service = LlmService(
+                directory, name=name or default_name, queue_bound=queue_bound, adapters=found
+            )
+        except ValueError as exc:
+            raise PackageError(str(exc)) from exc
         server = LlmApiServer(service, host=host, port=port, unix_socket=unix_socket)
         # one line a script can wait for
         print(f"serving {service.name!r} on {server.address}", flush=True)

@@ -136,6 +136,7 @@ def parse_config(data: dict[str, Any], generation: dict[str, Any] | None = None)
     max_positions = _positive(data, "max_position_embeddings")
     max_positions = min(max_positions, _window(data, max_positions))
     generation = generation or {}
+    rope_theta, rope_scaling = _rope(data)
     return LlmConfig(
         model_type=model_type,
         vocab_size=_positive(data, "vocab_size"),
@@ -147,8 +148,8 @@ def parse_config(data: dict[str, Any], generation: dict[str, Any] | None = None)
         head_dim=head_dim,
         max_positions=max_positions,
         rms_norm_eps=_number(data, "rms_norm_eps", 1e-6),
-        rope_theta=_number(data, "rope_theta", 10000.0),
-        rope_scaling=_rope_scaling(data.get("rope_scaling")),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
         tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(data.get("attention_bias", False)),
         o_bias=model_type != "qwen2" and bool(data.get("attention_bias", False)),
@@ -182,6 +183,26 @@ def _window(data: dict[str, Any], max_positions: int) -> int:
     if window is None or data.get("use_sliding_window") is False:
         return max_positions
     return _positive(data, "sliding_window")
+
+
+def _rope(data: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """RoPE's base and scaling: transformers 5 writes both into ``rope_parameters`` (read first:
+    a config.json without ``rope_theta`` would otherwise run at the 10000 default, silently
+    wrong positions); older configs have ``rope_theta`` and ``rope_scaling``."""
+    params = data.get("rope_parameters")
+    if params is None:
+        return _number(data, "rope_theta", 10000.0), _rope_scaling(data.get("rope_scaling"))
+    if not isinstance(params, dict) or "full_attention" in params:
+        raise UnsupportedModelError(
+            f"config.json rope_parameters={str(params)[:80]} must be one object (per-layer-type RoPE "
+            "is not supported)"
+        )
+    theta = params.get("rope_theta", data.get("rope_theta", 10000.0))
+    theta = _number({"rope_parameters.rope_theta": theta}, "rope_parameters.rope_theta", 10000.0)
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        return theta, None
+    return theta, _rope_scaling(scaling)
 
 
 def _rope_scaling(scaling: Any) -> dict[str, Any] | None:

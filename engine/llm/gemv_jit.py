@@ -12,14 +12,16 @@ precomputed per call (measured on the 49152 x 576 LM head: 72 ms with 2-D indexi
 integer nibbles, 2.9 ms splitting both nibbles in float, 2.4 ms like this; four rows at a time
 was slower).
 
-Where it stands (SmolLM2-135M's 49152 x 576 LM head, 1 thread, best of 15 on a loaded
-machine): int8 2.1 ms = 13.7 GB/s, the read bandwidth, so int8 decode is memory-bound; int4
-2.4 ms = 7 GB/s, compute-bound on the nibble split and the per-block horizontal sums, so int4
-decode is not yet faster than int8.  Tried and slower: 16 rows interleaved per vector
+Where it stands (SmolLM2-135M's 49152 x 576 LM head, 1 thread, a loaded host): int8 ~2.9 ms,
+about the read bandwidth, so int8 decode is memory-bound.  int4 in the plain layout
+(``_int4_serial``) took 17-24 ms, compute-bound on the per-block horizontal sums; the
+row-grouped layout the converter now writes (``_int4_grouped``: four rows' blocks side by
+side, one accumulator per (row, block), the inner loop 72 lanes wide) takes 2.6 ms, at or
+below int8.  Tried and slower in the plain layout: 16 rows interleaved per vector
 ([N/16, K/2, 16], 15 ms), per-element scales gathered by index (15 ms), a vector accumulator
-across blocks (6 ms), literal trip counts (22 ms).  The next step is integer dot products on
-int8-quantized activations (llama.cpp's q8 x q4), which numba's int64 promotion gets in the way
-of: a kernel outside numba's typing, or a different split.  ``fastmath`` lets the row sums
+across blocks (6 ms), literal trip counts (22 ms).  Integer dot products on int8-quantized
+activations (llama.cpp's q8 x q4) remain untried: numba promotes integer products to int64.
+``fastmath`` lets the row sums
 reassociate (that is what vectorises a float reduction); results differ from the numpy kernel
 by float32 rounding of the sums only (tests/engine/llm/test_gemv.py bounds it).
 """
@@ -46,6 +48,14 @@ _INT4 = types.void(
 )
 _INT8 = types.void(
     _X, jit.array(types.int8, 2, "C", readonly=True), jit.array(_F32, 1, "C", readonly=True), _OUT
+)
+_INT4_GROUPED = types.void(
+    _X,
+    jit.array(types.uint8, 3, "C", readonly=True),
+    jit.array(_F32, 2, "C", readonly=True),
+    _I64,
+    _I64,
+    _OUT,
 )
 _FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"}
 
@@ -94,6 +104,41 @@ def _int4_serial(x, packed, scale, block, out):  # noqa: ANN001, ANN202
         out[n] = acc
 
 
+@jit.njit([_INT4_GROUPED], fastmath=_FAST)
+def _int4_grouped(x, packed, scale, block, group, out):  # noqa: ANN001, ANN202
+    """The row-grouped layout (gemv.py): packed [N/G, B/2, G * blocks].  The inner loop runs
+    across a group's G * blocks lanes, one float32 accumulator per (row, block); the scales and
+    the -8 offset are applied once per (row, block) after the byte loop."""
+    groups, half, lanes = packed.shape
+    blocks = lanes // group
+    # x per lane, tiled G times: lane g * blocks + b of byte j meets x[b * B + j] (low nibble)
+    low_x = np.empty((half, lanes), np.float32)
+    mixed_x = np.empty((half, lanes), np.float32)
+    xsum = np.zeros(blocks, np.float32)
+    for b in range(blocks):
+        for j in range(half):
+            low, high = x[b * block + j], x[b * block + half + j]
+            xsum[b] += low + high
+            for g in range(group):
+                low_x[j, g * blocks + b] = low
+                mixed_x[j, g * blocks + b] = high - np.float32(16.0) * low
+    acc = np.empty(lanes, np.float32)
+    for i in range(groups):
+        for lane in range(lanes):
+            acc[lane] = 0.0
+        for j in range(half):
+            bytes_, low, mixed = packed[i, j], low_x[j], mixed_x[j]
+            for lane in range(lanes):
+                value = np.float32(bytes_[lane])
+                acc[lane] += value * low[lane] + np.floor(value * np.float32(0.0625)) * mixed[lane]
+        for g in range(group):
+            row = scale[i * group + g]
+            s = np.float32(0.0)
+            for b in range(blocks):
+                s += (acc[g * blocks + b] - np.float32(8.0) * xsum[b]) * row[b]
+            out[i * group + g] = s
+
+
 @jit.njit([_INT8], fastmath=_FAST)
 def _int8_serial(x, q, scale, out):  # noqa: ANN001, ANN202
     for n in range(q.shape[0]):
@@ -105,10 +150,18 @@ def _int8_serial(x, q, scale, out):  # noqa: ANN001, ANN202
 
 
 def gemv_int4_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block -> [N]."""
+    """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block, group
+    (1 when absent) -> [N]."""
     x, packed, scale = inputs
+    block, group = int(attrs["block"]), int(attrs.get("group", 1))
     out = np.empty(packed.shape[0], np.float32)
-    _int4_serial(np.ascontiguousarray(x, np.float32), packed, scale, int(attrs["block"]), out)
+    x = np.ascontiguousarray(x, np.float32)
+    if group == 1:
+        _int4_serial(x, packed, scale, block, out)
+    else:
+        n, half_k = packed.shape
+        grouped = packed.reshape(n // group, block // 2, group * half_k * 2 // block)
+        _int4_grouped(x, grouped, scale, block, group, out)
     return [out]
 
 

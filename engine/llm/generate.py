@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.llm.cache import KVCache
+from engine.llm.lora import LoraAdapter
 from engine.llm.model import LlmModel
 from engine.llm.sampler import Sampler, SamplingOptions
 from engine.llm.tokenizer import LlmTokenizer
@@ -41,9 +42,11 @@ def generate(
     stop_tokens: Sequence[int] | None = None,
     on_text: Callable[[str], None] | None = None,
     cache: KVCache | None = None,
+    adapter: LoraAdapter | None = None,
 ) -> Generation:
     """Generate up to ``max_tokens`` after ``prompt`` (token ids).  ``on_text`` receives the text
-    as it is produced, never any part of a stop string, and the pieces join to ``text``."""
+    as it is produced, never any part of a stop string, and the pieces join to ``text``.
+    ``adapter``: a LoRA adapter applied to every step (engine/llm/lora.py)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens} must be at least 1")
     cache = cache if cache is not None else model.new_cache()
@@ -51,7 +54,7 @@ def generate(
     sampler = Sampler(options)
     stops = set(model.config.eos_token_ids if stop_tokens is None else stop_tokens)
     start = time.perf_counter()
-    logits = model.forward(prompt, cache)
+    logits = model.forward(prompt, cache, adapter=adapter)
     prefill = time.perf_counter() - start
     tokens: list[int] = []
     text, sent, reason = "", 0, "length"
@@ -75,7 +78,7 @@ def generate(
             on_text(text[sent:ready])
             sent = ready
         if len(tokens) < max_tokens:
-            logits = model.forward([token], cache)
+            logits = model.forward([token], cache, adapter=adapter)
     if on_text is not None and len(text) > sent:
         on_text(text[sent:])
     decode = time.perf_counter() - start - prefill

@@ -17,7 +17,8 @@ import numpy as np
 from engine.llm.cache import KVCache
 from engine.llm.checkpoint import Checkpoint
 from engine.llm.config import LlmConfig
-from engine.llm.weights import Matrix, make_matrix
+from engine.llm.lora import LoraAdapter, LowRank
+from engine.llm.weights import Matrix, gemv_kernel, make_matrix
 
 PREFILL_BLOCK = 256  # tokens per prefill step: bounds the activations' scratch
 
@@ -96,11 +97,19 @@ class LlmModel:
         self.config, self.weights = config, weights
         self._inv_freq = config.inv_freq()
         self._scale = np.float32(1.0 / np.sqrt(config.head_dim))
+        self._decode_attention = None
 
     def new_cache(self, context: int | None = None) -> KVCache:
         return KVCache(self.config, context)
 
-    def forward(self, tokens: list[int] | np.ndarray, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+    def forward(
+        self,
+        tokens: list[int] | np.ndarray,
+        cache: KVCache,
+        all_logits: bool = False,
+        adapter: LoraAdapter | None = None,
+    ) -> np.ndarray:
+        """``adapter``: a LoRA applied as a low-rank add (a cache must not mix adapters)."""
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if tokens.size == 0:
             raise ValueError("forward needs at least one token")
@@ -111,7 +120,7 @@ class LlmModel:
         cache.reserve(tokens.size)
         outputs = []
         for start in range(0, tokens.size, PREFILL_BLOCK):
-            hidden = self._step(tokens[start : start + PREFILL_BLOCK], cache)
+            hidden = self._step(tokens[start : start + PREFILL_BLOCK], cache, adapter)
             outputs.append(hidden if all_logits else hidden[-1:])
         hidden = np.concatenate(outputs) if all_logits else outputs[-1]
         normed = rms_norm(hidden, self.weights.norm, self.config.rms_norm_eps)
@@ -119,7 +128,7 @@ class LlmModel:
         logits = head.gemv(normed[0])[None, :] if len(normed) == 1 else head.gemm(normed)
         return logits if all_logits else logits[0]
 
-    def _step(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+    def _step(self, tokens: np.ndarray, cache: KVCache, adapter: LoraAdapter | None) -> np.ndarray:
         """Run a block of tokens through every layer, appending to the cache; the hidden states."""
         c = self.config
         start, m = cache.length, tokens.size
@@ -127,8 +136,9 @@ class LlmModel:
         angles = np.arange(start, start + m, dtype=np.float64)[:, None] * self._inv_freq[None, :]
         cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
         for index, layer in enumerate(self.weights.layers):
+            delta = adapter.layers[index] if adapter is not None else {}
             a = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = _project(layer.qkv, a, layer.qkv_bias)
+            qkv = _project(layer.qkv, a, layer.qkv_bias, delta.get("qkv"))
             q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
             q = _rope(qkv[:, :q_size].reshape(m, c.num_heads, c.head_dim), cos, sin)
             k = _rope(qkv[:, q_size : q_size + kv_size].reshape(m, c.num_kv_heads, c.head_dim), cos, sin)
@@ -136,17 +146,22 @@ class LlmModel:
             cache.keys[index, :, start : start + m] = k.transpose(1, 0, 2)
             cache.values[index, :, start : start + m] = v.transpose(1, 0, 2)
             attended = self._attention(q, cache, index, start, m)
-            x = x + _project(layer.o, attended, layer.o_bias)
+            x = x + _project(layer.o, attended, layer.o_bias, delta.get("o"))
             b = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            gate_up = _project(layer.gate_up, b, None)
+            gate_up = _project(layer.gate_up, b, None, delta.get("gate_up"))
             gate, up = gate_up[:, : c.intermediate_size], gate_up[:, c.intermediate_size :]
-            x = x + _project(layer.down, gate / (1.0 + np.exp(-gate)) * up, None)
+            x = x + _project(layer.down, gate / (1.0 + np.exp(-gate)) * up, None, delta.get("down"))
         cache.length = start + m
         return x
 
     def _attention(self, q: np.ndarray, cache: KVCache, index: int, start: int, m: int) -> np.ndarray:
         """Causal grouped-query attention of m queries at positions start.. over the cache."""
         c = self.config
+        if m == 1:  # decode: one kernel call per layer (engine/llm/attention_jit.py)
+            if self._decode_attention is None:
+                self._decode_attention = gemv_kernel("LlmDecodeAttention")
+            inputs = [q[0], cache.keys[index], cache.values[index]]
+            return self._decode_attention(inputs, {"total": start + 1, "scale": self._scale})[0][None, :]
         group = c.num_heads // c.num_kv_heads
         total = start + m
         keys, values = cache.keys[index, :, :total], cache.values[index, :, :total]
@@ -165,8 +180,10 @@ class LlmModel:
         return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(m, c.num_heads * c.head_dim))
 
 
-def _project(matrix: Matrix, x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+def _project(matrix: Matrix, x: np.ndarray, bias: np.ndarray | None, delta: LowRank | None) -> np.ndarray:
     out = matrix.gemv(x[0])[None, :] if x.shape[0] == 1 else matrix.gemm(x)
+    if delta is not None:
+        out = delta.add_to(out, x)
     return out + bias if bias is not None else out
 
 

@@ -5,7 +5,7 @@ Files (all at the package's top level):
   ``weights.bin``: each array's dtype, shape and byte offset (64-byte aligned), and each
   matrix's kind and block;
 - ``weights.bin``: the arrays, laid out for the kernels (q/k/v rows in one matrix, gate/up in
-  another, int4 nibbles re-laid per block: engine/llm/gemv.py);
+  another, int4 nibbles re-laid per block and rows grouped by four: engine/llm/gemv.py);
 - ``tokenizer.json``, ``tokenizer_config.json`` (chat template), ``generation.json`` (sampling
   defaults), ``sample.txt`` (the accuracy report's text), ``accuracy.json``.
 The manifest's metadata says ``kind: "llm"``.
@@ -70,6 +70,8 @@ def serialize(config: LlmConfig, weights: LlmWeights, precision: str, block: int
     matrices = {}
     for name, matrix in _matrices(weights):
         matrices[name] = {"kind": matrix.kind, "shape": list(matrix.shape), "block": matrix.block}
+        if matrix.group != 1:
+            matrices[name]["group"] = matrix.group
         for part, array in matrix.arrays.items():
             put(f"{name}.{part}", array)
     for name, vector in _vectors(weights):
@@ -131,7 +133,13 @@ def load_weights(directory: str | Path) -> tuple[LlmConfig, LlmWeights, dict[str
             raise CheckpointError(f"{directory / INDEX}: matrix {name!r} is missing or unexpected")
         parts = ("w",) if spec.get("kind") in ("fp32", "fp16") else ("q", "scale")
         arrays = {p: tensor(f"{name}.{p}") for p in parts}
-        found = Matrix(spec.get("kind"), tuple(spec.get("shape", ())), arrays, block=spec.get("block", 0))
+        found = Matrix(
+            spec.get("kind"),
+            tuple(spec.get("shape", ())),
+            arrays,
+            block=spec.get("block", 0),
+            group=spec.get("group", 1),
+        )
         try:
             found.check(name, shapes[name])
         except ValueError as exc:

@@ -24,7 +24,8 @@ _kernels: dict[str, Any] = {}
 
 
 def gemv_kernel(op: str) -> Any:
-    """The kernel this process runs for ``op`` (LlmGemvInt4/LlmGemvInt8): JIT if there, else numpy."""
+    """The kernel this process runs for ``op`` (LlmGemvInt4/LlmGemvInt8/LlmDecodeAttention): JIT if
+    there, else numpy."""
     found = _kernels.get(op)
     if found is None:
         jit.load(ops=[op])
@@ -43,6 +44,7 @@ class Matrix:
     shape: tuple[int, int]
     arrays: dict[str, np.ndarray]
     block: int = 0
+    group: int = 1  # int4 only: rows per group of the re-laid layout (gemv.py)
     _op: Any = field(default=None, repr=False)
 
     @property
@@ -58,11 +60,18 @@ class Matrix:
             wanted = {"w": ((n, k), "<f4" if self.kind == "fp32" else "<f2")}
         elif self.kind == "int8":
             wanted = {"q": ((n, k), "|i1"), "scale": ((n,), "<f4")}
-        elif self.kind == "int4" and self.block in gemv.BLOCKS and k % self.block == 0:
+        elif (
+            self.kind == "int4"
+            and self.block in gemv.BLOCKS
+            and k % self.block == 0
+            and self.group in gemv.GROUPS
+            and n % self.group == 0
+        ):
             wanted = {"q": ((n, k // 2), "|u1"), "scale": ((n, k // self.block), "<f4")}
         else:
             raise ValueError(
-                f"matrix {name}: kind {self.kind!r} with block {self.block} cannot hold {list(shape)}"
+                f"matrix {name}: kind {self.kind!r} with block {self.block}, group {self.group} "
+                f"cannot hold {list(shape)}"
             )
         if tuple(self.shape) != shape or set(self.arrays) != set(wanted):
             raise ValueError(
@@ -81,7 +90,8 @@ class Matrix:
             return w @ x if w.dtype == np.float32 else gemv.gemm_float(x[None, :], w)[0]
         if self._op is None:
             self._op = gemv_kernel("LlmGemvInt4" if self.kind == "int4" else "LlmGemvInt8")
-        return self._op([x, self.arrays["q"], self.arrays["scale"]], {"block": self.block})[0]
+        attrs = {"block": self.block, "group": self.group}
+        return self._op([x, self.arrays["q"], self.arrays["scale"]], attrs)[0]
 
     def gemm(self, x: np.ndarray) -> np.ndarray:
         """x [M, K] @ W.T -> [M, N] (prefill), BLAS on float32 tiles."""
@@ -89,16 +99,17 @@ class Matrix:
             return gemv.gemm_float(x, self.arrays["w"])
         if self.kind == "int8":
             return gemv.gemm_int8(x, self.arrays["q"], self.arrays["scale"])
-        return gemv.gemm_int4(x, self.arrays["q"], self.arrays["scale"], self.block)
+        return gemv.gemm_int4(x, self.arrays["q"], self.arrays["scale"], self.block, self.group)
 
     def rows(self, index: np.ndarray) -> np.ndarray:
         """Rows of W as float32 [len(index), K] (an embedding lookup)."""
         index = np.asarray(index, dtype=np.int64)
         if self.kind in ("fp32", "fp16"):
             return self.arrays["w"][index].astype(np.float32)
-        q, scale = self.arrays["q"][index], self.arrays["scale"][index]
+        scale = self.arrays["scale"][index]
         if self.kind == "int8":
-            return q.astype(np.float32) * scale[:, None]
+            return self.arrays["q"][index].astype(np.float32) * scale[:, None]
+        q = gemv.grouped_rows(self.arrays["q"], index, self.block, self.group)
         return gemv.dequantize_int4(q, scale, self.block)
 
     def dense(self) -> np.ndarray:
@@ -106,8 +117,9 @@ class Matrix:
         return self.rows(np.arange(self.shape[0]))
 
 
-def make_matrix(w: np.ndarray, kind: str, block: int = 32) -> Matrix:
-    """Store float weights [N, K] at ``kind``; int4 falls back to int8 for a K the block does not divide."""
+def make_matrix(w: np.ndarray, kind: str, block: int = 32, group: int | None = None) -> Matrix:
+    """Store float weights [N, K] at ``kind``; int4 falls back to int8 for a K the block does not
+    divide, and is row-grouped (``gemv.GROUP``) when that divides N unless ``group`` says."""
     w = np.asarray(w)
     shape = (int(w.shape[0]), int(w.shape[1]))
     if kind == "fp32":
@@ -115,8 +127,10 @@ def make_matrix(w: np.ndarray, kind: str, block: int = 32) -> Matrix:
     if kind == "fp16":
         return Matrix("fp16", shape, {"w": np.ascontiguousarray(w, np.float16)})
     if kind == "int4" and shape[1] % block == 0:
-        q, scale = gemv.quantize_int4(w, block)
-        return Matrix("int4", shape, {"q": q, "scale": scale}, block=block)
+        if group is None:
+            group = gemv.GROUP if shape[0] % gemv.GROUP == 0 else 1
+        q, scale = gemv.quantize_int4(w, block, group)
+        return Matrix("int4", shape, {"q": q, "scale": scale}, block=block, group=group)
     if kind in ("int4", "int8"):
         q, scale = gemv.quantize_int8(w)
         return Matrix("int8", shape, {"q": q, "scale": scale})

@@ -1,6 +1,7 @@
 """Tiny Llama-family checkpoints built with numpy and written as safetensors (by this module's own
 writer, not the engine's reader), a byte-level BPE tokenizer trained here, and an independent
-plain-numpy forward written from the model's equations (no cache, one head at a time)."""
+plain-numpy forward written from the model's equations (no cache, one head at a time), and
+PEFT LoRA adapters with the weights they merge into."""
 
 from __future__ import annotations
 
@@ -184,3 +185,54 @@ def reference_logits(config: dict[str, Any], t: dict[str, np.ndarray], tokens: l
         x = x + lin("mlp.down_proj", gate / (1 + np.exp(-gate)) * lin("mlp.up_proj", b))
     head_w = w["model.embed_tokens.weight"] if config.get("tie_word_embeddings") else w["lm_head.weight"]
     return rms(x, w["model.norm.weight"]) @ head_w.T
+
+
+LORA_TARGETS = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_peft(
+    directory: Path, config: dict, seed: int = 1, rank: int = 4, alpha: float = 8.0, **extra: object
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A PEFT adapter directory (PEFT's key names); returns {hf weight name: (A, B)}."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    h, inter = config["hidden_size"], config["intermediate_size"]
+    q = config["num_attention_heads"] * (h // config["num_attention_heads"])
+    kv = config["num_key_value_heads"] * (h // config["num_attention_heads"])
+    shapes = {
+        "self_attn.q_proj": (q, h),
+        "self_attn.v_proj": (kv, h),
+        "self_attn.o_proj": (h, q),
+        "mlp.gate_proj": (inter, h),
+        "mlp.up_proj": (inter, h),
+        "mlp.down_proj": (h, inter),
+    }
+    pairs, tensors = {}, {}
+    for i in range(config["num_hidden_layers"]):
+        for module, (n, k) in shapes.items():
+            a = (rng.standard_normal((rank, k)) / np.sqrt(k)).astype(np.float32)
+            b = (0.3 * rng.standard_normal((n, rank))).astype(np.float32)
+            key = f"base_model.model.model.layers.{i}.{module}"
+            tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a, b
+            pairs[f"model.layers.{i}.{module}.weight"] = (a, b)
+    write_safetensors(directory / "adapter_model.safetensors", tensors)
+    adapter_config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": alpha,
+        "target_modules": list(LORA_TARGETS),
+        "bias": "none",
+        "modules_to_save": None,
+        **extra,
+    }
+    (directory / "adapter_config.json").write_text(json.dumps(adapter_config))
+    return pairs
+
+
+def merged(tensors: dict, pairs: dict, scaling: float) -> dict:
+    out = dict(tensors)
+    for name, (a, b) in pairs.items():
+        out[name] = (tensors[name].astype(np.float64) + scaling * (b.astype(np.float64) @ a)).astype(
+            np.float32
+        )
+    return out

@@ -31,6 +31,8 @@ from tests.engine.llm.checkpoints import config_dict, write_checkpoint, write_sa
         ({"rope_scaling": {"rope_type": "linear"}}, "factor=None must be a positive number"),
         ({"hidden_size": -4}, "hidden_size=-4 must be a positive integer"),
         ({"vocab_size": "big"}, "vocab_size='big'"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type='yarn' is not supported"),
+        ({"rope_parameters": {"full_attention": {}}}, "per-layer-type RoPE is not supported"),
     ],
 )
 def test_unsupported_configs_are_refused_naming_the_field(change: dict, message: str) -> None:
@@ -46,6 +48,24 @@ def test_supported_scalings_and_windows_are_read() -> None:
     assert config.inv_freq()[-1] == pytest.approx(plain.inv_freq()[-1] / 8.0)  # low ones scaled
     assert parse_config(config_dict("mistral", sliding_window=16)).max_positions == 16
     assert parse_config(config_dict("qwen2", sliding_window=16, use_sliding_window=False)).max_positions == 64
+
+
+def test_transformers_5_rope_parameters_are_read_like_rope_theta_and_rope_scaling() -> None:
+    """transformers 5 writes ``rope_parameters`` instead of ``rope_theta``/``rope_scaling``."""
+    new = parse_config(config_dict(rope_parameters={"rope_theta": 5e5, "rope_type": "default"}))
+    old = parse_config(config_dict(rope_theta=5e5))
+    assert new.rope_theta == old.rope_theta == 5e5 and new.rope_scaling is None
+    scaled = {"rope_theta": 5e5, "rope_type": "linear", "factor": 2.0}
+    assert parse_config(config_dict(rope_parameters=scaled)).rope_scaling == {
+        "rope_type": "linear",
+        "factor": 2.0,
+    }
+    np.testing.assert_array_equal(
+        parse_config(config_dict(rope_parameters=scaled)).inv_freq(),
+        parse_config(
+            config_dict(rope_theta=5e5, rope_scaling={"rope_type": "linear", "factor": 2.0})
+        ).inv_freq(),
+    )
 
 
 def test_a_missing_tensor_is_named(tmp_path: Path) -> None:

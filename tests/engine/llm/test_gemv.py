@@ -33,11 +33,28 @@ def test_int4_needs_a_block_that_divides_the_rows() -> None:
     assert make_matrix(np.ones((2, 40), np.float32), "int4", 32).kind == "int8"
 
 
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_row_grouped_int4_layout_holds_the_same_values() -> None:
+    w = np.random.default_rng(3).standard_normal((12, 128)).astype(np.float32)
+    plain, scale = gemv.quantize_int4(w, 32)
+    grouped, same_scale = gemv.quantize_int4(w, 32, group=4)
+    assert grouped.shape == plain.shape and not np.array_equal(grouped, plain)
+    np.testing.assert_array_equal(same_scale, scale)
+    np.testing.assert_array_equal(gemv.to_standard(grouped, 32, 4), plain)
+    np.testing.assert_array_equal(gemv.to_grouped(plain, 32, 4), grouped)
+    index = np.array([11, 0, 5, 5, 6])
+    np.testing.assert_array_equal(gemv.grouped_rows(grouped, index, 32, 4), plain[index])
+    matrix = make_matrix(w, "int4", 32)
+    assert matrix.group == 4 and make_matrix(w[:10], "int4", 32).group == 1  # 4 does not divide 10
+    np.testing.assert_array_equal(matrix.rows(index), gemv.dequantize_int4(plain, scale, 32)[index])
+
+
+@pytest.mark.parametrize(("kind", "group"), [("int8", None), ("int4", 1), ("int4", 4)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_every_gemv_candidate_matches_the_dequantized_matrix(kind: str, threads: int) -> None:
+def test_every_gemv_candidate_matches_the_dequantized_matrix(
+    kind: str, group: int | None, threads: int
+) -> None:
     rng = np.random.default_rng(2)
-    matrix = make_matrix(rng.standard_normal((300, 192)).astype(np.float32), kind, 64)
+    matrix = make_matrix(rng.standard_normal((300, 192)).astype(np.float32), kind, 64, group)
     x = rng.standard_normal(192).astype(np.float32)
     expected = matrix.dense().astype(np.float64) @ x
     op = "LlmGemvInt4" if kind == "int4" else "LlmGemvInt8"
@@ -47,9 +64,32 @@ def test_every_gemv_candidate_matches_the_dequantized_matrix(kind: str, threads:
     assert len(found) == (2 if jit.enabled() else 1)
     for kernel in found:
         with jit.thread_limit(threads):
-            out = kernel([x, matrix.arrays["q"], matrix.arrays["scale"]], {"block": 64})[0]
+            attrs = {"block": 64, "group": matrix.group}
+            out = kernel([x, matrix.arrays["q"], matrix.arrays["scale"]], attrs)[0]
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(
         matrix.gemm(np.stack([x, x])), np.stack([expected, expected]), rtol=1e-4, atol=1e-4
     )
     np.testing.assert_allclose(matrix.gemv(x), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("total", [1, 7, 50])
+def test_every_decode_attention_candidate_matches_the_softmax_of_the_equations(total: int) -> None:
+    rng = np.random.default_rng(4)
+    heads, kv, d, context = 6, 2, 16, 64
+    q = rng.standard_normal((heads, d)).astype(np.float32)
+    keys = rng.standard_normal((kv, context, d)).astype(np.float32)
+    values = rng.standard_normal((kv, context, d)).astype(np.float32)
+    keys[:, total:] = values[:, total:] = np.nan  # positions past ``total`` must not be read
+    expected = []
+    for h in range(heads):
+        g = h // (heads // kv)
+        s = keys[g, :total].astype(np.float64) @ q[h] / 4.0
+        e = np.exp(s - s.max())
+        expected.append(e / e.sum() @ values[g, :total])
+    jit.load(ops=["LlmDecodeAttention"])
+    found = kernels.candidates("LlmDecodeAttention", {}, [])
+    assert len(found) == (2 if jit.enabled() else 1)
+    for kernel in found:
+        out = kernel([q, keys, values], {"total": total, "scale": 0.25})[0]
+        np.testing.assert_allclose(out, np.concatenate(expected), rtol=1e-5, atol=1e-5)
