@@ -65,7 +65,8 @@ class AioGatewayServicer(AgentGatewayServicer):
             await context.abort(status_for(exc), str(exc))
         mailbox = await self.hub.watch(organisation_id, device_id)
         if mailbox is None:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many open watch streams; keep polling")
+            full = "too many open watch streams; keep polling"
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, full)
         deadline = loop.time() + self.lifetime * random.uniform(LIFETIME_SPREAD, 1.0)
         try:
             while (reason := await mailbox.next(deadline)) is not None:
