@@ -3,8 +3,8 @@
 With Redis: one pub/sub subscription (redis.asyncio) to the fleet-changed channel, whatever the
 number of streams.  Without: a poll of the releases table every poll_seconds.  Either way, once
 a second, the devices revoked lately are looked up and their streams closed.  Database work runs
-in a worker thread (Django's ORM is synchronous) and gives its connection back at once, so a
-poll every second pins no connection.
+in the loop's few worker threads (Django's ORM is synchronous), whose connections live as long
+as CONN_MAX_AGE allows, like the gateway's other threads'.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from django.db import connection
+from django.db import close_old_connections
 from django.db.models import Count, Max
 from django.utils import timezone
 
@@ -51,7 +51,7 @@ class Listener:
         try:
             self._seen[organisation_id] = _release_states([organisation_id]).get(organisation_id, (0, None))
         finally:
-            connection.close()
+            close_old_connections()
 
     async def _listen_redis(self) -> None:
         import redis.asyncio as aioredis
@@ -124,14 +124,14 @@ def _revoked_since(since: datetime) -> list[str]:
     try:
         return [str(pk) for pk in Device.objects.filter(revoked_at__gte=since).values_list("pk", flat=True)]
     finally:
-        connection.close()
+        close_old_connections()
 
 
 def _states_then_close(organisations: list[int]) -> dict[int, tuple]:
     try:
         return _release_states(organisations)
     finally:
-        connection.close()
+        close_old_connections()
 
 
 def _release_states(organisations: list[int]) -> dict[int, tuple]:

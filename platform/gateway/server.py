@@ -30,6 +30,7 @@ from gateway.watch import AioGatewayServicer
 from gateway.wrapping import ForAio, wrap_handler
 
 START_SECONDS = 30.0
+ORM_THREADS = 4
 
 
 class ReleaseDatabaseConnections(grpc.ServerInterceptor):
@@ -106,6 +107,7 @@ class GatewayServer:
         if left:
             await asyncio.wait(left, timeout=START_SECONDS)
         self.pool.shutdown(wait=False)
+        await asyncio.get_running_loop().shutdown_default_executor()
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         self._thread.join(timeout)
@@ -140,6 +142,10 @@ def build_server(
     ``workers`` threads run the synchronous calls; WatchHints streams need none.
     """
     loop = asyncio.new_event_loop()
+    # the ORM work of the event loop's own (stream authentication, the hub's polls): a few threads
+    loop.set_default_executor(
+        futures.ThreadPoolExecutor(max_workers=ORM_THREADS, thread_name_prefix="gateway-orm")
+    )
     thread = threading.Thread(target=loop.run_forever, name="gateway-loop", daemon=True)
     thread.start()
     gateway = GatewayServer(loop, thread)

@@ -3,8 +3,9 @@
 The servicer's other methods stay synchronous Django code that grpc.aio runs in its migration
 thread pool; only WatchHints is replaced (AioGatewayServicer), because a stream mostly waits:
 10,000 of them wait on one event loop.  The device is authenticated in a worker thread (the
-ORM), then the stream waits on its hub mailbox until a hint, its replacement, its device's
-revocation, the client leaving, or its lifetime's end (the agent reopens it).
+ORM; the loop's default executor, a few threads), then the stream waits on its hub mailbox
+until a hint, its replacement, its device's revocation, the client leaving, or its
+lifetime's end (the agent reopens it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import random
 from collections.abc import AsyncIterator
 
 import grpc
-from django.db import close_old_connections, connection
+from django.db import close_old_connections
 from ferry_cloud.errors import DomainError
 from fleet.services import device_for_certificate
 
@@ -37,7 +38,9 @@ def _organisation_of(device_id: str) -> int:
     try:
         return device_for_certificate(device_id=device_id).organisation_id
     finally:
-        connection.close()  # a long-lived stream must not hold a database connection
+        # the stream holds no connection: this worker thread does, for the next lookup (a
+        # reconnect storm must not open a database session per stream)
+        close_old_connections()
 
 
 class AioGatewayServicer(AgentGatewayServicer):

@@ -56,7 +56,9 @@ def test_hints_reach_devices_on_both_gateways_sharing_one_port(
 ):
     port, enrol_port = free_port(), free_port()
     metrics_ports = [free_port(), free_port()]
-    env = _env(tmp_path, REDIS_URL=os.environ["REDIS_URL"], FERRY_GATEWAY_ENROL_ADDRESS=f"127.0.0.1:{enrol_port}")
+    env = _env(
+        tmp_path, REDIS_URL=os.environ["REDIS_URL"], FERRY_GATEWAY_ENROL_ADDRESS=f"127.0.0.1:{enrol_port}"
+    )
     for i, metrics_port in enumerate(metrics_ports):
         args = [sys.executable, "manage.py", "gateway", "--address", f"127.0.0.1:{port}"]
         child = processes.spawn(f"gateway-{i}", [*args, "--metrics-port", str(metrics_port)], env)

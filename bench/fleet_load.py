@@ -1,0 +1,398 @@
+"""Fleet load: the gateway's check-ins/s, telemetry records/s, latency and hint streams held, beside
+a trivial gRPC server and PostgreSQL's own COPY rate, in one run (~3-5 min at 10,000 devices).
+
+    FERRY_DATABASE_URL=postgres://postgres@127.0.0.1:5432/ferry REDIS_URL=redis://127.0.0.1:6379/0 \\
+        .venv/bin/python bench/fleet_load.py [--devices 10000] [--streams 10000] [--gateways 2]
+
+A scratch database (<name>_bench_fleet: created, migrated, dropped) holds --devices enrolled
+devices with real client certificates from the device CA (bench/checkin_load.py's fleet).
+The gateway (``manage.py gateway`` on PostgreSQL and Redis; --gateways 2: two processes on one
+port, SO_REUSEPORT) is pinned to core 0; every load generator is its own process pinned to core 1.
+
+1. check-ins: bench/checkin_load.py's closed-loop callers (no-change check-ins) against the
+   trivial gRPC server (same proto and mutual TLS, constant reply) and against the gateway;
+2. telemetry: callers sending the agent's 500-record batches through the gateway (one device
+   each), then each replays a batch: every acknowledged record must be stored exactly once;
+   beside PostgreSQL's COPY and INSERT .. ON CONFLICT into a table of the same shape
+   (bench/telemetry_ingest.py's ceiling rows);
+3. hint streams: a reconnect storm of --streams WatchHints streams (one mTLS connection per
+   device) while check-in callers measure latency; streams held, refused, the gateway's RSS;
+   then a release to every device and its rollback: how many streams heard each, how soon,
+   and a sample of devices checks in and is offered the release.
+
+The host is shared and small: figures are ratios within this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
+
+from bench import checkin_load, telemetry_ingest  # noqa: E402  (after the path setup)
+from bench.scratch_database import scratch_database  # noqa: E402
+
+CLIENTS = str(ROOT / "bench" / "fleet_clients.py")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _free_port() -> int:
+    from ferry_cloud.stack import free_port
+
+    return free_port()
+
+
+class Gateways:
+    """--gateways processes of manage.py gateway on one port, each with its metrics port."""
+
+    def __init__(self, count: int, env: dict, data_dir: str) -> None:
+        self.port, enrol_port = _free_port(), _free_port()
+        self.metrics_ports = [_free_port() for _ in range(count)]
+        env = {**env, "FERRY_GATEWAY_ENROL_ADDRESS": f"127.0.0.1:{enrol_port}", "FERRY_DATA_DIR": data_dir}
+        pin = ["taskset", "-c", str(sorted(os.sched_getaffinity(0))[0])] if _two_cores() else []
+        self.processes = []
+        for metrics_port in self.metrics_ports:
+            command = [*pin, sys.executable, str(ROOT / "manage.py"), "gateway"]
+            command += ["--address", f"127.0.0.1:{self.port}", "--metrics-port", str(metrics_port)]
+            process, _ = checkin_load._start(command, env, "listening on ")
+            self.processes.append(process)
+        self.address = f"127.0.0.1:{self.port}"
+
+    def cpu(self) -> float:
+        return sum(checkin_load._cpu_seconds(p.pid) for p in self.processes)
+
+    def rss_mb(self) -> list[float]:
+        return [_rss_mb(p.pid) for p in self.processes]
+
+    def streams(self) -> list[int]:
+        """Each process's open WatchHints streams, from its Prometheus gauge."""
+        import requests
+
+        held = []
+        for port in self.metrics_ports:
+            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            line = next(
+                (x for x in text.splitlines() if x.startswith("ferry_gateway_hint_streams_open ")), ""
+            )
+            held.append(int(float(line.split()[-1])) if line else 0)
+        return held
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stdin.close()
+            process.terminate()
+        for process in self.processes:
+            process.wait(timeout=60)
+
+
+def _two_cores() -> bool:
+    return hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2
+
+
+def _client(mode: str, spec: dict) -> dict:
+    out = subprocess.run(
+        [sys.executable, CLIENTS, mode], input=json.dumps(spec), capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout)
+
+
+# --- 1. check-ins ------------------------------------------------------------------------------
+
+
+def _check_ins(name: str, address: str, cpu, spec: dict) -> dict:
+    load = dict(spec, address=address)
+    checkin_load._run_load(dict(load, seconds=1.0))  # warm: connections, caches
+    before = cpu()
+    result = checkin_load._run_load(load)
+    used = cpu() - before
+    return {
+        "name": name,
+        "per_s": result["count"] / result["wall"],
+        "p50_ms": result["p50_ms"],
+        "p99_ms": result["p99_ms"],
+        "cpu_us": 1e6 * used / max(result["count"], 1),
+    }
+
+
+# --- 2. telemetry ------------------------------------------------------------------------------
+
+
+def _telemetry(gateways: Gateways, spec: dict, identities: list, args) -> dict:
+    from telemetry.models import TelemetryRecord
+
+    callers = identities[: args.telemetry_callers]
+    load = {**spec, "address": gateways.address, "identities": callers, "seconds": args.seconds}
+    before_rows, before_cpu = TelemetryRecord.objects.count(), gateways.cpu()
+    result = _client("--telemetry", dict(load, first_seq=1))
+    used = gateways.cpu() - before_cpu
+    stored = TelemetryRecord.objects.count() - before_rows
+    acknowledged = result["stored"] + result["replayed_stored"]
+    return {
+        "name": f"gateway telemetry ({len(callers)} callers)",
+        "per_s": result["stored"] / result["wall"],
+        "p50_ms": result["p50_ms"],
+        "p99_ms": result["p99_ms"],
+        "cpu_us": 1e6 * used / max(result["stored"], 1),
+        "exactly_once": stored == acknowledged and result["replayed_stored"] == 0,
+        "stored_rows": stored,
+        "acknowledged": acknowledged,
+    }
+
+
+def _postgres_ceiling(devices: list) -> list[dict]:
+    import json as _json
+
+    texts = [_json.dumps(telemetry_ingest._payload(i)) for i in range(telemetry_ingest.BATCH)]
+    rows = telemetry_ingest._postgres_rows(SimpleNamespace(records=40_000), devices, time.time(), texts)
+    return [{"name": r["name"], "per_s": r["per_s"], "cpu_us": r["cpu_us"]} for r in rows]
+
+
+# --- 3. hint streams ---------------------------------------------------------------------------
+
+
+def _ready_version(org):
+    """A converted model version to release (the converter's sample classifier)."""
+    import io
+
+    from registry.services import conversion_queue_register, conversion_run, model_create, version_upload
+
+    from converter.samples import build_image_classifier
+
+    conversion_queue_register(send=lambda job_id: None)  # converted right here, not by a worker
+    data = build_image_classifier().SerializeToString()
+    model = model_create(organisation=org, name="bench-classifier")
+    version = version_upload(model=model, label="v1", stream=io.BytesIO(data), size=len(data))
+    conversion_run(job_id=version.job.pk)
+    version.refresh_from_db()
+    return version
+
+
+def _probe(spec: dict, address: str, identities: list, seconds: float) -> dict:
+    """Check-in latency from a few callers (bench/checkin_load.py's load generator)."""
+    return checkin_load._run_load(
+        dict(spec, address=address, identities=identities, threads=2, seconds=seconds)
+    )
+
+
+def _wait_held(gateways: Gateways, streams: int, timeout: float) -> tuple[int, float]:
+    started = time.monotonic()
+    held = 0
+    while time.monotonic() - started < timeout:
+        held = sum(gateways.streams())
+        if held >= streams:
+            break
+        time.sleep(0.5)
+    return held, time.monotonic() - started
+
+
+def _storm(gateways: Gateways, spec: dict, identities: list, args, org) -> dict:
+    from django.db import connections
+    from releases.services import release_create, release_transition
+
+    from agent.client import GatewayClient
+    from deploy.proto import agent_pb2
+
+    version = _ready_version(org)
+    probers = identities[-50:]
+    quiet = _probe(spec, gateways.address, probers, args.probe_seconds)
+    storm = subprocess.Popen(
+        [sys.executable, CLIENTS, "--storm"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    storm_spec = {
+        "ca_pem": spec["ca_pem"],
+        "address": gateways.address,
+        "identities": identities[: args.streams],
+        "in_flight": args.in_flight,
+        "settle_seconds": 5.0,
+    }
+    storm.stdin.write(json.dumps(storm_spec) + "\n")
+    storm.stdin.flush()
+    during: dict = {}
+    prober = threading.Thread(
+        target=lambda: during.update(_probe(spec, gateways.address, probers, args.probe_seconds))
+    )
+    prober.start()
+    called = json.loads(storm.stdout.readline())
+    held, connect_seconds = _wait_held(gateways, args.streams, timeout=300)
+    per_process, rss = gateways.streams(), gateways.rss_mb()
+    prober.join()
+
+    released_at = time.time()
+    release = release_create(organisation=org, version=version, name="wave", target={}, start=True)
+    time.sleep(3.0)
+    ca = spec["ca_pem"].encode()
+    offered = 0
+    for key, cert in identities[:20]:  # the hint means "check in now": is the release there?
+        client = GatewayClient(
+            gateways.address, ca_pem=ca, key_pem=key.encode(), certificate_pem=cert.encode()
+        )
+        attributes = agent_pb2.DeviceAttributes(**checkin_load.ATTRIBUTES)
+        offered += client.check_in(attributes, "", "").HasField("desired")
+        client.close()
+    rolled_back_at = time.time()
+    release_transition(release_id=release.pk, action="rollback")
+    connections.close_all()
+    storm.stdin.write(json.dumps({"waves": [released_at, rolled_back_at]}) + "\n")
+    storm.stdin.flush()
+    report = json.loads(storm.stdout.readline())
+    storm.wait(timeout=120)
+    return {
+        "streams": args.streams,
+        "held": held,
+        "per_process": per_process,
+        "connect_seconds": connect_seconds,
+        "calls_seconds": called["seconds"],
+        "ended": report["ended"],
+        "rss_mb": rss,
+        "quiet": quiet,
+        "during": during,
+        "waves": report["waves"],
+        "offered": offered,
+    }
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def _run(args, data_dir: str) -> dict:
+    import django
+
+    django.setup()
+    from accounts.services import organisation_ensure
+    from django.conf import settings
+    from django.db import connections
+    from fleet.models import Device
+
+    wanted = max(args.streams, args.identities + args.telemetry_callers) + 50
+    identities = checkin_load._fleet(args.devices, min(wanted, args.devices))
+    org = organisation_ensure(name="Bench")
+    devices = list(Device.objects.order_by("name")[: args.telemetry_callers])
+    connections.close_all()
+    ca_pem = Path(settings.FERRY_DEVICE_CA_CERT_FILE).read_text()
+    spec = {"ca_pem": ca_pem, "identities": identities[: args.identities], "threads": args.threads}
+    spec["seconds"] = args.seconds
+    env = {**os.environ, "FERRY_LOG_LEVEL": "WARNING", "FERRY_DATA_DIR": data_dir}
+    trivial_spec = {
+        "ca_pem": ca_pem,
+        "key_pem": Path(settings.FERRY_GATEWAY_TLS_KEY_FILE).read_text(),
+        "cert_pem": Path(settings.FERRY_GATEWAY_TLS_CERT_FILE).read_text(),
+        "workers": 16,
+    }
+    trivial, trivial_address = checkin_load._start(
+        [sys.executable, str(ROOT / "bench" / "checkin_load.py"), "--trivial"],
+        env,
+        "listening on ",
+        trivial_spec,
+    )
+    gateways = Gateways(args.gateways, env, data_dir)
+    try:
+        trivial_cpu = lambda: checkin_load._cpu_seconds(trivial.pid)  # noqa: E731
+        check_ins = [
+            _check_ins("trivial gRPC (mTLS)", trivial_address, trivial_cpu, spec),
+            _check_ins(f"gateway x{args.gateways} (PG, Redis)", gateways.address, gateways.cpu, spec),
+        ]
+        trivial.stdin.close()
+        trivial.terminate()
+        telemetry = _telemetry(gateways, spec, identities[args.identities :], args)
+        storm = _storm(gateways, spec, identities, args, org)
+        ceiling = _postgres_ceiling(devices)
+    finally:
+        if trivial.poll() is None:
+            trivial.terminate()
+        gateways.stop()
+    return {"check_ins": check_ins, "telemetry": telemetry, "ceiling": ceiling, "storm": storm}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=10_000)
+    parser.add_argument("--streams", type=int, default=10_000, help="WatchHints streams in the storm")
+    parser.add_argument("--gateways", type=int, default=1, help="gateway processes sharing one port")
+    parser.add_argument("--identities", type=int, default=200, help="devices the check-in callers cycle over")
+    parser.add_argument("--threads", type=int, default=8, help="closed-loop check-in callers")
+    parser.add_argument("--telemetry-callers", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=8.0, help="per check-in and telemetry row")
+    parser.add_argument("--probe-seconds", type=float, default=20.0, help="check-in latency probe")
+    parser.add_argument("--in-flight", type=int, default=500, help="storm connections being set up at once")
+    parser.add_argument("--json", default="", help="also write the figures to this file")
+    args = parser.parse_args()
+    url = os.environ.get("FERRY_DATABASE_URL", "")
+    if not url or not os.environ.get("REDIS_URL"):
+        sys.exit("set FERRY_DATABASE_URL (PostgreSQL; a scratch copy is used) and REDIS_URL")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")
+    os.environ["FERRY_S3_BUCKET"] = ""  # the release's package in the scratch data directory
+    with (
+        scratch_database(url, "fleet") as scratch,
+        tempfile.TemporaryDirectory(prefix="ferry-bench-fleet-") as data_dir,
+    ):
+        os.environ["FERRY_DATABASE_URL"] = scratch
+        os.environ["FERRY_DATA_DIR"] = data_dir
+        result = _run(args, data_dir)
+    _print(result, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def _print(result: dict, args) -> None:
+    print(
+        f"\nfleet load: {args.devices} devices, {args.gateways} gateway process(es) on core 0,"
+        " load on core 1;"
+        f" {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+    )
+    print(f"{'row':<38} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8} {'server CPU/op':>14}")
+    rows = [*result["check_ins"], result["telemetry"], *result["ceiling"]]
+    for r in rows:
+        latency = (
+            f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f}" if r.get("p50_ms") is not None else f"{'':>8} {'':>8}"
+        )
+        print(f"{r['name']:<38} {r['per_s']:>9,.0f} {latency} {r['cpu_us']:>11.0f} us")
+    trivial, gateway = result["check_ins"]
+    print(
+        f"check-ins: {100 * gateway['per_s'] / trivial['per_s']:.0f}% of the trivial server's rate; "
+        f"{1e6 / gateway['cpu_us']:,.0f} per gateway core-second"
+    )
+    t = result["telemetry"]
+    copy = result["ceiling"][0]
+    print(
+        f"telemetry: {1e6 / t['cpu_us']:,.0f} records per gateway core-second; "
+        f"{100 * t['per_s'] / copy['per_s']:.0f}% of PostgreSQL's COPY rate; "
+        f"exactly once: {t['exactly_once']} ({t['stored_rows']} rows for {t['acknowledged']} acknowledged)"
+    )
+    s = result["storm"]
+    q, d = s["quiet"], s["during"]
+    print(
+        f"hint streams: {s['held']} of {s['streams']} held {s['per_process']}"
+        f" after {s['connect_seconds']:.1f} s, refused/ended early: {s['ended'] or 'none'};"
+        f" gateway RSS {', '.join(f'{m:.0f}' for m in s['rss_mb'])} MB"
+    )
+    print(
+        f"check-in latency p50/p99: {q['p50_ms']:.1f}/{q['p99_ms']:.1f} ms quiet, "
+        f"{d['p50_ms']:.1f}/{d['p99_ms']:.1f} ms while the storm connects"
+    )
+    for name, wave in zip(("release", "rollback"), s["waves"], strict=True):
+        print(
+            f"{name}: hint on {wave['reached']} of {wave['streams']} streams,"
+            f" after p50 {wave['p50_ms']:.0f} ms, p99 {wave['p99_ms']:.0f} ms, max {wave['max_ms']:.0f} ms"
+        )
+    print(f"release offered to {s['offered']} of 20 sampled devices checking in on the hint")
