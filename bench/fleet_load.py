@@ -101,6 +101,11 @@ class Gateways:
             process.wait(timeout=60)
 
 
+def _say(what: str) -> None:
+    """Progress on stderr (a run takes minutes)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
 def _two_cores() -> bool:
     return hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2
 
@@ -208,8 +213,11 @@ def _storm(gateways: Gateways, spec: dict, identities: list, args, org) -> dict:
     from agent.client import GatewayClient
     from deploy.proto import agent_pb2
 
+    _say("converting the release's model")
     version = _ready_version(org)
+    _say("check-in latency, quiet")
     probers = identities[-50:]
+    rss_idle = gateways.rss_mb()
     quiet = _probe(spec, gateways.address, probers, args.probe_seconds)
     storm = subprocess.Popen(
         [sys.executable, CLIENTS, "--storm"],
@@ -232,11 +240,14 @@ def _storm(gateways: Gateways, spec: dict, identities: list, args, org) -> dict:
         target=lambda: during.update(_probe(spec, gateways.address, probers, args.probe_seconds))
     )
     prober.start()
+    _say(f"storm of {args.streams} streams")
     called = json.loads(storm.stdout.readline())
+    _say(f"storm: every call made after {called['seconds']:.1f} s")
     held, connect_seconds = _wait_held(gateways, args.streams, timeout=300)
     per_process, rss = gateways.streams(), gateways.rss_mb()
     prober.join()
 
+    _say(f"{held} streams held; release, then rollback")
     released_at = time.time()
     release = release_create(organisation=org, version=version, name="wave", target={}, start=True)
     time.sleep(3.0)
@@ -264,6 +275,7 @@ def _storm(gateways: Gateways, spec: dict, identities: list, args, org) -> dict:
         "calls_seconds": called["seconds"],
         "ended": report["ended"],
         "rss_mb": rss,
+        "rss_idle_mb": rss_idle,
         "quiet": quiet,
         "during": during,
         "waves": report["waves"],
@@ -284,6 +296,7 @@ def _run(args, data_dir: str) -> dict:
     from fleet.models import Device
 
     wanted = max(args.streams, args.identities + args.telemetry_callers) + 50
+    _say(f"fleet: {args.devices} devices, {min(wanted, args.devices)} certificates")
     identities = checkin_load._fleet(args.devices, min(wanted, args.devices))
     org = organisation_ensure(name="Bench")
     devices = list(Device.objects.order_by("name")[: args.telemetry_callers])
@@ -305,22 +318,27 @@ def _run(args, data_dir: str) -> dict:
         trivial_spec,
     )
     gateways = Gateways(args.gateways, env, data_dir)
+    result: dict = {}
     try:
-        trivial_cpu = lambda: checkin_load._cpu_seconds(trivial.pid)  # noqa: E731
-        check_ins = [
-            _check_ins("trivial gRPC (mTLS)", trivial_address, trivial_cpu, spec),
-            _check_ins(f"gateway x{args.gateways} (PG, Redis)", gateways.address, gateways.cpu, spec),
-        ]
-        trivial.stdin.close()
-        trivial.terminate()
-        telemetry = _telemetry(gateways, spec, identities[args.identities :], args)
-        storm = _storm(gateways, spec, identities, args, org)
-        ceiling = _postgres_ceiling(devices)
+        # the storm first, on a fresh gateway: its RSS is the streams' cost, not other phases'
+        result["storm"] = _storm(gateways, spec, identities, args, org)
+        if args.only != "storm":
+            trivial_cpu = lambda: checkin_load._cpu_seconds(trivial.pid)  # noqa: E731
+            _say("check-ins")
+            result["check_ins"] = [
+                _check_ins("trivial gRPC (mTLS)", trivial_address, trivial_cpu, spec),
+                _check_ins(f"gateway x{args.gateways} (PG, Redis)", gateways.address, gateways.cpu, spec),
+            ]
+            trivial.stdin.close()
+            trivial.terminate()
+            _say("telemetry")
+            result["telemetry"] = _telemetry(gateways, spec, identities[args.identities :], args)
+            result["ceiling"] = _postgres_ceiling(devices)
     finally:
         if trivial.poll() is None:
             trivial.terminate()
         gateways.stop()
-    return {"check_ins": check_ins, "telemetry": telemetry, "ceiling": ceiling, "storm": storm}
+    return result
 
 
 def main() -> int:
@@ -334,6 +352,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="per check-in and telemetry row")
     parser.add_argument("--probe-seconds", type=float, default=20.0, help="check-in latency probe")
     parser.add_argument("--in-flight", type=int, default=500, help="storm connections being set up at once")
+    parser.add_argument("--only", choices=["all", "storm"], default="all")
     parser.add_argument("--json", default="", help="also write the figures to this file")
     args = parser.parse_args()
     url = os.environ.get("FERRY_DATABASE_URL", "")
@@ -348,9 +367,9 @@ def main() -> int:
         os.environ["FERRY_DATABASE_URL"] = scratch
         os.environ["FERRY_DATA_DIR"] = data_dir
         result = _run(args, data_dir)
-    _print(result, args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
+    _print(result, args)
     return 0
 
 
@@ -360,6 +379,9 @@ def _print(result: dict, args) -> None:
         " load on core 1;"
         f" {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
+    _print_storm(result["storm"])
+    if "check_ins" not in result:
+        return
     print(f"{'row':<38} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8} {'server CPU/op':>14}")
     rows = [*result["check_ins"], result["telemetry"], *result["ceiling"]]
     for r in rows:
@@ -379,20 +401,30 @@ def _print(result: dict, args) -> None:
         f"{100 * t['per_s'] / copy['per_s']:.0f}% of PostgreSQL's COPY rate; "
         f"exactly once: {t['exactly_once']} ({t['stored_rows']} rows for {t['acknowledged']} acknowledged)"
     )
-    s = result["storm"]
+
+
+def _print_storm(s: dict) -> None:
     q, d = s["quiet"], s["during"]
     print(
         f"hint streams: {s['held']} of {s['streams']} held {s['per_process']}"
         f" after {s['connect_seconds']:.1f} s, refused/ended early: {s['ended'] or 'none'};"
         f" gateway RSS {', '.join(f'{m:.0f}' for m in s['rss_mb'])} MB"
+        f" (idle before: {', '.join(f'{m:.0f}' for m in s['rss_idle_mb'])} MB)"
     )
     print(
         f"check-in latency p50/p99: {q['p50_ms']:.1f}/{q['p99_ms']:.1f} ms quiet, "
         f"{d['p50_ms']:.1f}/{d['p99_ms']:.1f} ms while the storm connects"
     )
     for name, wave in zip(("release", "rollback"), s["waves"], strict=True):
+        if not wave["reached"]:
+            print(f"{name}: no stream heard it")
+            continue
         print(
             f"{name}: hint on {wave['reached']} of {wave['streams']} streams,"
             f" after p50 {wave['p50_ms']:.0f} ms, p99 {wave['p99_ms']:.0f} ms, max {wave['max_ms']:.0f} ms"
         )
     print(f"release offered to {s['offered']} of 20 sampled devices checking in on the hint")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
