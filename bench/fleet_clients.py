@@ -8,7 +8,9 @@ the core the gateway does not have:
 - ``--telemetry``: closed-loop callers, one device identity each, sending the agent's 500-record
   batches; each caller replays its last batch once (it must come back as duplicates).
 
-Both read a JSON spec on stdin and print JSON lines on stdout.
+Both read a JSON spec on stdin and print JSON lines on stdout.  ``--trivial-streams`` is the
+peer of the storm: a grpc.aio server with the same proto and mutual TLS whose WatchHints only
+waits (the stack's own cost of an open stream), pinned to the gateway's core.
 """
 
 from __future__ import annotations
@@ -63,14 +65,17 @@ async def _storm(spec: dict) -> None:
             agent_pb2.WatchRequest(), timeout=STREAM_TIMEOUT_SECONDS
         )
         calls.append(call)
-        try:
-            async for _hint in call:
-                arrivals[i].append(time.time())
-        except grpc.aio.AioRpcError as exc:
-            ended[exc.code().name] += 1
-        except asyncio.CancelledError:
-            ended["CANCELLED"] += 1
-            raise
+        while True:  # as the agent does: a stream that reached its lifetime is reopened
+            try:
+                async for _hint in call:
+                    arrivals[i].append(time.time())
+                ended["OK (reopened)"] += 1
+            except grpc.aio.AioRpcError as exc:
+                ended[exc.code().name] += 1
+                return
+            call = agent_pb2_grpc.AgentGatewayStub(channel).WatchHints(
+                agent_pb2.WatchRequest(), timeout=STREAM_TIMEOUT_SECONDS
+            )
 
     started = time.monotonic()
     tasks = [asyncio.create_task(watch(i, k, c)) for i, (k, c) in enumerate(spec["identities"])]
@@ -162,7 +167,39 @@ def _telemetry(spec: dict) -> dict:
     }
 
 
+# --- the peer: a trivial grpc.aio server holding streams ---------------------------------------
+
+
+async def _trivial_streams(spec: dict) -> None:
+    import grpc
+
+    from deploy.proto import agent_pb2_grpc
+
+    class Waiting(agent_pb2_grpc.AgentGatewayServicer):
+        async def WatchHints(self, request, context):  # noqa: N802 (gRPC's name)
+            await asyncio.sleep(STREAM_TIMEOUT_SECONDS)
+            return
+            yield  # an async generator, as the gateway's
+
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentGatewayServicer_to_server(Waiting(), server)
+    credentials = grpc.ssl_server_credentials(
+        [(spec["key_pem"].encode(), spec["cert_pem"].encode())],
+        root_certificates=spec["ca_pem"].encode(),
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    await server.start()
+    print(f"trivial streams listening on 127.0.0.1:{port}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until stdin closes
+    await server.stop(None)
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--trivial-streams"]:
+        _pin(0)
+        asyncio.run(_trivial_streams(json.loads(sys.stdin.readline())))
+        return 0
     _pin(1)
     if sys.argv[1:] == ["--storm"]:
         spec = json.loads(sys.stdin.readline())

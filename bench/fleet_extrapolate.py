@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--measured", default="", help="a bench/fleet_load.py --json file")
     parser.add_argument("--devices", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--checkin-interval", type=float, default=30.0)
-    parser.add_argument("--telemetry-interval", type=float, default=60.0, help="seconds per record per device")
+    parser.add_argument("--telemetry-interval", type=float, default=60.0, help="s per record per device")
     parser.add_argument("--package-mb", type=float, default=20.0)
     args = parser.parse_args()
     m = _measured(args.measured)

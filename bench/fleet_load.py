@@ -206,6 +206,65 @@ def _wait_held(gateways: Gateways, streams: int, timeout: float) -> tuple[int, f
     return held, time.monotonic() - started
 
 
+def _open_storm(address: str, ca_pem: str, identities: list, args) -> subprocess.Popen:
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    storm = subprocess.Popen([sys.executable, CLIENTS, "--storm"], cwd=ROOT, **pipes)
+    spec = {
+        "ca_pem": ca_pem,
+        "address": address,
+        "identities": identities,
+        "in_flight": args.in_flight,
+        "settle_seconds": 5.0,
+    }
+    storm.stdin.write(json.dumps(spec) + "\n")
+    storm.stdin.flush()
+    return storm
+
+
+def _end_storm(storm: subprocess.Popen, waves: list[float]) -> dict:
+    storm.stdin.write(json.dumps({"waves": waves}) + "\n")
+    storm.stdin.flush()
+    report = json.loads(storm.stdout.readline())
+    storm.wait(timeout=120)
+    return report
+
+
+def _settled_rss(pid: int, timeout: float = 120.0) -> float:
+    """RSS once it stops growing (the peer has no gauge of its open streams)."""
+    last, started = _rss_mb(pid), time.monotonic()
+    while time.monotonic() - started < timeout:
+        time.sleep(3.0)
+        now = _rss_mb(pid)
+        if abs(now - last) < 0.01 * last:
+            return now
+        last = now
+    return last
+
+
+def _peer_streams(trivial_spec: dict, env: dict, identities: list, args) -> dict:
+    """The same storm against a trivial grpc.aio server: the stack's own cost per open stream."""
+    server, address = checkin_load._start(
+        [sys.executable, CLIENTS, "--trivial-streams"], env, "listening on ", trivial_spec
+    )
+    try:
+        idle = _rss_mb(server.pid)
+        storm = _open_storm(address, trivial_spec["ca_pem"], identities, args)
+        called = json.loads(storm.stdout.readline())
+        held = _settled_rss(server.pid)
+        report = _end_storm(storm, [])
+    finally:
+        server.stdin.close()
+        server.terminate()
+        server.wait(timeout=60)
+    return {
+        "streams": len(identities),
+        "rss_idle_mb": idle,
+        "rss_mb": held,
+        "calls_seconds": called["seconds"],
+        "ended": report["ended"],
+    }
+
+
 def _storm(gateways: Gateways, spec: dict, identities: list, args, org) -> dict:
     from django.db import connections
     from releases.services import release_create, release_transition
@@ -248,8 +307,10 @@ def _storm(gateways: Gateways, spec: dict, identities: list, args, org) -> dict:
     prober.join()
 
     _say(f"{held} streams held; release, then rollback")
+    release = release_create(organisation=org, version=version, name="wave", target={}, start=False)
+    time.sleep(2.0)  # the draft's own hint (a saved Release row) is not the wave measured
     released_at = time.time()
-    release = release_create(organisation=org, version=version, name="wave", target={}, start=True)
+    release_transition(release_id=release.pk, action="start")
     time.sleep(3.0)
     ca = spec["ca_pem"].encode()
     offered = 0
@@ -263,10 +324,7 @@ def _storm(gateways: Gateways, spec: dict, identities: list, args, org) -> dict:
     rolled_back_at = time.time()
     release_transition(release_id=release.pk, action="rollback")
     connections.close_all()
-    storm.stdin.write(json.dumps({"waves": [released_at, rolled_back_at]}) + "\n")
-    storm.stdin.flush()
-    report = json.loads(storm.stdout.readline())
-    storm.wait(timeout=120)
+    report = _end_storm(storm, [released_at, rolled_back_at])
     return {
         "streams": args.streams,
         "held": held,
@@ -322,6 +380,8 @@ def _run(args, data_dir: str) -> dict:
     try:
         # the storm first, on a fresh gateway: its RSS is the streams' cost, not other phases'
         result["storm"] = _storm(gateways, spec, identities, args, org)
+        _say(f"the peer: a trivial grpc.aio server, {args.peer_streams} streams")
+        result["peer_streams"] = _peer_streams(trivial_spec, env, identities[: args.peer_streams], args)
         if args.only != "storm":
             trivial_cpu = lambda: checkin_load._cpu_seconds(trivial.pid)  # noqa: E731
             _say("check-ins")
@@ -352,6 +412,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="per check-in and telemetry row")
     parser.add_argument("--probe-seconds", type=float, default=20.0, help="check-in latency probe")
     parser.add_argument("--in-flight", type=int, default=500, help="storm connections being set up at once")
+    parser.add_argument("--peer-streams", type=int, default=2000, help="streams held by the trivial peer")
     parser.add_argument("--only", choices=["all", "storm"], default="all")
     parser.add_argument("--json", default="", help="also write the figures to this file")
     args = parser.parse_args()
@@ -380,6 +441,15 @@ def _print(result: dict, args) -> None:
         f" {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     _print_storm(result["storm"])
+    peer = result["peer_streams"]
+    per_stream = 1024 * (peer["rss_mb"] - peer["rss_idle_mb"]) / peer["streams"]
+    s = result["storm"]
+    gateway_per_stream = 1024 * (sum(s["rss_mb"]) - sum(s["rss_idle_mb"])) / max(s["held"], 1)
+    print(
+        f"RSS per open stream: gateway {gateway_per_stream:.0f} KB, trivial grpc.aio mTLS server"
+        f" {per_stream:.0f} KB ({peer['streams']} streams,"
+        f" {peer['rss_idle_mb']:.0f} -> {peer['rss_mb']:.0f} MB)"
+    )
     if "check_ins" not in result:
         return
     print(f"{'row':<38} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8} {'server CPU/op':>14}")
