@@ -10,7 +10,9 @@ the core the gateway does not have:
 
 Both read a JSON spec on stdin and print JSON lines on stdout.  ``--trivial-streams`` is the
 peer of the storm: a grpc.aio server with the same proto and mutual TLS whose WatchHints only
-waits (the stack's own cost of an open stream), pinned to the gateway's core.
+waits (the stack's own cost of an open stream) and whose CheckIn is a constant reply from a
+synchronous handler in grpc.aio's migration thread pool (what the gateway's aio server adds to
+a call), pinned to the gateway's core.
 """
 
 from __future__ import annotations
@@ -171,17 +173,22 @@ def _telemetry(spec: dict) -> dict:
 
 
 async def _trivial_streams(spec: dict) -> None:
+    from concurrent import futures
+
     import grpc
 
-    from deploy.proto import agent_pb2_grpc
+    from deploy.proto import agent_pb2, agent_pb2_grpc
 
     class Waiting(agent_pb2_grpc.AgentGatewayServicer):
+        def CheckIn(self, request, context):  # noqa: N802 (gRPC's name)
+            return agent_pb2.CheckInResponse(checkin_interval_seconds=30)
+
         async def WatchHints(self, request, context):  # noqa: N802 (gRPC's name)
             await asyncio.sleep(STREAM_TIMEOUT_SECONDS)
             return
             yield  # an async generator, as the gateway's
 
-    server = grpc.aio.server()
+    server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(max_workers=spec["workers"]))
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(Waiting(), server)
     credentials = grpc.ssl_server_credentials(
         [(spec["key_pem"].encode(), spec["cert_pem"].encode())],
