@@ -354,7 +354,10 @@ def _run(args, data_dir: str) -> dict:
     ca_pem = Path(settings.FERRY_DEVICE_CA_CERT_FILE).read_text()
     spec = {"ca_pem": ca_pem, "identities": identities[: args.identities], "threads": args.threads}
     spec["seconds"] = args.seconds
+    # streams live the whole run: a storm that takes minutes on a busy host must not see the first
+    # streams reach their lifetime (and reopen) before the last ones are open
     env = {**os.environ, "FERRY_LOG_LEVEL": "WARNING", "FERRY_DATA_DIR": data_dir}
+    env["FERRY_GATEWAY_WATCH_SECONDS"] = "3600"
     trivial_spec = {
         "ca_pem": ca_pem,
         "key_pem": Path(settings.FERRY_GATEWAY_TLS_KEY_FILE).read_text(),

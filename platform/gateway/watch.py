@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections.abc import AsyncIterator
 
@@ -43,12 +44,18 @@ def _organisation_of(device_id: str) -> int:
         close_old_connections()
 
 
+def _lifetime() -> float:
+    """FERRY_GATEWAY_WATCH_SECONDS, else the servicer's WATCH_MAX_SECONDS: how long a stream lives
+    before the agent reopens it (a longer life: fewer reopens per second across a big fleet)."""
+    return float(os.environ.get("FERRY_GATEWAY_WATCH_SECONDS", "") or WATCH_MAX_SECONDS)
+
+
 class AioGatewayServicer(AgentGatewayServicer):
     """The agents' gateway servicer with WatchHints on the event loop."""
 
-    def __init__(self, hub: HintHub | None = None, *, lifetime: float = WATCH_MAX_SECONDS) -> None:
+    def __init__(self, hub: HintHub | None = None, *, lifetime: float | None = None) -> None:
         super().__init__(hub)
-        self.lifetime = lifetime
+        self.lifetime = lifetime or _lifetime()
 
     async def WatchHints(self, request, context) -> AsyncIterator[agent_pb2.Hint]:  # noqa: N802 (gRPC's name)
         """Push a Hint whenever the device's organisation's releases change.
