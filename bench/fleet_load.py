@@ -370,30 +370,39 @@ def _run(args, data_dir: str) -> dict:
         "listening on ",
         trivial_spec,
     )
+    aio, aio_address = checkin_load._start(
+        [sys.executable, CLIENTS, "--trivial-streams"], env, "listening on ", trivial_spec
+    )
     gateways = Gateways(args.gateways, env, data_dir)
     result: dict = {}
     try:
         # the storm first, on a fresh gateway: its RSS is the streams' cost, not other phases'
         result["storm"] = _storm(gateways, spec, identities, args, org)
-        _say(f"the peer: a trivial grpc.aio server, {args.peer_streams} streams")
-        result["peer_streams"] = _peer_streams(trivial_spec, env, identities[: args.peer_streams], args)
         if args.only != "storm":
-            trivial_cpu = lambda: checkin_load._cpu_seconds(trivial.pid)  # noqa: E731
             _say("check-ins")
             result["check_ins"] = [
-                _check_ins("trivial gRPC (mTLS)", trivial_address, trivial_cpu, spec),
+                _check_ins("trivial gRPC (mTLS)", trivial_address, _cpu_of(trivial), spec),
+                _check_ins("trivial grpc.aio, sync handler", aio_address, _cpu_of(aio), spec),
                 _check_ins(f"gateway x{args.gateways} (PG, Redis)", gateways.address, gateways.cpu, spec),
             ]
-            trivial.stdin.close()
-            trivial.terminate()
+        _say(f"the peer: the trivial grpc.aio server holding {args.peer_streams} streams")
+        peers = identities[: args.peer_streams]
+        result["peer_streams"] = _peer_streams(aio, aio_address, ca_pem, peers, args)
+        if args.only != "storm":
             _say("telemetry")
             result["telemetry"] = _telemetry(gateways, spec, identities[args.identities :], args)
             result["ceiling"] = _postgres_ceiling(devices)
     finally:
-        if trivial.poll() is None:
-            trivial.terminate()
+        for process in (trivial, aio):
+            process.stdin.close()
+            process.terminate()
+            process.wait(timeout=60)
         gateways.stop()
     return result
+
+
+def _cpu_of(process: subprocess.Popen):
+    return lambda: checkin_load._cpu_seconds(process.pid)
 
 
 def main() -> int:
