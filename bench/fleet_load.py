@@ -86,7 +86,10 @@ class Gateways:
 
         held = []
         for port in self.metrics_ports:
-            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            try:  # a gateway busy with a storm answers its metrics port late
+                text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=60).text
+            except requests.RequestException:
+                text = ""
             line = next(
                 (x for x in text.splitlines() if x.startswith("ferry_gateway_hint_streams_open ")), ""
             )
