@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/fleet_extrapolate.py [--measured fleet.json] [--devices 1000000 10000000]
 
---measured is the file bench/fleet_load.py --json writes; without it the figures below (the
-README's Scaling table, measured on a busy 2-core host) are used.  For each fleet size it prints
+--measured names files bench/fleet_load.py --json writes (a later file's figures win); without
+them the figures below (the README's Scaling table, measured on a busy 2-core host) are used.  For each fleet size it prints
 the gateway processes needed (CPU for check-ins and telemetry, memory for one hint stream per
 device), PostgreSQL's write rate beside its measured COPY rate, Redis' memory for the hint
 path, the S3 egress of one release, and which resource runs out first.
@@ -23,11 +23,13 @@ from pathlib import Path
 
 # bench/fleet_load.py on a busy 2-core host (see the README's Scaling section)
 DEFAULTS = {
-    "checkin_cpu_us": 5000.0,  # gateway CPU per no-change check-in
-    "telemetry_cpu_us": 45.0,  # gateway CPU per telemetry record (500-record batches)
-    "stream_kb": 90.0,  # gateway RSS per open WatchHints stream (mutual TLS connection)
-    "idle_rss_mb": 150.0,  # a gateway process before any stream
-    "copy_rows_per_s": 40_000.0,  # PostgreSQL COPY into the telemetry table's shape, one session
+    "checkin_cpu_us": 8050.0,  # gateway CPU per no-change check-in
+    "telemetry_cpu_us": 54.0,  # gateway CPU per telemetry record (500-record batches)
+    "stream_kb": 94.0,  # gateway RSS per open WatchHints stream (mutual TLS connection)
+    "idle_rss_mb": 151.0,  # a gateway process before any stream
+    # PostgreSQL COPY into the telemetry table's shape, one session, on a quiet host (the fleet
+    # issue's figure; the busy host of the README's table measured 5,756)
+    "copy_rows_per_s": 43_000.0,
 }
 CORE_BUDGET = 0.6  # plan gateway cores at 60 % busy: room for storms and release waves
 PROCESS_MEMORY_MB = 1024.0  # a gateway process's memory budget
@@ -44,12 +46,16 @@ class Fleet:
     package_mb: float
 
 
-def _measured(path: str) -> dict:
-    """Per-core figures from a bench/fleet_load.py --json file, else the defaults."""
+def _measured(paths: list[str]) -> dict:
+    """Per-core figures from bench/fleet_load.py --json files (a later one's figures win), else
+    the defaults."""
     figures = dict(DEFAULTS)
-    if not path:
-        return figures
-    run = json.loads(Path(path).read_text())
+    for path in paths:
+        _read(figures, json.loads(Path(path).read_text()))
+    return figures
+
+
+def _read(figures: dict, run: dict) -> None:
     if "check_ins" in run:
         figures["checkin_cpu_us"] = run["check_ins"][-1]["cpu_us"]
         figures["telemetry_cpu_us"] = run["telemetry"]["cpu_us"]
@@ -58,7 +64,6 @@ def _measured(path: str) -> dict:
     held = max(storm["held"], 1)
     figures["idle_rss_mb"] = sum(storm["rss_idle_mb"]) / len(storm["rss_idle_mb"])
     figures["stream_kb"] = 1024 * (sum(storm["rss_mb"]) - sum(storm["rss_idle_mb"])) / held
-    return figures
 
 
 def plan(fleet: Fleet, m: dict) -> dict:
@@ -109,7 +114,7 @@ def _bottleneck(fleet: Fleet, m: dict, pg_writes: float, by_cpu: int, by_memory:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--measured", default="", help="a bench/fleet_load.py --json file")
+    parser.add_argument("--measured", nargs="*", default=[], help="bench/fleet_load.py --json files")
     parser.add_argument("--devices", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--checkin-interval", type=float, default=30.0)
     parser.add_argument("--telemetry-interval", type=float, default=60.0, help="s per record per device")
