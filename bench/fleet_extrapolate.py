@@ -3,8 +3,8 @@
     .venv/bin/python bench/fleet_extrapolate.py [--measured fleet.json] [--devices 1000000 10000000]
 
 --measured names files bench/fleet_load.py --json writes (a later file's figures win); without
-them the figures below (the README's Scaling table, measured on a busy 2-core host) are used.  For each fleet size it prints
-the gateway processes needed (CPU for check-ins and telemetry, memory for one hint stream per
+them the figures below (the README's Scaling table, measured on a busy 2-core host) are used.
+For each fleet size it prints the gateway processes needed (CPU for check-ins and telemetry, memory for one hint stream per
 device), PostgreSQL's write rate beside its measured COPY rate, Redis' memory for the hint
 path, the S3 egress of one release, and which resource runs out first.
 
