@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/fleet_extrapolate.py [--measured fleet.json] [--devices 1000000 10000000]
 
---measured names files bench/fleet_load.py --json writes (a later file's figures win); without
-them the figures below (the README's Scaling table, measured on a busy 2-core host) are used.
-For each fleet size it prints the gateway processes needed (CPU for check-ins and telemetry, memory for one hint stream per
-device), PostgreSQL's write rate beside its measured COPY rate, Redis' memory for the hint
-path, the S3 egress of one release, and which resource runs out first.
+--measured names files bench/fleet_load.py --json writes (a later file's figures win);
+without them the figures below (the README's Scaling table, measured on a busy 2-core host)
+are used.  For each fleet size it prints the gateway processes needed (CPU for check-ins and
+telemetry, memory for one hint stream per device), PostgreSQL's write rate beside its COPY
+rate, Redis' memory for the hint path, the S3 egress of one release, and which resource runs
+out first.
 
 Every device checks in every --checkin-interval seconds, uploads one telemetry record every
 --telemetry-interval seconds (the agent records metrics every 5 s and uploads in batches; the
