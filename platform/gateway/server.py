@@ -31,6 +31,10 @@ from gateway.wrapping import ForAio, wrap_handler
 
 START_SECONDS = 30.0
 ORM_THREADS = 4
+# grpc core cancels a call that waits longer than this (default 30 s) for the server's event loop
+# to pick it up: in a reconnect storm of thousands of streams that is where they queue, and a
+# cancelled stream is one more reconnect, so they wait instead.
+SERVER_OPTIONS = [("grpc.server_max_unrequested_time_in_server", 600)]
 
 
 class ReleaseDatabaseConnections(grpc.ServerInterceptor):
@@ -166,6 +170,7 @@ async def _listen(gateway: GatewayServer, address: str, enrol_address: str, work
     gateway.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gateway")
     server = grpc.aio.server(
         migration_thread_pool=gateway.pool,
+        options=SERVER_OPTIONS,
         # outermost first: the metrics and the log line cover the connection release too
         interceptors=[
             ForAio(ObservabilityInterceptor()),
