@@ -1,5 +1,5 @@
 """Fleet load: the gateway's check-ins/s, telemetry records/s, latency and hint streams held, beside
-a trivial gRPC server and PostgreSQL's own COPY rate, in one run (~3-5 min at 10,000 devices).
+a trivial gRPC server and PostgreSQL's own COPY rate, in one run (5-15 min at 10,000 devices).
 
     FERRY_DATABASE_URL=postgres://postgres@127.0.0.1:5432/ferry REDIS_URL=redis://127.0.0.1:6379/0 \\
         .venv/bin/python bench/fleet_load.py [--devices 10000] [--streams 10000] [--gateways 2]
