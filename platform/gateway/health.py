@@ -3,10 +3,14 @@
 A thread re-checks every few seconds (faster while failing), on a fresh short-timeout
 connection (the same check as the web's /readyz), so an orchestrator's probe sees a database
 outage and the recovery.  Until the first successful check everything is NOT_SERVING.
+
+The servicer is grpc_health's asyncio one (its Watch holds no thread); its status lives on the
+gateway's event loop, so the checking thread hands each change to that loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import structlog
@@ -18,25 +22,37 @@ from deploy.proto import agent_pb2
 log = structlog.get_logger("ferry.gateway.health")
 GATEWAY_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentGateway"].full_name
 SERVICES = ("", GATEWAY_SERVICE)  # "" is the server as a whole
+HAND_OVER_SECONDS = 5.0
 
 
 class GatewayHealth:
     def __init__(self, *, interval: float = 5.0, timeout: float = 2.0) -> None:
         self.interval = interval
         self.timeout = timeout
-        # blocking Watch: the non-blocking form does not survive the server's interceptors
-        self.servicer = health.HealthServicer(experimental_non_blocking=False)
+        self.servicer = health.aio.HealthServicer()
         self.serving: bool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._set(False)
 
-    def _set(self, serving: bool) -> None:
+    async def attach(self) -> None:
+        """On the server's loop, before it serves: the status so far (NOT_SERVING at first)."""
+        self._loop = asyncio.get_running_loop()
+        await self._apply(bool(self.serving))
+
+    async def _apply(self, serving: bool) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         for service in SERVICES:
-            self.servicer.set(service, status)
+            await self.servicer.set(service, status)
+
+    def _set(self, serving: bool) -> None:
+        """From the checking thread: the change, applied on the server's loop."""
+        if self._loop is None or self._loop.is_closed():
+            return  # attach() applies self.serving when the server starts
+        done = asyncio.run_coroutine_threadsafe(self._apply(serving), self._loop)
+        done.result(HAND_OVER_SECONDS)
 
     def check_once(self) -> bool:
         try:
@@ -49,8 +65,8 @@ class GatewayHealth:
         if serving and self.serving is not True:
             log.info("gateway serving: database reachable")
         if serving != self.serving:
-            self._set(serving)
             self.serving = serving
+            self._set(serving)
         return serving
 
     def start(self) -> None:
@@ -66,7 +82,9 @@ class GatewayHealth:
     def stop(self) -> None:
         """Shutting down: NOT_SERVING from now on, so balancers stop sending calls."""
         self._stop.set()
-        self.servicer.enter_graceful_shutdown()
+        if self._loop is not None and not self._loop.is_closed():
+            shutdown = self.servicer.enter_graceful_shutdown()
+            asyncio.run_coroutine_threadsafe(shutdown, self._loop).result(HAND_OVER_SECONDS)
         if self._thread is not None:
             self._thread.join(timeout=self.timeout + 1)
 

@@ -4,46 +4,38 @@ A hint carries no instruction (the next CheckIn does), so losing one only delays
 device until its next regular check-in.  Two ways to hear about a change:
 
 - Redis pub/sub when REDIS_URL is set: whichever process saves a release publishes the
-  organisation's id on one channel, and every gateway replica hears it;
+  organisation's id on one channel, and every gateway process hears it on its one subscription;
 - otherwise (the embedded profile) a short poll of the releases table: a change of the
   organisation's release count or newest ``updated_at`` is a change.
 
-A device holds at most one stream: a new WatchHints of the same device closes its old one,
-so one device cannot take the hub's slots from the rest of the fleet.  The hub's thread also
-looks up, every second, whether a watching device was revoked, and closes its stream.
+The hub holds no thread per stream: each open WatchHints stream is a mailbox (gateway.mailbox)
+on the gateway's event loop, and one listener task (gateway.hint_listener) fans every change
+out to the mailboxes of the organisation.  A device holds at most one stream: a new WatchHints
+of the same device closes its old one, so one device cannot take the hub's slots from the rest
+of the fleet.  The listener also looks up, every second, which devices were revoked, and
+closes their streams.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 import os
-import queue
 import threading
-import time
 from collections import defaultdict
-from dataclasses import dataclass
 
-from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Count, Max
+from django.db import transaction
 from ferry_cloud.events import FleetChanged
+
+from gateway.mailbox import REPLACED, REVOKED, AsyncMailbox, Mailbox, StreamClosed, SyncMailbox
+
+__all__ = ["CHANNEL", "REPLACED", "REVOKED", "HintHub", "StreamClosed", "fleet_changed", "hint_fleet_changed"]
 
 log = logging.getLogger(__name__)
 CHANNEL = "ferry:fleet-changed"
-REVOCATION_CHECK_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class StreamClosed:
-    """Put on a stream's queue instead of a reason: the stream must end, and why."""
-
-    revoked: bool
-    message: str
-
-
-REPLACED = StreamClosed(False, "a newer WatchHints stream of this device replaced this one")
-REVOKED = StreamClosed(True, "This device has been revoked; its streams are closed.")
+# Streams one gateway process holds at most; past that, agents are told to poll.  An open stream
+# costs a few kilobytes and no thread, so the cap is about memory, not threads.
+DEFAULT_MAX_WATCHERS = 20_000
 
 
 def hint_fleet_changed(event: FleetChanged) -> None:
@@ -91,171 +83,158 @@ def _redis_client(url: str):
 
 
 class HintHub:
-    """Subscribers (one queue per open WatchHints stream) per organisation, fed by one thread."""
+    """Mailboxes (one per open WatchHints stream) per organisation, fed by one listener task.
 
-    def __init__(self, *, redis_url: str = "", poll_seconds: float = 1.0, max_watchers: int = 64) -> None:
+    The listener runs on the event loop ``start`` is given (the gateway server's), or, for a
+    synchronous server's streams, on a loop thread of the hub's own."""
+
+    def __init__(
+        self, *, redis_url: str = "", poll_seconds: float = 1.0, max_watchers: int = DEFAULT_MAX_WATCHERS
+    ) -> None:
         self.redis_url = redis_url
         self.poll_seconds = poll_seconds
         self.max_watchers = max_watchers
-        self._lock = threading.Lock()
-        self._subscribers: dict[int, set[queue.Queue]] = defaultdict(set)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._seen: dict[int, tuple] = {}  # polling mode: organisation -> (release count, newest change)
-        self._by_device: dict[str, queue.Queue] = {}  # the one open stream of each device
-        self._revocations_checked = 0.0
+        self._lock = threading.Lock()  # notify may run on another thread than the streams' loop
+        self._subscribers: dict[int, set[Mailbox]] = defaultdict(set)
+        self._by_device: dict[str, Mailbox] = {}  # the one open stream of each device
+        self._count = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Future | None = None
+        self._own_loop: threading.Thread | None = None
+        from gateway.hint_listener import Listener
+
+        self.listener = Listener(self)
 
     @classmethod
     def from_settings(cls) -> HintHub:
-        return cls(redis_url=_redis_url(), max_watchers=getattr(settings, "FERRY_GATEWAY_MAX_WATCHERS", 64))
+        limit = int(os.environ.get("FERRY_GATEWAY_MAX_WATCHERS", "") or DEFAULT_MAX_WATCHERS)
+        return cls(redis_url=_redis_url(), max_watchers=limit)
 
     @property
     def watchers(self) -> int:
+        return self._count
+
+    def watching_devices(self) -> list[str]:
         with self._lock:
-            return sum(len(s) for s in self._subscribers.values())
+            return list(self._by_device)
 
-    def subscribe(self, organisation_id: int, device_id: str = "") -> queue.Queue | None:
-        """A queue that receives a reason per change; None when the hub is full (the agent polls).
+    def organisations(self) -> list[int]:
+        with self._lock:
+            return list(self._subscribers)
 
-        Given the device's id, its previous stream (if any) receives REPLACED and ends."""
-        if not self.redis_url and organisation_id not in self._seen:
-            # the baseline is taken now, so a change right after the stream opens is not missed
-            self._seen[organisation_id] = _release_states([organisation_id]).get(organisation_id, (0, None))
+    # --- the listener's life ----------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the listener on loop (thread-safe; a second start is a no-op)."""
+        with self._lock:
+            if self._task is not None:
+                return
+            self._loop = loop
+            self._task = asyncio.run_coroutine_threadsafe(self.listener.run(), loop)
+
+    def _ensure_started(self) -> None:
+        """A synchronous server's first stream: the listener gets a loop thread of its own."""
+        if self._task is not None:
+            return
+        loop = asyncio.new_event_loop()
+        self._own_loop = threading.Thread(target=loop.run_forever, name="hint-hub", daemon=True)
+        self._own_loop.start()
+        self.start(loop)
+
+    def stop(self) -> None:
+        """End the listener (its Redis subscription and polls); safe to call more than once."""
+        with self._lock:
+            task, loop, self._task = self._task, self._loop, None
+        if task is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
+        if self._own_loop is not None and loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            self._own_loop.join(timeout=5)
+            self._own_loop = None
+
+    # --- streams ------------------------------------------------------------------------------
+
+    def subscribe(self, organisation_id: int, device_id: str = "") -> SyncMailbox | None:
+        """For a thread-per-stream server: a queue that receives a reason per change; None when
+        the hub is full (the agent polls).  Given the device's id, its previous stream (if any)
+        receives REPLACED and ends."""
+        self.listener.baseline(organisation_id)
+        self._ensure_started()
+        return self._add(SyncMailbox(), organisation_id, device_id)
+
+    async def watch(self, organisation_id: int, device_id: str) -> AsyncMailbox | None:
+        """For a stream on the running event loop: its mailbox, or None when the hub is full."""
+        if not self.redis_url:
+            await asyncio.get_running_loop().run_in_executor(None, self.listener.baseline, organisation_id)
+        return self._add(AsyncMailbox(asyncio.get_running_loop()), organisation_id, device_id)
+
+    def _add(self, mailbox: Mailbox, organisation_id: int, device_id: str) -> Mailbox | None:
         with self._lock:
             previous = self._by_device.pop(device_id, None) if device_id else None
             if previous is not None:
-                _close(previous, REPLACED)
-                for subscribers in self._subscribers.values():
-                    subscribers.discard(previous)  # its slot is free for the new stream now
-            if sum(len(s) for s in self._subscribers.values()) >= self.max_watchers:
+                self._discard(previous)  # its slot is free for the new stream now
+                previous.deliver(REPLACED)
+            if self._count >= self.max_watchers:
                 return None
-            q: queue.Queue = queue.Queue(maxsize=8)
-            self._subscribers[organisation_id].add(q)
+            mailbox.organisation_id, mailbox.device_id = organisation_id, device_id
+            self._subscribers[organisation_id].add(mailbox)
+            self._count += 1
             if device_id:
-                self._by_device[device_id] = q
-            if self._thread is None or not self._thread.is_alive():
-                self._stop.clear()
-                target = self._listen_redis if self.redis_url else self._poll_database
-                self._thread = threading.Thread(target=target, name="hint-hub", daemon=True)
-                self._thread.start()
-            return q
+                self._by_device[device_id] = mailbox
+            return mailbox
 
-    def unsubscribe(self, organisation_id: int, q: queue.Queue) -> None:
+    def unsubscribe(self, organisation_id: int, mailbox: Mailbox) -> None:
         with self._lock:
-            self._subscribers[organisation_id].discard(q)
-            if not self._subscribers[organisation_id]:
-                del self._subscribers[organisation_id]
-            for device_id, held in list(self._by_device.items()):
-                if held is q:
-                    del self._by_device[device_id]
+            self._discard(mailbox)
+
+    def _discard(self, mailbox: Mailbox) -> None:
+        """Under the lock: forget the mailbox wherever it is (idempotent)."""
+        subscribers = self._subscribers.get(mailbox.organisation_id)
+        if subscribers is not None and mailbox in subscribers:
+            subscribers.discard(mailbox)
+            self._count -= 1
+            if not subscribers:
+                del self._subscribers[mailbox.organisation_id]
+        if mailbox.device_id and self._by_device.get(mailbox.device_id) is mailbox:
+            del self._by_device[mailbox.device_id]
 
     def close_device(self, device_id: str, closing: StreamClosed = REVOKED) -> bool:
         """End the device's open stream, if it has one; returns whether it had."""
         with self._lock:
-            q = self._by_device.pop(device_id, None)
-            if q is None:
+            mailbox = self._by_device.get(device_id)
+            if mailbox is None:
                 return False
-            for subscribers in self._subscribers.values():
-                subscribers.discard(q)
-        _close(q, closing)
+            self._discard(mailbox)
+        mailbox.deliver(closing)
         return True
-
-    def close_revoked(self) -> int:
-        """Close the streams of watching devices revoked since; at most once a second. How many closed."""
-        now = time.monotonic()
-        if now - self._revocations_checked < REVOCATION_CHECK_SECONDS:
-            return 0
-        self._revocations_checked = now
-        with self._lock:
-            watching = list(self._by_device)
-        if not watching:
-            return 0
-        from fleet.models import Device
-
-        try:
-            revoked = Device.objects.filter(pk__in=watching, revoked_at__isnull=False).values_list(
-                "pk", flat=True
-            )
-            closed = sum(self.close_device(str(pk)) for pk in revoked)
-        except Exception as exc:  # database briefly unavailable: check again next second
-            log.warning("hint hub could not check revocations: %s", exc)
-            return 0
-        finally:
-            connection.close()
-        return closed
 
     def notify(self, organisation_id: int, reason: str) -> int:
         """Wake every stream of the organisation; returns how many were woken."""
         with self._lock:
             targets = list(self._subscribers.get(organisation_id, ()))
-        for q in targets:
-            # a full queue means that stream has hints pending already: one check-in covers them all
-            with contextlib.suppress(queue.Full):
-                q.put_nowait(reason)
+        by_loop: dict[asyncio.AbstractEventLoop | None, list[Mailbox]] = defaultdict(list)
+        for mailbox in targets:
+            by_loop[mailbox.loop].append(mailbox)
+        for loop, mailboxes in by_loop.items():
+            _deliver_all(loop, mailboxes, reason)
         return len(targets)
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
-    def _organisations(self) -> list[int]:
-        with self._lock:
-            return list(self._subscribers)
+def _deliver_all(loop: asyncio.AbstractEventLoop | None, mailboxes: list[Mailbox], reason: str) -> None:
+    """One hand-over per event loop, not one per stream: 10,000 streams cost one wake-up."""
 
-    def _listen_redis(self) -> None:
-        import redis
+    def deliver() -> None:
+        for mailbox in mailboxes:
+            mailbox.deliver(reason)
 
-        while not self._stop.is_set():
-            try:
-                pubsub = redis.Redis.from_url(self.redis_url, socket_connect_timeout=5).pubsub()
-                pubsub.subscribe(CHANNEL)
-                while not self._stop.is_set():
-                    message = pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if message and message["type"] == "message":
-                        self.notify(int(message["data"]), "release changed")
-                    self.close_revoked()
-                pubsub.close()
-            except Exception as exc:  # connection lost: agents still poll; resubscribe shortly
-                log.warning("hint hub lost Redis (%s); resubscribing", exc)
-                self._stop.wait(2.0)
-
-    def _poll_database(self) -> None:
-        while not self._stop.wait(self.poll_seconds):
-            self.close_revoked()
-            organisations = self._organisations()
-            if not organisations:
-                continue
-            try:
-                current = _release_states(organisations)
-            except Exception as exc:  # database briefly unavailable: try again next tick
-                log.warning("hint hub could not read releases: %s", exc)
-                continue
-            finally:
-                connection.close()  # a poll every second must not pin a connection per gateway
-            for org in organisations:
-                state = current.get(org, (0, None))
-                if org in self._seen and self._seen[org] != state:
-                    self.notify(org, "release changed")
-                self._seen[org] = state
+    if loop is None or _running_loop() is loop:
+        deliver()
+    elif not loop.is_closed():
+        loop.call_soon_threadsafe(deliver)
 
 
-def _close(q: queue.Queue, closing: StreamClosed) -> None:
-    """Make closing the next thing the stream reads, whatever hints were pending."""
-    with contextlib.suppress(queue.Empty):
-        while True:
-            q.get_nowait()
-    with contextlib.suppress(queue.Full):
-        q.put_nowait(closing)
-
-
-def _release_states(organisations: list[int]) -> dict[int, tuple]:
-    """Per organisation: how many releases and when the newest change was (a cheap fingerprint)."""
-    from releases.models import Release
-
-    rows = (
-        Release.objects.filter(organisation_id__in=organisations)
-        .values("organisation_id")
-        .annotate(n=Count("id"), newest=Max("updated_at"))
-    )
-    return {r["organisation_id"]: (r["n"], r["newest"]) for r in rows}
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -2,14 +2,17 @@
 
 Every call gets a request id (an x-request-id metadata value if well formed) and, when the
 caller presented a client certificate, the device id it names (verified by TLS), bound to
-the log context so the servicer's own lines carry them too.
+the log context so the servicer's own lines carry them too.  Plain behaviours (run in grpc's
+thread pool) and async ones (WatchHints, health) are wrapped alike; wrapping.ForAio installs
+the interceptor on the grpc.aio server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -33,7 +36,39 @@ class ObservabilityInterceptor(grpc.ServerInterceptor):
         if handler is None:
             return None
         call = _Call.start(handler_call_details)
-        return wrap_handler(handler, call.wrap_unary, call.wrap_stream)
+        return wrap_handler(
+            handler,
+            call.wrap_unary,
+            call.wrap_stream,
+            awaited=call.wrap_awaited,
+            async_stream=call.wrap_async_stream,
+        )
+
+
+class _CodeKeeper:
+    """The context a plain behaviour sees, remembering the status it ends the call with: the
+    context grpc.aio gives a behaviour it runs in a thread has no code() to ask afterwards."""
+
+    def __init__(self, context: grpc.ServicerContext) -> None:
+        self._context = context
+        self._code: grpc.StatusCode | None = None
+
+    def abort(self, code: grpc.StatusCode, *args) -> None:
+        self._code = code
+        self._context.abort(code, *args)  # raises
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+        self._context.set_code(code)
+
+    def code(self) -> grpc.StatusCode | None:
+        if self._code is not None:
+            return self._code
+        asked = getattr(self._context, "code", None)
+        return asked() if asked is not None else None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
 
 
 class _Call:
@@ -53,6 +88,7 @@ class _Call:
 
     def wrap_unary(self, behaviour: Callable) -> Callable:
         def wrapped(request, context):
+            context = _CodeKeeper(context)
             started = self._bind(context)
             code = grpc.StatusCode.UNKNOWN
             try:
@@ -70,6 +106,7 @@ class _Call:
 
     def wrap_stream(self, behaviour: Callable) -> Callable:
         def wrapped(request, context) -> Iterator:
+            context = _CodeKeeper(context)
             started = self._bind(context)
             code = grpc.StatusCode.UNKNOWN
             watching = self.method == WATCH_HINTS
@@ -81,6 +118,53 @@ class _Call:
                     yield response
                 code = _code(context, grpc.StatusCode.OK)
             except GeneratorExit:
+                code = grpc.StatusCode.CANCELLED  # the client went away mid-stream
+                raise
+            except Exception:
+                code = _code(context, grpc.StatusCode.UNKNOWN)
+                raise
+            finally:
+                if watching:
+                    metrics.HINT_STREAMS.dec()
+                self._finish(code, started)
+
+        return wrapped
+
+    def wrap_awaited(self, behaviour: Callable) -> Callable:
+        """A coroutine behaviour: an async unary call, or a stream written with context.write."""
+
+        async def wrapped(request, context):
+            started = self._bind(context)
+            code = grpc.StatusCode.UNKNOWN
+            try:
+                response = await behaviour(request, context)
+                code = _code(context, grpc.StatusCode.OK)
+                self._count_response(response, code)
+                return response
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception:
+                code = _code(context, grpc.StatusCode.UNKNOWN)
+                raise
+            finally:
+                self._finish(code, started)
+
+        return wrapped
+
+    def wrap_async_stream(self, behaviour: Callable) -> Callable:
+        async def wrapped(request, context) -> AsyncIterator:
+            started = self._bind(context)
+            code = grpc.StatusCode.UNKNOWN
+            watching = self.method == WATCH_HINTS
+            if watching:
+                metrics.HINT_STREAMS.inc()
+            try:
+                async for response in behaviour(request, context):
+                    self._count_chunk(response)
+                    yield response
+                code = _code(context, grpc.StatusCode.OK)
+            except (asyncio.CancelledError, GeneratorExit):
                 code = grpc.StatusCode.CANCELLED  # the client went away mid-stream
                 raise
             except Exception:

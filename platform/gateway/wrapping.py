@@ -1,8 +1,16 @@
 """The one way Ferry's gRPC interceptors wrap a call: a function around each unary behaviour and
-one around each server-streaming behaviour, the handler otherwise unchanged."""
+one around each server-streaming behaviour, the handler otherwise unchanged.
+
+The gateway is a grpc.aio server: most behaviours are still plain functions (grpc runs them in
+its migration thread pool, so Django's ORM code is unchanged), some are coroutines or async
+generators (WatchHints, the health service).  A wrapper must keep its behaviour's kind, or grpc
+would run a coroutine in a thread; so an interceptor gives a wrapper per kind, and a kind it
+gives none for passes through unwrapped.
+"""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import grpc
@@ -10,20 +18,63 @@ import grpc
 Wrap = Callable[[Callable], Callable]
 
 
-def wrap_handler(handler: grpc.RpcMethodHandler | None, unary: Wrap, stream: Wrap):
-    """The handler with its behaviour wrapped; None (an unknown method) stays None."""
+def is_async(behaviour: Callable) -> bool:
+    """A coroutine function or an async generator function: grpc.aio runs it on its event loop."""
+    return inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
+
+
+def wrap_handler(
+    handler: grpc.RpcMethodHandler | None,
+    unary: Wrap,
+    stream: Wrap,
+    *,
+    awaited: Wrap | None = None,
+    async_stream: Wrap | None = None,
+):
+    """The handler with its behaviour wrapped; None (an unknown method) stays None.
+
+    unary and stream wrap plain functions (a sync unary call, a generator); ``awaited`` wraps
+    coroutine functions (an async unary call, or a stream written with context.write, as the
+    health service's Watch is); ``async_stream`` wraps async generators."""
     if handler is None:
         return None
     if handler.unary_unary is not None:
+        wrap = _pick(handler.unary_unary, unary, awaited, None)
+        if wrap is None:
+            return handler
         return grpc.unary_unary_rpc_method_handler(
-            unary(handler.unary_unary),
+            wrap(handler.unary_unary),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
     if handler.unary_stream is not None:
+        wrap = _pick(handler.unary_stream, stream, awaited, async_stream)
+        if wrap is None:
+            return handler
         return grpc.unary_stream_rpc_method_handler(
-            stream(handler.unary_stream),
+            wrap(handler.unary_stream),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
     return handler  # no client-streaming methods in the contract
+
+
+def _pick(behaviour: Callable, plain: Wrap, awaited: Wrap | None, async_stream: Wrap | None) -> Wrap | None:
+    if inspect.isasyncgenfunction(behaviour):
+        return async_stream
+    if inspect.iscoroutinefunction(behaviour):
+        return awaited
+    return plain
+
+
+class ForAio(grpc.aio.ServerInterceptor):
+    """A grpc.ServerInterceptor written in the wrap_handler style, installed on a grpc.aio server
+    (which accepts only grpc.aio.ServerInterceptor): the handler is resolved asynchronously, then
+    the interceptor wraps it exactly as it would on a synchronous server."""
+
+    def __init__(self, interceptor: grpc.ServerInterceptor) -> None:
+        self.interceptor = interceptor
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        return self.interceptor.intercept_service(lambda _details: handler, handler_call_details)
