@@ -324,15 +324,17 @@ class Agent:
         try:
             rotations = self.release_keys.take_chain([(link.rotation, link.signature) for link in chain])
         except RotationRefused as exc:
-            why = f"; the control plane says {reply.key_rotation_refused}" if reply.key_rotation_refused else ""
-            log.warning(
-                "release-key rotation refused (%s): %s; trusted keys unchanged%s", exc.code, exc, why
+            why = (
+                f"; the control plane says {reply.key_rotation_refused}" if reply.key_rotation_refused else ""
             )
+            log.warning("release-key rotation refused (%s): %s; trusted keys unchanged%s", exc.code, exc, why)
             return
         if rotations:
             self.installer.public_key = rotations[-1].keys[0]
             for rotation in rotations:
-                log.info("release keys rotated to set %d (%s)", rotation.sequence, rotation.keys[0].hex()[:16])
+                log.info(
+                    "release keys rotated to set %d (%s)", rotation.sequence, rotation.keys[0].hex()[:16]
+                )
 
     def take_key_rotation(self, message: agent_pb2.KeyRotation) -> None:
         """One rotation as an older gateway sends it (the latest only)."""

@@ -67,7 +67,14 @@ def reported(request: agent_pb2.CheckInRequest) -> tuple[str, str, str, str, byt
     release-key rotation held (a change is stored on the device row, so it is computed)."""
     a = request.attributes
     update = request.update.SerializeToString() if request.HasField("update") else b""
-    return a.hardware, a.os, a.agent_version, request.running_version_id, update, request.key_rotation_sequence
+    return (
+        a.hardware,
+        a.os,
+        a.agent_version,
+        request.running_version_id,
+        update,
+        request.key_rotation_sequence,
+    )
 
 
 @dataclass(slots=True)

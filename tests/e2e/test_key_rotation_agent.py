@@ -115,7 +115,9 @@ def test_an_agent_offline_through_two_retiring_rotations_catches_up_through_the_
         assert stored["sequence"] == 2 and stored["keys"] == [key2.hex()]
         device = Device.objects.get(pk=json.loads((state_dir / "credential.json").read_text())["device_id"])
         # the next check-in (within one interval) reports the rotation held, so operators see it
-        wait_for(lambda: (device.refresh_from_db(), device.release_key_sequence)[1] == 2, 90, "sequence 2", agent)
+        wait_for(
+            lambda: (device.refresh_from_db(), device.release_key_sequence)[1] == 2, 90, "sequence 2", agent
+        )
         assert agent.stop() == 0
     finally:
         if agent.process.poll() is None:

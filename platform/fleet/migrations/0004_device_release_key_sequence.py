@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('fleet', '0003_mtls_certificates'),
+        ("fleet", "0003_mtls_certificates"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='device',
-            name='release_key_sequence',
+            model_name="device",
+            name="release_key_sequence",
             field=models.PositiveBigIntegerField(default=0),
         ),
     ]
