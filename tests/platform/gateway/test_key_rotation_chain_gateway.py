@@ -11,6 +11,7 @@ from fleet.models import Device
 
 from agent.trust import ReleaseKeys
 from deploy.trust.rotation import MAX_CHAIN
+from ferryctl.fleet import DEVICE_COLUMNS
 from tests.platform.gateway.test_gateway import ATTRS, _enrolled, gateway  # noqa: F401
 
 
@@ -44,6 +45,7 @@ def test_a_device_behind_by_two_retiring_rotations_is_sent_both_and_catches_up(
     assert device.release_key_sequence == 0
     row = api.get(f"/api/v1/devices/{device.pk}/").json()
     assert (row["release_key_sequence"], row["release_key_status"]) == (0, "behind")
+    assert dict(DEVICE_COLUMNS)["KEYS"](row) == "0 behind"  # `ferryctl devices list` shows it
 
     assert [r.sequence for r in keys.take_chain(_links(behind))] == [1, 2]
     assert keys.keys == [release_public_key()]
@@ -63,10 +65,12 @@ def test_a_device_further_behind_than_a_chain_is_told_to_enrol_again(
     gateway,  # noqa: F811
     own_release_key,
     api,
+    capsys,
 ):
     client, reply = _enrolled(org, gateway)
     for _ in range(MAX_CHAIN + 1):
         call_command("release_key", "rotate", "--retire-previous")
+    assert "1 device(s) hold a rotation more than 16 behind" in capsys.readouterr().out
     response = client.check_in(ATTRS, "", "", key_rotation_sequence=0)
     assert response.key_rotation_refused == "reenrol_required"
     # the latest MAX_CHAIN links are sent anyway: a device enrolled after them finds its own keys
