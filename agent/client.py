@@ -59,6 +59,7 @@ class GatewayClient:
         update: agent_pb2.UpdateStatus | None = None,
         held_assignment_counter: int = 0,
         hinted: bool = False,
+        key_rotation_sequence: int = 0,
     ) -> agent_pb2.CheckInResponse:
         request = agent_pb2.CheckInRequest(
             attributes=attributes,
@@ -67,6 +68,7 @@ class GatewayClient:
             update=update,
             held_assignment_counter=held_assignment_counter,
             hinted=hinted,
+            key_rotation_sequence=key_rotation_sequence,
         )
         return self._stub.CheckIn(request, timeout=CALL_TIMEOUT_SECONDS)
 

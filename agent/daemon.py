@@ -305,10 +305,11 @@ class Agent:
             update=self.update_status(),
             held_assignment_counter=self.held_counter if self.lifecycle.state == IDLE else 0,
             hinted=hinted,
+            key_rotation_sequence=self.release_keys.reported_sequence,
         )
         self.interval = float(reply.checkin_interval_seconds or self.interval)
-        if reply.HasField("key_rotation"):
-            self.take_key_rotation(reply.key_rotation)
+        if reply.key_rotation_chain or reply.HasField("key_rotation"):
+            self.take_key_rotations(reply)
         offer = None
         if reply.HasField("desired"):
             offer = self.lifecycle.offer_signed(offer_from(reply.desired))
@@ -316,16 +317,28 @@ class Agent:
         if not reply.desired_unchanged:  # unchanged: what this device holds is still its assignment
             self.held_counter = self.lifecycle.settled(offer)
 
-    def take_key_rotation(self, message: agent_pb2.KeyRotation) -> None:
-        """Trust the rotated release keys if a key trusted now signed them; else keep the old ones."""
+    def take_key_rotations(self, reply: agent_pb2.CheckInResponse) -> None:
+        """Trust the rotated release keys if each link of the chain is signed by the keys trusted
+        at that step; else keep the old ones (a gateway without chains sends only the latest)."""
+        chain = reply.key_rotation_chain or [reply.key_rotation]
         try:
-            rotation = self.release_keys.take(message.rotation, message.signature)
+            rotations = self.release_keys.take_chain([(link.rotation, link.signature) for link in chain])
         except RotationRefused as exc:
-            log.warning("release-key rotation refused (%s): %s; trusted keys unchanged", exc.code, exc)
+            why = (
+                f"; the control plane says {reply.key_rotation_refused}" if reply.key_rotation_refused else ""
+            )
+            log.warning("release-key rotation refused (%s): %s; trusted keys unchanged%s", exc.code, exc, why)
             return
-        if rotation is not None:
-            self.installer.public_key = rotation.keys[0]
-            log.info("release keys rotated to set %d (%s)", rotation.sequence, rotation.keys[0].hex()[:16])
+        if rotations:
+            self.installer.public_key = rotations[-1].keys[0]
+            for rotation in rotations:
+                log.info(
+                    "release keys rotated to set %d (%s)", rotation.sequence, rotation.keys[0].hex()[:16]
+                )
+
+    def take_key_rotation(self, message: agent_pb2.KeyRotation) -> None:
+        """One rotation as an older gateway sends it (the latest only)."""
+        self.take_key_rotations(agent_pb2.CheckInResponse(key_rotation=message))
 
     def update_status(self) -> agent_pb2.UpdateStatus:
         """Where the update stands for the control plane: in progress, or how the last one ended."""

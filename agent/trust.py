@@ -20,8 +20,8 @@ from deploy.trust.rotation import (
     KeyRotation,
     RotationBadSignature,
     RotationMalformed,
-    unverified_keys,
-    verify_rotation,
+    unverified_rotation,
+    verify_chain,
 )
 
 MAX_DISPLAY_CHARS = 200
@@ -100,6 +100,14 @@ class ReleaseKeys:
     keys: list[bytes]
     sequence: int = 0
     sha256: str = ""
+    # the sequence of a rotation recognised as naming exactly our keys (enrolled after it): in
+    # memory only, reported to the gateway so it stops sending the chain up to it; never trusted
+    recognised_sequence: int = 0
+
+    @property
+    def reported_sequence(self) -> int:
+        """The rotation sequence this device tells the gateway it holds."""
+        return max(self.sequence, self.recognised_sequence)
 
     @property
     def path(self) -> Path:
@@ -127,23 +135,43 @@ class ReleaseKeys:
         return cls(state_dir, keys, sequence, sha256)
 
     def take(self, blob: bytes, signature: bytes) -> KeyRotation | None:
-        """Apply a rotation the gateway sent; None if already taken, RotationRefused if refused."""
-        sha256 = hashlib.sha256(blob).hexdigest()
-        if sha256 == self.sha256:
-            return None  # the rotation already taken, sent again at every check-in
+        """Apply one rotation (a chain of one); None if already taken, RotationRefused if refused."""
+        rotations = self.take_chain([(blob, signature)])
+        return rotations[-1] if rotations else None
+
+    def take_chain(self, links: list[tuple[bytes, bytes]]) -> list[KeyRotation]:
+        """Apply every rotation the gateway sent, in order: all of them durably, or none.
+
+        [] if there was nothing new; RotationRefused (and nothing changed) if any link is refused.
+        """
+        links = [link for link in links if hashlib.sha256(link[0]).hexdigest() != self.sha256]
+        if not links:
+            return []
         try:
-            rotation = verify_rotation(blob, signature, list(self.keys), self.sequence)
+            rotations = verify_chain(links, list(self.keys), self.sequence)
         except RotationBadSignature:
-            if unverified_keys(blob) == tuple(self.keys):
-                # enrolled after this rotation: its keys are ours already, signed by a key we never held;
-                # remembered in memory only (quiet check-ins), so it changes no trust state
-                self.sha256 = sha256
-                return None
-            raise
+            links = self._past_our_own_keys(links)
+            if links is None:
+                raise
+            rotations = verify_chain(links, list(self.keys), self.sequence) if links else []
+        if not rotations:
+            return []
+        last, sha256 = rotations[-1], hashlib.sha256(links[-1][0]).hexdigest()
+        # one write for the whole chain (temp file, fsync, rename): a crash keeps all or none
         write_json_atomic(
-            self.path,
-            {"keys": [k.hex() for k in rotation.keys], "sequence": rotation.sequence, "sha256": sha256},
+            self.path, {"keys": [k.hex() for k in last.keys], "sequence": last.sequence, "sha256": sha256}
         )
-        self.keys[:] = rotation.keys
-        self.sequence, self.sha256 = rotation.sequence, sha256
-        return rotation
+        self.keys[:] = last.keys
+        self.sequence, self.sha256 = last.sequence, sha256
+        return rotations
+
+    def _past_our_own_keys(self, links: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]] | None:
+        """The links after the last one naming exactly the keys we hold (a device enrolled after
+        it: signed by a key it never held), remembered in memory only; None if no link does."""
+        for index in range(len(links) - 1, -1, -1):
+            rotation = unverified_rotation(links[index][0])
+            if rotation is not None and rotation.keys == tuple(self.keys):
+                self.recognised_sequence = max(self.recognised_sequence, rotation.sequence)
+                self.sha256 = hashlib.sha256(links[index][0]).hexdigest()  # quiet at the next check-in
+                return links[index + 1 :]
+        return None

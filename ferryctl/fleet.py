@@ -21,6 +21,13 @@ def _version(key: str):
     return get
 
 
+def _release_keys(row: dict) -> str | None:
+    """The release-key rotation the device holds and how it stands, e.g. "2 current"."""
+    if "release_key_sequence" not in row:  # an older control plane
+        return None
+    return f"{row['release_key_sequence']} {row.get('release_key_status', '')}".strip()
+
+
 DEVICE_COLUMNS = [
     ("ID", field("id")),
     ("NAME", field("name")),
@@ -28,6 +35,7 @@ DEVICE_COLUMNS = [
     ("RUNNING", _version("running_version")),
     ("PINNED", _version("pinned_version")),
     ("LAST SEEN", field("last_seen_at")),
+    ("KEYS", _release_keys),
 ]
 DEVICE_DETAIL = [
     *DEVICE_COLUMNS,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64\x65ploy/proto/agent.proto\x12\x0e\x66\x65rry.agent.v1\"\xb4\x01\n\x10\x44\x65viceAttributes\x12\x10\n\x08hardware\x18\x01 \x01(\t\x12\n\n\x02os\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12<\n\x06labels\x18\x04 \x03(\x0b\x32,.ferry.agent.v1.DeviceAttributes.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"n\n\x0c\x45nrolRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x34\n\nattributes\x18\x03 \x01(\x0b\x32 .ferry.agent.v1.DeviceAttributes\x12\x0b\n\x03\x63sr\x18\x04 \x01(\x0c\"\x93\x01\n\nEnrolGrant\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x17\n\x0forganisation_id\x18\x02 \x01(\t\x12\x1a\n\x12\x63lient_certificate\x18\x03 \x01(\x0c\x12\x1b\n\x13release_public_keys\x18\x04 \x03(\x0c\x12 \n\x18\x63heckin_interval_seconds\x18\x05 \x01(\r\"7\n\rEnrolResponse\x12\r\n\x05grant\x18\x05 \x01(\x0c\x12\x11\n\tsignature\x18\x06 \x01(\x0cJ\x04\x08\x01\x10\x05\"\x1b\n\x0cRenewRequest\x12\x0b\n\x03\x63sr\x18\x01 \x01(\x0c\"+\n\rRenewResponse\x12\x1a\n\x12\x63lient_certificate\x18\x01 \x01(\x0c\"\xe1\x01\n\x0e\x43heckInRequest\x12\x34\n\nattributes\x18\x01 \x01(\x0b\x32 .ferry.agent.v1.DeviceAttributes\x12\x1a\n\x12running_version_id\x18\x02 \x01(\t\x12\x1e\n\x16running_package_digest\x18\x03 \x01(\t\x12,\n\x06update\x18\x04 \x01(\x0b\x32\x1c.ferry.agent.v1.UpdateStatus\x12\x1f\n\x17held_assignment_counter\x18\x05 \x01(\x04\x12\x0e\n\x06hinted\x18\x06 \x01(\x08\"\x93\x01\n\x0cUpdateStatus\x12\r\n\x05state\x18\x01 \x01(\t\x12\x12\n\nversion_id\x18\x02 \x01(\t\x12\x12\n\nrelease_id\x18\x03 \x01(\t\x12\x1a\n\x12\x61ssignment_counter\x18\x04 \x01(\x04\x12\x13\n\x0breason_code\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\n\n\x02\x61t\x18\x07 \x01(\x01\"\x9d\x02\n\x0cPackageOffer\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x12\n\nversion_id\x18\x02 \x01(\t\x12\x15\n\rversion_label\x18\x03 \x01(\t\x12\x12\n\nmodel_name\x18\x04 \x01(\t\x12\x16\n\x0epackage_digest\x18\x05 \x01(\t\x12\x14\n\x0cpackage_size\x18\x06 \x01(\x04\x12\x15\n\rdownload_only\x18\x07 \x01(\x08\x12\x10\n\x08rollback\x18\x08 \x01(\x08\x12\x31\n\x06window\x18\t \x01(\x0b\x32!.ferry.agent.v1.MaintenanceWindow\x12\x12\n\nassignment\x18\n \x01(\x0c\x12\x1c\n\x14\x61ssignment_signature\x18\x0b \x01(\x0c\"M\n\x11MaintenanceWindow\x12\x0c\n\x04\x63ron\x18\x01 \x01(\t\x12\x18\n\x10\x64uration_seconds\x18\x02 \x01(\r\x12\x10\n\x08timezone\x18\x03 \x01(\t\"\xb0\x01\n\x0f\x43heckInResponse\x12 \n\x18\x63heckin_interval_seconds\x18\x01 \x01(\r\x12-\n\x07\x64\x65sired\x18\x02 \x01(\x0b\x32\x1c.ferry.agent.v1.PackageOffer\x12\x31\n\x0ckey_rotation\x18\x03 \x01(\x0b\x32\x1b.ferry.agent.v1.KeyRotation\x12\x19\n\x11\x64\x65sired_unchanged\x18\x04 \x01(\x08\"2\n\x0bKeyRotation\x12\x10\n\x08rotation\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"9\n\x0f\x44ownloadRequest\x12\x16\n\x0epackage_digest\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"@\n\x0cPackageChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x12\n\ntotal_size\x18\x03 \x01(\x04\"i\n\x0fTelemetryRecord\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x11\n\ttimestamp\x18\x03 \x01(\x01\x12\x12\n\nversion_id\x18\x04 \x01(\t\x12\x14\n\x0cpayload_json\x18\x05 \x01(\t\"B\n\x0eTelemetryBatch\x12\x30\n\x07records\x18\x01 \x03(\x0b\x32\x1f.ferry.agent.v1.TelemetryRecord\"m\n\x0cTelemetryAck\x12\x13\n\x0bstored_seqs\x18\x01 \x03(\x04\x12\x16\n\x0e\x64uplicate_seqs\x18\x02 \x03(\x04\x12\x30\n\x08rejected\x18\x03 \x03(\x0b\x32\x1e.ferry.agent.v1.RejectedRecord\"-\n\x0eRejectedRecord\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"*\n\x0cWatchRequest\x12\x1a\n\x12running_version_id\x18\x01 \x01(\t\"\x16\n\x04Hint\x12\x0e\n\x06reason\x18\x01 \x01(\t2\xcf\x03\n\x0c\x41gentGateway\x12\x44\n\x05\x45nrol\x12\x1c.ferry.agent.v1.EnrolRequest\x1a\x1d.ferry.agent.v1.EnrolResponse\x12\x44\n\x05Renew\x12\x1c.ferry.agent.v1.RenewRequest\x1a\x1d.ferry.agent.v1.RenewResponse\x12J\n\x07\x43heckIn\x12\x1e.ferry.agent.v1.CheckInRequest\x1a\x1f.ferry.agent.v1.CheckInResponse\x12R\n\x0f\x44ownloadPackage\x12\x1f.ferry.agent.v1.DownloadRequest\x1a\x1c.ferry.agent.v1.PackageChunk0\x01\x12O\n\x0fReportTelemetry\x12\x1e.ferry.agent.v1.TelemetryBatch\x1a\x1c.ferry.agent.v1.TelemetryAck\x12\x42\n\nWatchHints\x12\x1c.ferry.agent.v1.WatchRequest\x1a\x14.ferry.agent.v1.Hint0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64\x65ploy/proto/agent.proto\x12\x0e\x66\x65rry.agent.v1\"\xb4\x01\n\x10\x44\x65viceAttributes\x12\x10\n\x08hardware\x18\x01 \x01(\t\x12\n\n\x02os\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12<\n\x06labels\x18\x04 \x03(\x0b\x32,.ferry.agent.v1.DeviceAttributes.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"n\n\x0c\x45nrolRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x34\n\nattributes\x18\x03 \x01(\x0b\x32 .ferry.agent.v1.DeviceAttributes\x12\x0b\n\x03\x63sr\x18\x04 \x01(\x0c\"\x93\x01\n\nEnrolGrant\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x17\n\x0forganisation_id\x18\x02 \x01(\t\x12\x1a\n\x12\x63lient_certificate\x18\x03 \x01(\x0c\x12\x1b\n\x13release_public_keys\x18\x04 \x03(\x0c\x12 \n\x18\x63heckin_interval_seconds\x18\x05 \x01(\r\"7\n\rEnrolResponse\x12\r\n\x05grant\x18\x05 \x01(\x0c\x12\x11\n\tsignature\x18\x06 \x01(\x0cJ\x04\x08\x01\x10\x05\"\x1b\n\x0cRenewRequest\x12\x0b\n\x03\x63sr\x18\x01 \x01(\x0c\"+\n\rRenewResponse\x12\x1a\n\x12\x63lient_certificate\x18\x01 \x01(\x0c\"\x80\x02\n\x0e\x43heckInRequest\x12\x34\n\nattributes\x18\x01 \x01(\x0b\x32 .ferry.agent.v1.DeviceAttributes\x12\x1a\n\x12running_version_id\x18\x02 \x01(\t\x12\x1e\n\x16running_package_digest\x18\x03 \x01(\t\x12,\n\x06update\x18\x04 \x01(\x0b\x32\x1c.ferry.agent.v1.UpdateStatus\x12\x1f\n\x17held_assignment_counter\x18\x05 \x01(\x04\x12\x0e\n\x06hinted\x18\x06 \x01(\x08\x12\x1d\n\x15key_rotation_sequence\x18\x07 \x01(\x04\"\x93\x01\n\x0cUpdateStatus\x12\r\n\x05state\x18\x01 \x01(\t\x12\x12\n\nversion_id\x18\x02 \x01(\t\x12\x12\n\nrelease_id\x18\x03 \x01(\t\x12\x1a\n\x12\x61ssignment_counter\x18\x04 \x01(\x04\x12\x13\n\x0breason_code\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\n\n\x02\x61t\x18\x07 \x01(\x01\"\x9d\x02\n\x0cPackageOffer\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x12\n\nversion_id\x18\x02 \x01(\t\x12\x15\n\rversion_label\x18\x03 \x01(\t\x12\x12\n\nmodel_name\x18\x04 \x01(\t\x12\x16\n\x0epackage_digest\x18\x05 \x01(\t\x12\x14\n\x0cpackage_size\x18\x06 \x01(\x04\x12\x15\n\rdownload_only\x18\x07 \x01(\x08\x12\x10\n\x08rollback\x18\x08 \x01(\x08\x12\x31\n\x06window\x18\t \x01(\x0b\x32!.ferry.agent.v1.MaintenanceWindow\x12\x12\n\nassignment\x18\n \x01(\x0c\x12\x1c\n\x14\x61ssignment_signature\x18\x0b \x01(\x0c\"M\n\x11MaintenanceWindow\x12\x0c\n\x04\x63ron\x18\x01 \x01(\t\x12\x18\n\x10\x64uration_seconds\x18\x02 \x01(\r\x12\x10\n\x08timezone\x18\x03 \x01(\t\"\x87\x02\n\x0f\x43heckInResponse\x12 \n\x18\x63heckin_interval_seconds\x18\x01 \x01(\r\x12-\n\x07\x64\x65sired\x18\x02 \x01(\x0b\x32\x1c.ferry.agent.v1.PackageOffer\x12\x31\n\x0ckey_rotation\x18\x03 \x01(\x0b\x32\x1b.ferry.agent.v1.KeyRotation\x12\x19\n\x11\x64\x65sired_unchanged\x18\x04 \x01(\x08\x12\x37\n\x12key_rotation_chain\x18\x05 \x03(\x0b\x32\x1b.ferry.agent.v1.KeyRotation\x12\x1c\n\x14key_rotation_refused\x18\x06 \x01(\t\"2\n\x0bKeyRotation\x12\x10\n\x08rotation\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"9\n\x0f\x44ownloadRequest\x12\x16\n\x0epackage_digest\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"@\n\x0cPackageChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x12\n\ntotal_size\x18\x03 \x01(\x04\"i\n\x0fTelemetryRecord\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x11\n\ttimestamp\x18\x03 \x01(\x01\x12\x12\n\nversion_id\x18\x04 \x01(\t\x12\x14\n\x0cpayload_json\x18\x05 \x01(\t\"B\n\x0eTelemetryBatch\x12\x30\n\x07records\x18\x01 \x03(\x0b\x32\x1f.ferry.agent.v1.TelemetryRecord\"m\n\x0cTelemetryAck\x12\x13\n\x0bstored_seqs\x18\x01 \x03(\x04\x12\x16\n\x0e\x64uplicate_seqs\x18\x02 \x03(\x04\x12\x30\n\x08rejected\x18\x03 \x03(\x0b\x32\x1e.ferry.agent.v1.RejectedRecord\"-\n\x0eRejectedRecord\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"*\n\x0cWatchRequest\x12\x1a\n\x12running_version_id\x18\x01 \x01(\t\"\x16\n\x04Hint\x12\x0e\n\x06reason\x18\x01 \x01(\t2\xcf\x03\n\x0c\x41gentGateway\x12\x44\n\x05\x45nrol\x12\x1c.ferry.agent.v1.EnrolRequest\x1a\x1d.ferry.agent.v1.EnrolResponse\x12\x44\n\x05Renew\x12\x1c.ferry.agent.v1.RenewRequest\x1a\x1d.ferry.agent.v1.RenewResponse\x12J\n\x07\x43heckIn\x12\x1e.ferry.agent.v1.CheckInRequest\x1a\x1f.ferry.agent.v1.CheckInResponse\x12R\n\x0f\x44ownloadPackage\x12\x1f.ferry.agent.v1.DownloadRequest\x1a\x1c.ferry.agent.v1.PackageChunk0\x01\x12O\n\x0fReportTelemetry\x12\x1e.ferry.agent.v1.TelemetryBatch\x1a\x1c.ferry.agent.v1.TelemetryAck\x12\x42\n\nWatchHints\x12\x1c.ferry.agent.v1.WatchRequest\x1a\x14.ferry.agent.v1.Hint0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,33 +48,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RENEWRESPONSE']._serialized_start=575
   _globals['_RENEWRESPONSE']._serialized_end=618
   _globals['_CHECKINREQUEST']._serialized_start=621
-  _globals['_CHECKINREQUEST']._serialized_end=846
-  _globals['_UPDATESTATUS']._serialized_start=849
-  _globals['_UPDATESTATUS']._serialized_end=996
-  _globals['_PACKAGEOFFER']._serialized_start=999
-  _globals['_PACKAGEOFFER']._serialized_end=1284
-  _globals['_MAINTENANCEWINDOW']._serialized_start=1286
-  _globals['_MAINTENANCEWINDOW']._serialized_end=1363
-  _globals['_CHECKINRESPONSE']._serialized_start=1366
-  _globals['_CHECKINRESPONSE']._serialized_end=1542
-  _globals['_KEYROTATION']._serialized_start=1544
-  _globals['_KEYROTATION']._serialized_end=1594
-  _globals['_DOWNLOADREQUEST']._serialized_start=1596
-  _globals['_DOWNLOADREQUEST']._serialized_end=1653
-  _globals['_PACKAGECHUNK']._serialized_start=1655
-  _globals['_PACKAGECHUNK']._serialized_end=1719
-  _globals['_TELEMETRYRECORD']._serialized_start=1721
-  _globals['_TELEMETRYRECORD']._serialized_end=1826
-  _globals['_TELEMETRYBATCH']._serialized_start=1828
-  _globals['_TELEMETRYBATCH']._serialized_end=1894
-  _globals['_TELEMETRYACK']._serialized_start=1896
-  _globals['_TELEMETRYACK']._serialized_end=2005
-  _globals['_REJECTEDRECORD']._serialized_start=2007
-  _globals['_REJECTEDRECORD']._serialized_end=2052
-  _globals['_WATCHREQUEST']._serialized_start=2054
-  _globals['_WATCHREQUEST']._serialized_end=2096
-  _globals['_HINT']._serialized_start=2098
-  _globals['_HINT']._serialized_end=2120
-  _globals['_AGENTGATEWAY']._serialized_start=2123
-  _globals['_AGENTGATEWAY']._serialized_end=2586
+  _globals['_CHECKINREQUEST']._serialized_end=877
+  _globals['_UPDATESTATUS']._serialized_start=880
+  _globals['_UPDATESTATUS']._serialized_end=1027
+  _globals['_PACKAGEOFFER']._serialized_start=1030
+  _globals['_PACKAGEOFFER']._serialized_end=1315
+  _globals['_MAINTENANCEWINDOW']._serialized_start=1317
+  _globals['_MAINTENANCEWINDOW']._serialized_end=1394
+  _globals['_CHECKINRESPONSE']._serialized_start=1397
+  _globals['_CHECKINRESPONSE']._serialized_end=1660
+  _globals['_KEYROTATION']._serialized_start=1662
+  _globals['_KEYROTATION']._serialized_end=1712
+  _globals['_DOWNLOADREQUEST']._serialized_start=1714
+  _globals['_DOWNLOADREQUEST']._serialized_end=1771
+  _globals['_PACKAGECHUNK']._serialized_start=1773
+  _globals['_PACKAGECHUNK']._serialized_end=1837
+  _globals['_TELEMETRYRECORD']._serialized_start=1839
+  _globals['_TELEMETRYRECORD']._serialized_end=1944
+  _globals['_TELEMETRYBATCH']._serialized_start=1946
+  _globals['_TELEMETRYBATCH']._serialized_end=2012
+  _globals['_TELEMETRYACK']._serialized_start=2014
+  _globals['_TELEMETRYACK']._serialized_end=2123
+  _globals['_REJECTEDRECORD']._serialized_start=2125
+  _globals['_REJECTEDRECORD']._serialized_end=2170
+  _globals['_WATCHREQUEST']._serialized_start=2172
+  _globals['_WATCHREQUEST']._serialized_end=2214
+  _globals['_HINT']._serialized_start=2216
+  _globals['_HINT']._serialized_end=2238
+  _globals['_AGENTGATEWAY']._serialized_start=2241
+  _globals['_AGENTGATEWAY']._serialized_end=2704
 # @@protoc_insertion_point(module_scope)

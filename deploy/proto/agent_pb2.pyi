@@ -72,20 +72,22 @@ class RenewResponse(_message.Message):
     def __init__(self, client_certificate: _Optional[bytes] = ...) -> None: ...
 
 class CheckInRequest(_message.Message):
-    __slots__ = ("attributes", "running_version_id", "running_package_digest", "update", "held_assignment_counter", "hinted")
+    __slots__ = ("attributes", "running_version_id", "running_package_digest", "update", "held_assignment_counter", "hinted", "key_rotation_sequence")
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_VERSION_ID_FIELD_NUMBER: _ClassVar[int]
     RUNNING_PACKAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     UPDATE_FIELD_NUMBER: _ClassVar[int]
     HELD_ASSIGNMENT_COUNTER_FIELD_NUMBER: _ClassVar[int]
     HINTED_FIELD_NUMBER: _ClassVar[int]
+    KEY_ROTATION_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     attributes: DeviceAttributes
     running_version_id: str
     running_package_digest: str
     update: UpdateStatus
     held_assignment_counter: int
     hinted: bool
-    def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ..., update: _Optional[_Union[UpdateStatus, _Mapping]] = ..., held_assignment_counter: _Optional[int] = ..., hinted: _Optional[bool] = ...) -> None: ...
+    key_rotation_sequence: int
+    def __init__(self, attributes: _Optional[_Union[DeviceAttributes, _Mapping]] = ..., running_version_id: _Optional[str] = ..., running_package_digest: _Optional[str] = ..., update: _Optional[_Union[UpdateStatus, _Mapping]] = ..., held_assignment_counter: _Optional[int] = ..., hinted: _Optional[bool] = ..., key_rotation_sequence: _Optional[int] = ...) -> None: ...
 
 class UpdateStatus(_message.Message):
     __slots__ = ("state", "version_id", "release_id", "assignment_counter", "reason_code", "message", "at")
@@ -142,16 +144,20 @@ class MaintenanceWindow(_message.Message):
     def __init__(self, cron: _Optional[str] = ..., duration_seconds: _Optional[int] = ..., timezone: _Optional[str] = ...) -> None: ...
 
 class CheckInResponse(_message.Message):
-    __slots__ = ("checkin_interval_seconds", "desired", "key_rotation", "desired_unchanged")
+    __slots__ = ("checkin_interval_seconds", "desired", "key_rotation", "desired_unchanged", "key_rotation_chain", "key_rotation_refused")
     CHECKIN_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DESIRED_FIELD_NUMBER: _ClassVar[int]
     KEY_ROTATION_FIELD_NUMBER: _ClassVar[int]
     DESIRED_UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    KEY_ROTATION_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    KEY_ROTATION_REFUSED_FIELD_NUMBER: _ClassVar[int]
     checkin_interval_seconds: int
     desired: PackageOffer
     key_rotation: KeyRotation
     desired_unchanged: bool
-    def __init__(self, checkin_interval_seconds: _Optional[int] = ..., desired: _Optional[_Union[PackageOffer, _Mapping]] = ..., key_rotation: _Optional[_Union[KeyRotation, _Mapping]] = ..., desired_unchanged: _Optional[bool] = ...) -> None: ...
+    key_rotation_chain: _containers.RepeatedCompositeFieldContainer[KeyRotation]
+    key_rotation_refused: str
+    def __init__(self, checkin_interval_seconds: _Optional[int] = ..., desired: _Optional[_Union[PackageOffer, _Mapping]] = ..., key_rotation: _Optional[_Union[KeyRotation, _Mapping]] = ..., desired_unchanged: _Optional[bool] = ..., key_rotation_chain: _Optional[_Iterable[_Union[KeyRotation, _Mapping]]] = ..., key_rotation_refused: _Optional[str] = ...) -> None: ...
 
 class KeyRotation(_message.Message):
     __slots__ = ("rotation", "signature")

@@ -8,12 +8,18 @@ the last one it accepted (or is that very rotation again, seen at the next check
 signed message has its own prefix, so a rotation signature never passes for a package or an
 assignment signature, nor the reverse, even under the same key.
 
+A device offline through several rotations catches up through the chain: every rotation above
+the one it holds, in order, each verified by the keys trusted at that step (``verify_chain``), so
+a key retired along the way is still followed as long as each link is signed by its predecessor.
+A chain is at most ``MAX_CHAIN`` links; a device further behind must be enrolled again.
+
 Pure: no Django, no I/O; the control plane signs, the agent verifies.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +34,7 @@ MAX_KEYS = 8
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 MAX_SEQUENCE = (1 << 63) - 1
+MAX_CHAIN = 16  # rotations a device may catch up on in one check-in; further behind: re-enrol
 _FIELDS = frozenset({"keys", "sequence", "issued_at"})
 
 
@@ -47,6 +54,10 @@ class RotationBadSignature(RotationRefused):
 
 class RotationStale(RotationRefused):
     code = "stale"
+
+
+class RotationChainTooLong(RotationRefused):
+    code = "chain_too_long"
 
 
 @dataclass(frozen=True)
@@ -116,13 +127,19 @@ def _parse(blob: bytes) -> KeyRotation:
     return rotation
 
 
-def unverified_keys(blob: bytes) -> tuple[bytes, ...] | None:
-    """The key set a rotation names, signature NOT checked: only to recognise one that changes
+def unverified_rotation(blob: bytes) -> KeyRotation | None:
+    """The rotation a blob names, signature NOT checked: only to recognise one that changes
     nothing (a device enrolled after it already holds its keys); never to trust a key."""
     try:
-        return _parse(blob).keys if isinstance(blob, bytes) and len(blob) <= MAX_ROTATION_BYTES else None
+        return _parse(blob) if isinstance(blob, bytes) and len(blob) <= MAX_ROTATION_BYTES else None
     except RotationMalformed:
         return None
+
+
+def unverified_keys(blob: bytes) -> tuple[bytes, ...] | None:
+    """The key set a rotation names, signature NOT checked (see unverified_rotation)."""
+    rotation = unverified_rotation(blob)
+    return None if rotation is None else rotation.keys
 
 
 def _check_signature(blob: bytes, signature: bytes, trusted_keys: list[bytes]) -> None:
@@ -164,3 +181,28 @@ def verify_rotation(
             "an old rotation replayed"
         )
     return rotation
+
+
+def verify_chain(
+    links: Sequence[tuple[bytes, bytes]], trusted_keys: list[bytes], last_sequence: int
+) -> list[KeyRotation]:
+    """Every rotation of ``links`` (blob, signature), in order, if the device should take them all.
+
+    Each link is verified by the keys the previous link named (the first by ``trusted_keys``)
+    and must be above the previous sequence, so a skipped, altered or reordered link refuses the
+    whole chain (the RotationRefused subclass of the first bad link, naming its position).
+    """
+    if len(links) > MAX_CHAIN:
+        raise RotationChainTooLong(
+            f"a key-rotation chain of {len(links)} links is over {MAX_CHAIN}: this device is too far "
+            "behind to catch up; enrol it again"
+        )
+    keys, sequence, taken = list(trusted_keys), last_sequence, []
+    for position, (blob, signature) in enumerate(links, 1):
+        try:
+            rotation = verify_rotation(blob, signature, keys, sequence)
+        except RotationRefused as exc:
+            raise type(exc)(f"link {position} of {len(links)} of the key-rotation chain: {exc}") from None
+        keys, sequence = list(rotation.keys), rotation.sequence
+        taken.append(rotation)
+    return taken

@@ -3,7 +3,8 @@
 Created once, atomically, by whichever process needs it first; devices receive the
 public half when they enrol and trust only packages it signed.  ``rotate_release_key`` replaces
 it: the new key set is signed by the old key (deploy.trust.rotation), kept next to the key file
-and sent to every device at check-in; the old key is kept as ``<key file>.<sequence>.retired``.
+with every earlier rotation (the chain: small, signed, public) and sent to devices at check-in,
+each the rotations above the one it holds; the old key is kept as ``<key file>.<sequence>.retired``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 from django.conf import settings
 
 from deploy.package import generate_keypair, public_key_of
-from deploy.trust.rotation import MAX_KEYS, KeyRotation, sign_rotation
+from deploy.trust.rotation import MAX_CHAIN, MAX_KEYS, KeyRotation, sign_rotation
+
+Link = tuple[bytes, bytes]  # (rotation bytes, signature by the previous key set)
 
 
 def release_private_key() -> bytes:
@@ -50,27 +53,62 @@ def _rotation_path_text() -> str:
     return path
 
 
-# Every check-in answer carries the rotation, so each process keeps the parsed file. Owner: this
+# Every check-in answer carries rotations, so each process keeps the parsed file. Owner: this
 # module. Invalidation: the file's identity (a rotation replaces it by rename, so inode and mtime
 # change), checked with one stat per call instead of an open, a read and a JSON parse.
-_rotation_cache: dict[str, tuple[tuple[int, int, int], tuple[bytes, bytes]]] = {}
+_rotation_cache: dict[str, tuple[tuple[int, int, int], list[tuple[int, Link]]]] = {}
 
 
-def current_rotation() -> tuple[bytes, bytes] | None:
-    """(rotation bytes, signature by the previous key) of the latest rotation, or None."""
+def _chain() -> list[tuple[int, Link]]:
+    """Every rotation so far, oldest first, with its sequence; [] before the first."""
     path = _rotation_path_text()  # a string and os.stat: pathlib costs more than the stat itself
     try:
         stat = os.stat(path)
     except FileNotFoundError:
-        return None
+        return []
     identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
     cached = _rotation_cache.get(path)
     if cached is not None and cached[0] == identity:
         return cached[1]
     saved = json.loads(Path(path).read_text())
-    rotation = base64.b64decode(saved["rotation"]), base64.b64decode(saved["signature"])
-    _rotation_cache[path] = (identity, rotation)
-    return rotation
+    # a file written before chains were kept holds the latest rotation only
+    links = saved.get("chain") or [{"rotation": saved["rotation"], "signature": saved["signature"]}]
+    chain = []
+    for link in links:
+        blob = base64.b64decode(link["rotation"])
+        chain.append((json.loads(blob)["sequence"], (blob, base64.b64decode(link["signature"]))))
+    _rotation_cache[path] = (identity, chain)
+    return chain
+
+
+def current_rotation() -> Link | None:
+    """(rotation bytes, signature by the previous key) of the latest rotation, or None."""
+    chain = _chain()
+    return chain[-1][1] if chain else None
+
+
+def current_sequence() -> int:
+    """The latest rotation's sequence; 0 if the release key was never rotated."""
+    chain = _chain()
+    return chain[-1][0] if chain else 0
+
+
+def rotations_after(sequence: int) -> tuple[list[Link], bool]:
+    """(the rotations above ``sequence``, oldest first, at most MAX_CHAIN, the latest ones; whether
+    more were left out: a device that far behind cannot catch up and must be enrolled again)."""
+    chain = _chain()
+    if not chain or chain[-1][0] <= sequence:
+        return [], False
+    above = [link for seq, link in chain if seq > sequence]
+    return above[-MAX_CHAIN:], len(above) > MAX_CHAIN
+
+
+def release_key_status(held_sequence: int, latest_sequence: int) -> str:
+    """How a device holding rotation ``held_sequence`` stands: current, behind (it catches up
+    through the chain at its next check-in) or reenrol_required (more than a chain behind)."""
+    if held_sequence >= latest_sequence:
+        return "current"
+    return "reenrol_required" if latest_sequence - held_sequence > MAX_CHAIN else "behind"
 
 
 def trusted_public_keys() -> list[bytes]:
@@ -103,10 +141,17 @@ def rotate_release_key(now: float | None = None, *, retire_previous: bool = Fals
     blob, signature = sign_rotation(rotation, old)
     key_path = Path(settings.FERRY_RELEASE_KEY_FILE)
     _write_atomic(key_path.with_name(f"{key_path.name}.{sequence}.retired"), old)
-    body = {"rotation": base64.b64encode(blob).decode(), "signature": base64.b64encode(signature).decode()}
+    links = [(link_blob, link_signature) for _, (link_blob, link_signature) in _chain()]
+    links.append((blob, signature))
+    chain = [{"rotation": _b64(b), "signature": _b64(s)} for b, s in links]
+    body = {"rotation": _b64(blob), "signature": _b64(signature), "chain": chain}
     _write_atomic(_rotation_path(), json.dumps(body).encode())
     _write_atomic(key_path, new.private_key)
     return rotation
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

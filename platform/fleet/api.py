@@ -16,6 +16,7 @@ from ferry_cloud.api_shapes import NULLABLE_VERSION_REF, StrictSerializer, versi
 from ferry_cloud.errors import Invalid, NotFound
 from ferry_cloud.idempotency import HEADER as IDEMPOTENCY_KEY
 from ferry_cloud.idempotency import idempotent
+from ferry_cloud.release_key import current_sequence, release_key_status
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
@@ -120,6 +121,7 @@ class DeviceOutput(serializers.ModelSerializer):
     pinned_version = serializers.UUIDField(source="pinned_version_id", allow_null=True, read_only=True)
     pinned_version_info = serializers.SerializerMethodField()
     telemetry_records = serializers.SerializerMethodField()
+    release_key_status = serializers.SerializerMethodField()
 
     class Meta:
         model = Device
@@ -136,6 +138,8 @@ class DeviceOutput(serializers.ModelSerializer):
             "last_seen_at",
             "revoked_at",
             "telemetry_records",
+            "release_key_sequence",
+            "release_key_status",
         ]
 
     @extend_schema_field(NULLABLE_VERSION_REF)
@@ -145,6 +149,10 @@ class DeviceOutput(serializers.ModelSerializer):
     @extend_schema_field(NULLABLE_VERSION_REF)
     def get_pinned_version_info(self, obj: Device) -> dict | None:
         return version_ref(obj.pinned_version)
+
+    def get_release_key_status(self, obj: Device) -> str:
+        """current, behind (catches up at its next check-in) or reenrol_required (too far behind)."""
+        return release_key_status(obj.release_key_sequence, current_sequence())
 
     def get_telemetry_records(self, obj: Device) -> int:
         counted = getattr(obj, "telemetry_count", None)  # device_list annotates it

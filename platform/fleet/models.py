@@ -35,6 +35,8 @@ class Device(models.Model):
     enrolled_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # the release-key rotation the device reported holding at its last check-in (0: enrolment keys)
+    release_key_sequence = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         ordering = ["name"]

@@ -188,9 +188,14 @@ def _reported_version(device: Device, running_version_id: str) -> ModelVersion |
         return None
 
 
-def device_record_check_in(*, device: Device, attributes: dict[str, str], running_version_id: str) -> Device:
+def device_record_check_in(
+    *, device: Device, attributes: dict[str, str], running_version_id: str, release_key_sequence: int = 0
+) -> Device:
     """Store what the device says it is and runs; cheap when nothing changed (no query, no write)."""
     changed: list[str] = []
+    if release_key_sequence != device.release_key_sequence:  # who is behind on rotations shows
+        device.release_key_sequence = release_key_sequence
+        changed.append("release_key_sequence")
     if running_version_id != (str(device.running_version_id) if device.running_version_id else ""):
         running = _reported_version(device, running_version_id)
         if (running.pk if running else None) != device.running_version_id:

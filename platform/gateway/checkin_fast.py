@@ -62,11 +62,19 @@ def device_facts(device: Device) -> int:
     )
 
 
-def reported(request: agent_pb2.CheckInRequest) -> tuple[str, str, str, str, bytes]:
-    """What a check-in reports, as sent: attributes, running version and update status."""
+def reported(request: agent_pb2.CheckInRequest) -> tuple[str, str, str, str, bytes, int]:
+    """What a check-in reports, as sent: attributes, running version, update status and the
+    release-key rotation held (a change is stored on the device row, so it is computed)."""
     a = request.attributes
     update = request.update.SerializeToString() if request.HasField("update") else b""
-    return a.hardware, a.os, a.agent_version, request.running_version_id, update
+    return (
+        a.hardware,
+        a.os,
+        a.agent_version,
+        request.running_version_id,
+        update,
+        request.key_rotation_sequence,
+    )
 
 
 @dataclass(slots=True)
@@ -75,7 +83,7 @@ class Known:
 
     organisation_id: int
     generation: int
-    reported: tuple[str, str, str, str, bytes]
+    reported: tuple[str, str, str, str, bytes, int]
     facts: int
     offer: bytes | None  # a serialized PackageOffer; None: nothing decided for the device
     counter: int  # the offer's assignment counter (0: none)

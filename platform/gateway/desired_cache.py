@@ -35,7 +35,14 @@ GENERATION_KEY = "ferry:fleet-generation:{}"
 # A device row saved with only these fields is a check-in or a certificate renewal: nothing
 # another device's answer depends on, and the device's own next check-in compares them itself.
 CHECK_IN_FIELDS = frozenset(
-    {"last_seen_at", "attributes", "running_version", "certificate_serial", "certificate_expires_at"}
+    {
+        "last_seen_at",
+        "attributes",
+        "running_version",
+        "certificate_serial",
+        "certificate_expires_at",
+        "release_key_sequence",
+    }
 )
 
 

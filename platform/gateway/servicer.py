@@ -17,7 +17,7 @@ import grpc
 from django.conf import settings
 from django.db import close_old_connections, connection
 from ferry_cloud.device_ca import device_ca
-from ferry_cloud.release_key import current_rotation, trusted_public_keys
+from ferry_cloud.release_key import current_rotation, rotations_after, trusted_public_keys
 from fleet.models import Device
 from fleet.services import (
     device_enrol,
@@ -116,6 +116,20 @@ def _offer(device: Device) -> Answer:
     return Answer(offer.SerializeToString(), issued.counter, issued.fresh_until)
 
 
+def _add_key_rotations(response: agent_pb2.CheckInResponse, held_sequence: int) -> None:
+    """The latest rotation (for agents that read only it: they skip a known one) and the chain of
+    every rotation above the one the device holds, so a device offline through several catches up."""
+    rotation = current_rotation()
+    if rotation is None:
+        return
+    response.key_rotation.rotation, response.key_rotation.signature = rotation
+    chain, too_far_behind = rotations_after(held_sequence)
+    for blob, signature in chain:
+        response.key_rotation_chain.add(rotation=blob, signature=signature)
+    if too_far_behind:  # sent anyway: a device enrolled after them recognises its own keys in it
+        response.key_rotation_refused = "reenrol_required"
+
+
 class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
     def __init__(self, hub: HintHub | None = None) -> None:
         self.hub = hub or HintHub.from_settings()
@@ -154,9 +168,7 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
         response = self.known.answer(device_id, request) if device_id else None
         if response is None:
             response = self._computed_check_in(request, context)
-        rotation = current_rotation()  # always sent when there is one (~200 bytes); agents skip a known one
-        if rotation is not None:
-            response.key_rotation.rotation, response.key_rotation.signature = rotation
+        _add_key_rotations(response, request.key_rotation_sequence)
         return response
 
     def _computed_check_in(self, request, context) -> agent_pb2.CheckInResponse:
@@ -174,7 +186,10 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
         report = _update_report(request)  # checked before anything is stored
         attributes, _ = _attributes(request.attributes)
         device = device_record_check_in(
-            device=device, attributes=attributes, running_version_id=request.running_version_id
+            device=device,
+            attributes=attributes,
+            running_version_id=request.running_version_id,
+            release_key_sequence=request.key_rotation_sequence,
         )
         if report is not None:
             device_status_record(device=device, report=report)

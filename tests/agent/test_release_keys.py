@@ -97,3 +97,59 @@ def test_a_package_converted_before_a_routine_rotation_still_installs(tmp_path: 
     with pytest.raises(SignatureError):
         installer.unpack(_offer("v2", archive), archive)
     assert sorted(p.name for p in (tmp_path / "state" / "versions").iterdir()) == ["v1"]
+
+
+def _two_retiring_rotations() -> list[tuple[bytes, bytes]]:
+    """Rotations 1 and 2 with --retire-previous: OLD -> NEW -> NEWER, each signed by the key before."""
+    return [_signed((NEW.public_key,), 1, OLD.private_key), _signed((NEWER.public_key,), 2, NEW.private_key)]
+
+
+def test_a_device_offline_through_two_rotations_takes_the_chain_in_one_write(tmp_path) -> None:
+    keys = ReleaseKeys.load(tmp_path, [OLD.public_key])
+    chain = _two_retiring_rotations()
+    with pytest.raises(RotationBadSignature):  # the latest alone (what a check-in carried) is signed by NEW
+        keys.take(*chain[1])
+    assert [r.sequence for r in keys.take_chain(chain)] == [1, 2]
+    assert (keys.keys, keys.sequence, keys.reported_sequence) == ([NEWER.public_key], 2, 2)
+    assert [p.name for p in tmp_path.iterdir()] == ["release_keys.json"]
+    restarted = ReleaseKeys.load(tmp_path, [OLD.public_key])
+    assert (restarted.keys, restarted.sequence) == ([NEWER.public_key], 2)
+    assert restarted.take_chain(chain[1:]) == []  # the last one taken, sent again: nothing to do
+
+
+def test_a_chain_with_a_bad_link_changes_nothing_not_even_its_good_links(tmp_path) -> None:
+    keys = ReleaseKeys.load(tmp_path, [OLD.public_key])
+    first, _ = _two_retiring_rotations()
+    forged = _signed((NEWER.public_key,), 2, NEWER.private_key)
+    with pytest.raises(RotationBadSignature, match="link 2 of 2"):
+        keys.take_chain([first, forged])
+    assert (keys.keys, keys.sequence) == ([OLD.public_key], 0)
+    assert not (tmp_path / "release_keys.json").exists()
+
+
+def test_a_device_enrolled_after_rotations_recognises_its_keys_and_follows_later_ones(tmp_path) -> None:
+    chain = _two_retiring_rotations()
+    keys = ReleaseKeys.load(tmp_path, [NEW.public_key])  # enrolled between rotation 1 and 2
+    assert [r.sequence for r in keys.take_chain(chain)] == [2]  # 1 names its keys; 2 is signed by NEW
+    assert (keys.keys, keys.sequence) == ([NEWER.public_key], 2)
+    late = ReleaseKeys.load(tmp_path / "late", [NEWER.public_key])  # enrolled after both
+    assert late.take_chain(chain) == [] and late.reported_sequence == 2 and late.sequence == 0
+    assert not (tmp_path / "late" / "release_keys.json").exists()
+
+
+def test_the_daemon_follows_a_chain_and_logs_the_control_planes_refusal_code(tmp_path, caplog) -> None:
+    agent = Agent.__new__(Agent)
+    agent.release_keys = ReleaseKeys.load(tmp_path, [OLD.public_key])
+    agent.installer = type("Installer", (), {"public_key": OLD.public_key})()
+    first, second = _two_retiring_rotations()
+    behind = agent_pb2.CheckInResponse(key_rotation_refused="reenrol_required")
+    behind.key_rotation_chain.add(rotation=second[0], signature=second[1])  # rotation 1 left out
+    with caplog.at_level(logging.WARNING):
+        agent.take_key_rotations(behind)
+    assert "bad_signature" in caplog.text and "reenrol_required" in caplog.text
+    assert agent.release_keys.keys == [OLD.public_key]
+    reply = agent_pb2.CheckInResponse()
+    for blob, signature in (first, second):
+        reply.key_rotation_chain.add(rotation=blob, signature=signature)
+    agent.take_key_rotations(reply)
+    assert agent.installer.public_key == NEWER.public_key and agent.release_keys.sequence == 2

@@ -6,8 +6,10 @@ from datetime import UTC, datetime
 
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from fleet.models import Device
 from releases.models import DeviceAssignment
 
+from deploy.trust.rotation import MAX_CHAIN
 from ferry_cloud.events import FleetChanged, publish
 from ferry_cloud.release_key import rotate_release_key
 
@@ -37,3 +39,14 @@ class Command(BaseCommand):
             f"assignments are signed with it; devices of {len(organisations)} organisation(s) take it "
             "at their next check-in"
         )
+        self._report_devices_behind(rotation.sequence)
+
+    def _report_devices_behind(self, sequence: int) -> None:
+        """Devices catch up through the chain of rotations; one further behind must be enrolled again."""
+        live = Device.objects.filter(revoked_at__isnull=True)
+        lost = live.filter(release_key_sequence__lt=sequence - MAX_CHAIN).count()
+        if lost:
+            self.stdout.write(
+                f"{lost} device(s) hold a rotation more than {MAX_CHAIN} behind and cannot catch up: "
+                "enrol them again (release_key_status reenrol_required in the device list)"
+            )
