@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -154,24 +155,24 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _synced_temp(path: Path, data: bytes) -> Path:
+    """data in a new file beside path (mode 0600, on disk): a unique name per call, since the
+    gateway's threads and several processes may create the key at once."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return Path(name)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    os.replace(_synced_temp(path, data), path)
 
 
 def _create(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(generate_keypair().private_key)
-        f.flush()
-        os.fsync(f.fileno())
+    tmp = _synced_temp(path, generate_keypair().private_key)
     try:
         os.link(tmp, path)  # fails if another process won the race; its key is kept
     except FileExistsError:
