@@ -167,6 +167,7 @@ class VersionQuery(ListQuery):
         required=False, min_value=1, max_value=2**63 - 1, help_text="Versions of this model."
     )
     status = serializers.ChoiceField(choices=ModelVersion.Status.choices, required=False)
+    kind = serializers.ChoiceField(choices=ModelVersion.Kind.choices, required=False)
 
 
 class ModelVersionQuery(VersionQuery):
@@ -185,7 +186,10 @@ class VersionListApi(OrganisationApi):
         """Every version of every model, newest first."""
         query = list_query(VersionQuery, request)
         versions = selectors.version_list(
-            organisation=self.organisation, model_id=query.get("model"), status=query.get("status")
+            organisation=self.organisation,
+            model_id=query.get("model"),
+            status=query.get("status"),
+            kind=query.get("kind"),
         )
         return paginated(request, versions, query, lambda rows: VersionOutput(rows, many=True).data)
 
@@ -204,7 +208,10 @@ class VersionCreateApi(OrganisationApi):
         model = selectors.model_get(organisation=self.organisation, model_id=model_id)
         query = list_query(ModelVersionQuery, request)
         versions = selectors.version_list(
-            organisation=self.organisation, model_id=model.pk, status=query.get("status")
+            organisation=self.organisation,
+            model_id=model.pk,
+            status=query.get("status"),
+            kind=query.get("kind"),
         )
         return paginated(request, versions, query, lambda rows: VersionOutput(rows, many=True).data)
 

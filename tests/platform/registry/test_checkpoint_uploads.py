@@ -187,6 +187,22 @@ def test_not_an_archive_and_wrong_options_are_400(api, model_id, llm_dir):
     assert not ModelVersion.objects.exists()
 
 
+def test_extraction_repeats_the_checks_and_finds_the_checkpoint_directory(tmp_path, llm_dir):
+    """The worker extracts what upload checked, and checks again: storage is not trusted either."""
+    hostile = tmp_path / "hostile.tar"
+    hostile.write_bytes(tar_with(file_member("ok/config.json"), file_member("ok/../../evil")))
+    (tmp_path / "out").mkdir()
+    with pytest.raises(archives.UnsafeArchive, match=r"'ok/\.\./\.\./evil' has '\.\.'"):
+        archives.extract_archive(hostile, tmp_path / "out")
+    assert not (tmp_path / "evil").exists()
+    for name, data in (("nested.tgz", tar_of(llm_dir)), ("flat.zip", zip_of(llm_dir))):
+        (tmp_path / name).write_bytes(data)
+        (tmp_path / f"x-{name}").mkdir()
+        root = archives.extract_archive(tmp_path / name, tmp_path / f"x-{name}")
+        assert (root / "config.json").read_bytes() == (llm_dir / "config.json").read_bytes()
+        assert sorted(p.name for p in root.iterdir()) == sorted(p.name for p in llm_dir.iterdir())
+
+
 def test_the_openapi_document_declares_the_kind_enum(api):
     document = api.get("/api/schema/?format=json").json()
     schemas = document["components"]["schemas"]
@@ -307,3 +323,5 @@ def test_llm_and_diffusion_archives_convert_on_a_worker_and_release_like_onnx(
     assert manifest["metadata"]["kind"] == "diffusion"
     # only the two packages: the broken checkpoint left nothing behind
     assert Artifact.objects.filter(kind=Artifact.Kind.PACKAGE).count() == 2
+    listed = api.get("/api/v1/versions/", {"kind": "diffusion"}).json()["results"]
+    assert [v["id"] for v in listed] == [done["id"]]
