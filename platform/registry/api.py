@@ -13,7 +13,8 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 
 from converter.options import ACTIVATION_METHODS, BLOCK_SIZES, PRECISIONS
-from registry import selectors, services
+from registry import checkpoints, selectors, services
+from registry.errors import InvalidUpload
 from registry.models import ConversionJob, Model, ModelVersion
 from registry.upload_limits import SizeLimitedMultiPartParser
 
@@ -40,6 +41,7 @@ class VersionOutput(serializers.ModelSerializer):
             "id",
             "model",
             "label",
+            "kind",
             "status",
             "options",
             "report",
@@ -102,8 +104,33 @@ class ModelDetailApi(OrganisationApi):
 
 
 class VersionInput(serializers.Serializer):
-    file = serializers.FileField(help_text="The ONNX model.")
+    file = serializers.FileField(
+        help_text="The ONNX model; for kind llm or diffusion, a tar (optionally gzip/bz2/xz) or zip "
+        "of the checkpoint directory."
+    )
     label = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
+    kind = serializers.ChoiceField(
+        choices=ModelVersion.Kind.choices,
+        default=ModelVersion.Kind.ONNX,
+        help_text="onnx: one ONNX file. llm: a Hugging Face Llama-family checkpoint (config.json, "
+        "*.safetensors, tokenizer.json). diffusion: diffusers' ONNX layout (text_encoder/, unet/, "
+        "vae_decoder/, tokenizer/, scheduler/).",
+    )
+    weights = serializers.ChoiceField(
+        choices=sorted({w for ws in checkpoints.WEIGHTS.values() for w in ws}),
+        required=False,
+        help_text="llm: fp16, int8 or int4 (default int4, block_size 32 or 64); diffusion: fp32 or int8 "
+        "(default fp32). Not for onnx (use quantize).",
+    )
+    image_size = serializers.IntegerField(
+        required=False, min_value=32, max_value=2048, help_text="diffusion: default image side (default 512)."
+    )
+    steps = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=100,
+        help_text="diffusion: default denoising steps, also those of the accuracy image (default 20).",
+    )
     quantize = serializers.ChoiceField(choices=list(PRECISIONS), required=False)
     block_size = serializers.ChoiceField(
         choices=list(BLOCK_SIZES), required=False, help_text="int4 block size."
@@ -130,6 +157,9 @@ class VersionInput(serializers.Serializer):
     )
 
 
+ONNX_OPTIONS = ("quantize", "block_size", "keep_float", "accuracy_budget", "activations")
+
+
 class VersionQuery(ListQuery):
     ORDERING = ("-created_at", "created_at")
 
@@ -137,6 +167,7 @@ class VersionQuery(ListQuery):
         required=False, min_value=1, max_value=2**63 - 1, help_text="Versions of this model."
     )
     status = serializers.ChoiceField(choices=ModelVersion.Status.choices, required=False)
+    kind = serializers.ChoiceField(choices=ModelVersion.Kind.choices, required=False)
 
 
 class ModelVersionQuery(VersionQuery):
@@ -155,7 +186,10 @@ class VersionListApi(OrganisationApi):
         """Every version of every model, newest first."""
         query = list_query(VersionQuery, request)
         versions = selectors.version_list(
-            organisation=self.organisation, model_id=query.get("model"), status=query.get("status")
+            organisation=self.organisation,
+            model_id=query.get("model"),
+            status=query.get("status"),
+            kind=query.get("kind"),
         )
         return paginated(request, versions, query, lambda rows: VersionOutput(rows, many=True).data)
 
@@ -174,7 +208,10 @@ class VersionCreateApi(OrganisationApi):
         model = selectors.model_get(organisation=self.organisation, model_id=model_id)
         query = list_query(ModelVersionQuery, request)
         versions = selectors.version_list(
-            organisation=self.organisation, model_id=model.pk, status=query.get("status")
+            organisation=self.organisation,
+            model_id=model.pk,
+            status=query.get("status"),
+            kind=query.get("kind"),
         )
         return paginated(request, versions, query, lambda rows: VersionOutput(rows, many=True).data)
 
@@ -188,16 +225,27 @@ class VersionCreateApi(OrganisationApi):
         model = selectors.model_get(organisation=self.organisation, model_id=model_id)
         data = VersionInput(data=request.data)
         data.is_valid(raise_exception=True)
-        upload = data.validated_data["file"]
-        fields = ("quantize", "block_size", "keep_float", "accuracy_budget", "activations")
-        options = {k: data.validated_data[k] for k in fields if k in data.validated_data}
-        samples = data.validated_data.get("calibration")
-        if samples is not None:
-            options["calibration"] = services.calibration_store(
-                organisation=model.organisation, stream=samples, size=samples.size
-            )
+        upload, kind = data.validated_data["file"], data.validated_data["kind"]
+        options = {k: v for k, v in data.validated_data.items() if k not in ("file", "label", "kind")}
+        samples = options.pop("calibration", None)
+        if kind == ModelVersion.Kind.ONNX:
+            foreign = sorted(set(options) - set(ONNX_OPTIONS))
+            if foreign:
+                message = f"{foreign[0]} is for kind llm or diffusion, not onnx."
+                raise InvalidUpload(message, fields={foreign[0]: [message]})
+            if samples is not None:
+                options["calibration"] = services.calibration_store(
+                    organisation=model.organisation, stream=samples, size=samples.size
+                )
+        elif samples is not None:
+            raise InvalidUpload("calibration is for kind onnx.", fields={"calibration": ["only for onnx"]})
         version = services.version_upload(
-            model=model, label=data.validated_data["label"], stream=upload, size=upload.size, options=options
+            model=model,
+            label=data.validated_data["label"],
+            stream=upload,
+            size=upload.size,
+            options=options,
+            kind=kind,
         )
         version = selectors.version_get(organisation=self.organisation, version_id=version.pk)
         return created(request, VersionOutput(version).data, "version", version_id=version.pk)

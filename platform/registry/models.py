@@ -9,6 +9,7 @@ class Artifact(models.Model):
 
     class Kind(models.TextChoices):
         ONNX = "onnx", "ONNX model"
+        ARCHIVE = "archive", "Checkpoint archive (tar or zip)"
         PACKAGE = "package", "Ferry package"
 
     organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="artifacts")
@@ -41,6 +42,14 @@ class Model(models.Model):
 class ModelVersion(models.Model):
     """One uploaded revision of a model; immutable once a release has used it."""
 
+    class Kind(models.TextChoices):
+        """What was uploaded: one ONNX file, or an archive of a language-model checkpoint or of a
+        diffusers ONNX layout; every kind converts into a signed package released the same way."""
+
+        ONNX = "onnx", "ONNX model"
+        LLM = "llm", "Language model (Hugging Face Llama-family checkpoint)"
+        DIFFUSION = "diffusion", "Text-to-image diffusion (diffusers ONNX layout)"
+
     class Status(models.TextChoices):
         CONVERTING = "converting", "Converting"
         READY = "ready", "Ready"
@@ -49,6 +58,7 @@ class ModelVersion(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="versions")
     label = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.ONNX)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CONVERTING)
     source = models.ForeignKey(Artifact, on_delete=models.PROTECT, related_name="+")
     package = models.ForeignKey(Artifact, on_delete=models.PROTECT, related_name="+", null=True, blank=True)

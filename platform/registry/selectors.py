@@ -31,9 +31,13 @@ def version_get(*, organisation: Organisation, version_id) -> ModelVersion:
 
 
 def version_list(
-    *, organisation: Organisation, model_id: int | None = None, status: str | None = None
+    *,
+    organisation: Organisation,
+    model_id: int | None = None,
+    status: str | None = None,
+    kind: str | None = None,
 ) -> QuerySet[ModelVersion]:
-    """The organisation's versions (of one model if given; in one status if given)."""
+    """The organisation's versions (of one model, in one status, of one kind: each if given)."""
     versions = ModelVersion.objects.filter(model__organisation=organisation).select_related(
         "model", "package", "job"
     )
@@ -41,6 +45,8 @@ def version_list(
         versions = versions.filter(model_id=model_id)
     if status is not None:
         versions = versions.filter(status=status)
+    if kind is not None:
+        versions = versions.filter(kind=kind)
     return versions
 
 

@@ -30,7 +30,7 @@ from converter.options import OPTION_NAMES, ConversionOptions, InvalidOptionsErr
 from deploy.package import ANY_DEVICE_CLASS, SignedClaims, sign_package
 from deploy.package.digest import bytes_sha256
 from deploy.package.reader import read_head
-from registry import storage
+from registry import archives, checkpoints, storage
 from registry.errors import InvalidUpload, VersionImmutable, VersionInUse
 from registry.models import Artifact, ConversionJob, Model, ModelVersion
 from registry.onnx_checks import check_self_contained
@@ -58,24 +58,41 @@ def artifact_store(*, organisation: Organisation, kind: str, stream: BinaryIO, s
 
 
 def version_upload(
-    *, model: Model, label: str, stream: BinaryIO, size: int, options: dict[str, Any] | None = None
+    *,
+    model: Model,
+    label: str,
+    stream: BinaryIO,
+    size: int,
+    options: dict[str, Any] | None = None,
+    kind: str = ModelVersion.Kind.ONNX,
 ) -> ModelVersion:
-    """Store an uploaded ONNX file as a new version and queue its conversion."""
+    """Store an upload as a new version and queue its conversion: an ONNX file, or for kind llm
+    or diffusion a tar or zip of the checkpoint directory (checked member by member first)."""
     options = options or {}
-    _check_conversion_options(options)
+    if kind == ModelVersion.Kind.ONNX:
+        _check_conversion_options(options)
+    else:
+        options = checkpoints.check_options(kind, options)
     if size == 0:
         raise InvalidUpload("The uploaded file is empty.")
     if size > settings.FERRY_MAX_UPLOAD_BYTES:
         raise InvalidUpload(f"The file is {size} bytes; the limit is {settings.FERRY_MAX_UPLOAD_BYTES}.")
     if ModelVersion.objects.filter(model=model, label=label).exists():
         raise Conflict(f"{model.name} already has a version labelled {label!r}.")
-    check_self_contained(stream)  # before anything is stored
-    source = artifact_store(
-        organisation=model.organisation, kind=Artifact.Kind.ONNX, stream=stream, suffix=".onnx"
-    )
+    # checked before anything is stored
+    if kind == ModelVersion.Kind.ONNX:
+        check_self_contained(stream)
+        artifact_kind, suffix = Artifact.Kind.ONNX, ".onnx"
+    else:
+        suffix = archives.archive_suffix(stream)
+        archives.check_archive(stream)
+        artifact_kind = Artifact.Kind.ARCHIVE
+    source = artifact_store(organisation=model.organisation, kind=artifact_kind, stream=stream, suffix=suffix)
     try:
         with transaction.atomic():
-            version = ModelVersion.objects.create(model=model, label=label, source=source, options=options)
+            version = ModelVersion.objects.create(
+                model=model, label=label, kind=kind, source=source, options=options
+            )
             job = ConversionJob.objects.create(version=version)
             transaction.on_commit(lambda: _enqueue_conversion(job.pk))
     except IntegrityError:
@@ -296,21 +313,32 @@ def conversion_run(*, job_id: int, worker: str = "") -> ConversionJob:
     )
     version = job.version
     calibration = version.options.get("calibration")
+    onnx = version.kind == ModelVersion.Kind.ONNX
     try:
         with (
             _heartbeat(job_id, worker),
-            storage.local_copy(version.source.file.name, ".onnx") as src,
+            storage.local_copy(version.source.file.name, ".onnx" if onnx else ".archive") as src,
             storage.local_copy(calibration["file"], ".npz") if calibration else nullcontext() as samples,
             tempfile.TemporaryDirectory() as tmp,
         ):
             unsigned, signed = Path(tmp) / "unsigned.ferry", Path(tmp) / "signed.ferry"
-            report = convert(
-                src,
-                unsigned,
-                options=_converter_options(version.options, samples),
-                progress=lambda fraction, message: _job_log(job_id, message, 0.9 * fraction),
-            )
-            _job_log(job_id, _accuracy_line(report.to_dict()), 0.9)
+
+            def progress(fraction: float, message: str) -> None:
+                _job_log(job_id, message, 0.9 * fraction)
+
+            if onnx:
+                converted = convert(
+                    src, unsigned, options=_converter_options(version.options, samples), progress=progress
+                ).to_dict()
+                summary = _accuracy_line(converted)
+            else:
+                workdir = Path(tmp) / "checkpoint"
+                workdir.mkdir()
+                result = checkpoints.convert_archive(
+                    version.kind, src, workdir, unsigned, version.options, progress
+                )
+                converted, summary = result.report, result.summary
+            _job_log(job_id, summary, 0.9)
             # the image role: signed once, for a device class and this organisation; which device
             # runs it when is a signed assignment (releases.assignments), never a re-signature
             claims = SignedClaims(
@@ -326,12 +354,12 @@ def conversion_run(*, job_id: int, worker: str = "") -> ConversionJob:
                     stream=stream,
                     suffix=".ferry",
                 )
-    except ConversionError as exc:
+    except (ConversionError, InvalidUpload) as exc:
         # The converter names the files it read; here they are the worker's temporary copies.
         return _conversion_fail(job_id, _without_server_paths(str(exc), version.label))
     with transaction.atomic():
         ModelVersion.objects.filter(pk=version.pk).update(
-            package=package, report=report.to_dict(), status=ModelVersion.Status.READY
+            package=package, report=converted, status=ModelVersion.Status.READY
         )
         ConversionJob.objects.filter(pk=job_id).update(
             status=ConversionJob.Status.SUCCEEDED, progress=1.0, error="", updated_at=timezone.now()

@@ -30,6 +30,11 @@ SPECTACULAR_SETTINGS = {
     "OAS_VERSION": "3.1.0",  # null as a type: generated clients and validators read it alike
     # request and response components apart: an upload's file is binary only in the request
     "COMPONENT_SPLIT_REQUEST": True,
+    # two fields named "kind" with different choices: each enum keeps a name of its own
+    "ENUM_NAME_OVERRIDES": {
+        "KindEnum": "fleet.models.DeviceGroup.Kind",
+        "VersionKindEnum": "registry.models.ModelVersion.Kind",
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "ferry_cloud.api_schema.declare_errors",
