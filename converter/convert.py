@@ -121,7 +121,7 @@ def convert(
         accuracy_budget=accuracy_budget,
         activations=activations,
     )
-    dst = _check_destination(dst)
+    dst = package_destination(dst)
     say = progress or (lambda fraction, message: None)
     limits = limits or _limits_from_env()
 
@@ -354,7 +354,8 @@ def _report(
     return report
 
 
-def _check_destination(dst: str | os.PathLike[str]) -> Path:
+def package_destination(dst: str | os.PathLike[str]) -> Path:
+    """dst as a package file path, refused with a clear error if it cannot be one."""
     path = Path(dst)
     if path.is_dir():
         raise ConversionError(f"{path}: is a directory; give a file path for the package")

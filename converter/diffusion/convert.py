@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from converter.convert import CONVERTER_VERSION, convert
+from converter.convert import CONVERTER_VERSION, convert, package_destination
 from converter.diffusion.layout import Layout, read_layout
 from converter.errors import ConversionError
 from deploy.package import MANIFEST, Manifest, SignedClaims, file_sha256, sign_package
@@ -115,7 +115,7 @@ def convert_diffusion(
     options = options or DiffusionOptions()
     options.check()
     say = progress or (lambda fraction, message: None)
-    dst = _destination(dst)
+    dst = package_destination(dst)
     say(0.02, "reading the layout")
     layout = read_layout(source)
     with tempfile.TemporaryDirectory(prefix="ferry-diffusion-") as tmp:
@@ -154,15 +154,6 @@ def convert_diffusion(
     report.seconds = round(time.perf_counter() - started, 2)
     say(1.0, "done")
     return report
-
-
-def _destination(dst: str | os.PathLike[str]) -> Path:
-    path = Path(dst)
-    if path.is_dir():
-        raise ConversionError(f"{path}: is a directory; give a file path for the package")
-    if not path.parent.is_dir():
-        raise ConversionError(f"{path.parent}: no such directory for the package")
-    return path
 
 
 def _spec(layout: Layout, options: DiffusionOptions) -> DiffusionSpec:

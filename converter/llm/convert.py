@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from converter.convert import package_destination
 from converter.errors import ConversionError, InvalidModelError
 from converter.llm.accuracy import compare
 from deploy.package import MANIFEST, Manifest
@@ -74,7 +75,7 @@ def convert_llm(
         raise ConversionError(f"--weights {weights!r} is not one of {', '.join(PRECISIONS)}")
     if block not in BLOCKS:
         raise ConversionError(f"--block {block} is not one of {', '.join(map(str, BLOCKS))}")
-    dst = _destination(dst)
+    dst = package_destination(dst)
     sample = _text(text)
     report_progress(0.05, "reading the checkpoint")
     try:
@@ -125,15 +126,6 @@ def convert_llm(
         seconds=time.perf_counter() - started,
         files=[name for name, _ in files],
     )
-
-
-def _destination(dst: str | os.PathLike[str]) -> Path:
-    path = Path(dst)
-    if path.is_dir():
-        raise ConversionError(f"{path}: is a directory; give a file path for the package")
-    if not path.parent.is_dir():
-        raise ConversionError(f"{path.parent}: no such directory for the package")
-    return path
 
 
 def _text(text: str | os.PathLike[str] | None) -> str:
