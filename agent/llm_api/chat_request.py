@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from agent.llm_api.errors import invalid
+from agent.llm_api.errors import invalid, json_object
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 MAX_BODY_BYTES = 1 << 20
@@ -28,12 +27,7 @@ class ChatRequest:
 
 def parse_chat_request(body: bytes) -> ChatRequest:
     """The request in ``body`` (JSON), or ApiError 400 naming the field at fault."""
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid(f"the body is not valid JSON ({exc})", "invalid_json") from exc
-    if not isinstance(data, dict):
-        raise invalid("the body must be a JSON object", "invalid_json")
+    data = json_object(body)
     n = data.get("n", 1)
     if n != 1 or isinstance(n, bool):
         raise invalid("only n=1 is supported")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -27,3 +28,14 @@ def invalid(message: str, code: str = "invalid_value") -> ApiError:
 
 class ClientGone(Exception):
     """The client closed the connection mid-stream; generation stops (not counted as an error)."""
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body parsed as a JSON object, or ApiError 400 saying why it is not one."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise invalid(f"the body is not valid JSON ({exc})", "invalid_json") from exc
+    if not isinstance(data, dict):
+        raise invalid("the body must be a JSON object", "invalid_json")
+    return data

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ActivationError
-from agent.llm_api.errors import ApiError, ClientGone, invalid
+from agent.llm_api.errors import ApiError, ClientGone, invalid, json_object
 
 IMAGES_PATH = "/v1/images/generations"
 DEFAULT_QUEUE_BOUND = 4
@@ -58,12 +58,7 @@ class ImageRequest:
 
 def parse_image_request(body: bytes) -> ImageRequest:
     """The request in ``body`` (JSON), or ApiError 400 naming the field at fault."""
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid(f"the body is not valid JSON ({exc})", "invalid_json") from exc
-    if not isinstance(data, dict):
-        raise invalid("the body must be a JSON object", "invalid_json")
+    data = json_object(body)
     unknown = sorted(set(data) - FIELDS)
     if unknown:
         raise invalid(f"unknown field(s) {unknown[:5]}")
