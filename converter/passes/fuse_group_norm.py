@@ -16,6 +16,7 @@ import numpy as np
 from converter.passes.common import _only_reader, _producers, _readers, _replace
 from converter.translate import FerryGraph
 
+
 def fuse_group_norm(graph: FerryGraph) -> FerryGraph:
     """Each match of the pattern -> GroupNormalization(x, gamma, beta, num_groups, epsilon)."""
     readers, producers = _readers(graph), _producers(graph)

@@ -94,10 +94,14 @@ def torch_group_norm(groups: int, channels: int, silu: bool) -> onnx.ModelProto:
         helper.make_node("Add", ["scaled", "beta"], ["y" if not silu else "gn"]),
     ]
     if silu:
-        nodes += [helper.make_node("Sigmoid", ["gn"], ["gate"]), helper.make_node("Mul", ["gn", "gate"], ["y"])]
+        nodes += [
+            helper.make_node("Sigmoid", ["gn"], ["gate"]),
+            helper.make_node("Mul", ["gn", "gate"], ["y"]),
+        ]
     initializers = [
         ints("split", [0, groups, -1]), const("ones", np.ones(groups)), const("zeros", np.zeros(groups)),
-        const("gamma", 1 + RNG.standard_normal((channels, 1, 1))), const("beta", RNG.standard_normal((channels, 1, 1))),
+        const("gamma", 1 + RNG.standard_normal((channels, 1, 1))),
+        const("beta", RNG.standard_normal((channels, 1, 1))),
     ]  # fmt: skip
     shape = ["batch", channels, "height", "width"]
     return model(nodes, [fvalue("x", shape)], [fvalue("y", shape)], initializers)
@@ -108,7 +112,9 @@ def converted(tmp_path, source: onnx.ModelProto, feeds: dict[str, np.ndarray]):
     inferred = onnx.shape_inference.infer_shapes(source, strict_mode=True, data_prop=True)
     graph, _ = optimize.optimize(translate(inferred, source.opset_import[0].version))
     path = tmp_path / "model.ferry"
-    write_package(path, graph=graph.graph_dict(), tensors=graph.tensors, inputs=graph.inputs, outputs=graph.outputs)
+    write_package(
+        path, graph=graph.graph_dict(), tensors=graph.tensors, inputs=graph.inputs, outputs=graph.outputs
+    )
     session = ort.InferenceSession(source.SerializeToString(), providers=["CPUExecutionProvider"])
     want = session.run(None, feeds)
     got = Session(path, threads=1).run(feeds)
@@ -145,7 +151,9 @@ def test_merge_leaves_a_scaled_product_not_feeding_softmax():
         helper.make_node("Mul", ["b", "s"], ["bs"]),
         helper.make_node("MatMul", ["as", "bs"], ["y"]),
     ]
-    source = model(nodes, [fvalue("a", [2, 3]), fvalue("b", [3, 4])], [fvalue("y", [2, 4])], [const("s", [0.5])])
+    source = model(
+        nodes, [fvalue("a", [2, 3]), fvalue("b", [3, 4])], [fvalue("y", [2, 4])], [const("s", [0.5])]
+    )
     graph = merge_attention_scales.run(translate(onnx.shape_inference.infer_shapes(source), 17))
     assert ops(graph) == ["Mul", "Mul", "MatMul"]
 
