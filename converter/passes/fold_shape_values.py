@@ -89,6 +89,8 @@ def _refine_dims(
             constant = tensors.get(other)
             if constant is not None and constant.size == 1:
                 found = _dims_of(graph, this, dims)
+                if found is not None and constant.ndim > len(found):
+                    found = None  # the constant's rank widens the result
                 break
     if found is not None and out:
         dims[out] = found
@@ -126,7 +128,10 @@ def _evaluate(
     if any(name and name not in tensors and name not in partial for name in inputs):
         return None
     if any(name in partial for name in inputs):
-        result = _on_partial(node, tensors, partial)
+        try:
+            result = _on_partial(node, tensors, partial)
+        except (IndexError, ValueError, TypeError):  # e.g. an index past the vector: fails at run time too
+            return None
         if result is None:
             return None
         known = result.known()
@@ -157,9 +162,14 @@ def _on_partial(node: dict[str, Any], tensors: dict, partial: dict[str, Partial]
     """Gather, Slice, Unsqueeze, Squeeze, Concat, Cast over vectors with unknown entries."""
     op, inputs, attrs = node["op"], node["inputs"], node["attrs"]
     data = _as_partial(inputs[0], tensors, partial)
-    rest = [tensors.get(name) for name in inputs[1:] if name]
+    if op == "Concat" and int(attrs.get("axis", 0)) in (0, -1):  # any of its inputs may be partial
+        parts = [_as_partial(name, tensors, partial) for name in inputs]
+        if any(p.values.ndim != 1 for p in parts):
+            return None
+        return Partial(np.concatenate([p.values for p in parts]), data.dtype)
+    rest = [tensors.get(name) for name in inputs[1:]]
     if any(value is None for value in rest) or data.values.ndim > 1:
-        return None  # only the data input may be partly known, and only a vector
+        return None  # only the data input may be partly known, and only a vector (no empty inputs)
     if op == "Gather" and int(attrs.get("axis", 0)) == 0:
         picked = data.values[rest[0].astype(np.int64)]
         return Partial(np.asarray(picked, dtype=object).reshape(rest[0].shape), data.dtype)
@@ -175,11 +185,6 @@ def _on_partial(node: dict[str, Any], tensors: dict, partial: dict[str, Partial]
         return Partial(data.values.reshape(()), data.dtype)
     if op == "Cast":
         return Partial(data.values, _cast_dtype(attrs))
-    if op == "Concat" and int(attrs.get("axis", 0)) in (0, -1):
-        parts = [_as_partial(name, tensors, partial) for name in inputs]
-        if any(p.values.ndim != 1 for p in parts):
-            return None
-        return Partial(np.concatenate([p.values for p in parts]), data.dtype)
     return None
 
 

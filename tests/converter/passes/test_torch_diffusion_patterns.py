@@ -174,3 +174,30 @@ def test_group_norm_with_a_non_unit_instance_scale_is_left():
             init.CopyFrom(const("ones", np.full(4, 2.0)))
     graph = fuse_group_norm.run(translate(onnx.shape_inference.infer_shapes(source, data_prop=True), 17))
     assert "GroupNormalization" not in ops(graph)
+
+
+def test_fold_shape_values_through_a_concat_of_two_unknown_dims(tmp_path):
+    nodes = [
+        helper.make_node("Shape", ["x"], ["xs"]),
+        helper.make_node("Slice", ["xs", "zero1", "one1"], ["b"]),
+        helper.make_node("Slice", ["xs", "one1", "two1"], ["n"]),
+        helper.make_node("Concat", ["b", "n", "heads1", "width1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["split"]),
+        helper.make_node("Shape", ["split"], ["ss"]),
+        helper.make_node("Gather", ["ss", "three"], ["d"], axis=0),
+        helper.make_node("Cast", ["d"], ["df"], to=TensorProto.FLOAT),
+        helper.make_node("Sqrt", ["df"], ["root"]),
+        helper.make_node("Mul", ["split", "root"], ["y"]),
+    ]
+    initializers = [
+        ints("zero1", [0]), ints("one1", [1]), ints("two1", [2]), ints("three", 3),
+        ints("heads1", [HEADS]), ints("width1", [WIDTH // HEADS]),
+    ]  # fmt: skip
+    source = model(
+        nodes,
+        [fvalue("x", ["batch", "seq", WIDTH])],
+        [fvalue("y", ["batch", "seq", HEADS, WIDTH // HEADS])],
+        initializers,
+    )
+    graph = converted(tmp_path, source, {"x": rand(3, 5, WIDTH)})
+    assert "Sqrt" not in ops(graph) and "Gather" not in ops(graph)
