@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/diffusion.py                      # the small SD-style variant
     .venv/bin/python bench/diffusion.py --models small,sd15  # + SD-1.5's UNet (3.4 GB fp32)
+    .venv/bin/python bench/diffusion.py --no-int8            # skip the slow int8 conversion
 
 Builds, with diffusers and random weights (bench only; nothing is downloaded): a UNet2DCondition
 model, a CLIP text encoder and a VAE decoder, exports each with torch's TorchScript exporter
