@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/diffusion.py                      # the small SD-style variant
     .venv/bin/python bench/diffusion.py --models small,sd15  # + SD-1.5's UNet (3.4 GB fp32)
+    .venv/bin/python bench/diffusion.py --no-int8            # skip the slow int8 conversion
 
 Builds, with diffusers and random weights (bench only; nothing is downloaded): a UNet2DCondition
 model, a CLIP text encoder and a VAE decoder, exports each with torch's TorchScript exporter
@@ -11,7 +12,9 @@ converts the layout with ``convert_diffusion`` (fp32 and int8), then prints:
 - the UNet step (batch 2: classifier-free guidance, 32x32 latents = 256x256 images) for Ferry
   and onnxruntime at 1 and 2 threads, interleaved rounds, medians;
 - a whole 20-step 256x256 image in a fresh process per runtime (graphs loaded inside the timed
-  generation for both; the second generation is timed, the first plans) and its peak RSS (VmHWM);
+  generation for both; the second generation is timed, the first plans) and its peak RSS (VmHWM),
+  and Ferry's pipeline again with ``keep_sessions=True`` (Sessions kept, loaded and planned,
+  from the first image: the timed one loads nothing);
 - the int8 package's size against fp32 and its image's PSNR/SSIM against fp32 (same seed);
 - where the UNet step's time goes per operator type, for both runtimes;
 - one summary line: ``diffusion: unet step ratio R1 (1 thread), R2 (2 threads); image ratio R3;
@@ -238,13 +241,15 @@ def profile(unet_package: Path, onnx_path: Path, feeds: dict) -> tuple[dict[str,
 
 def child(runtime: str, directory: str, layout: str, threads: int) -> None:
     """One fresh process: two 20-step 256x256 images (the second timed), then VmHWM."""
-    if runtime == "ferry":
+    if runtime in ("ferry", "ferry-keep"):
         from engine.diffusion.pipeline import DiffusionPipeline, GenerationRequest  # noqa: PLC0415
 
         request = GenerationRequest(PROMPT, width=256, height=256, steps=20, seed=SEED, scheduler="dpmpp_2m")
+        # ferry: one graph loaded at a time (the default); ferry-keep: Sessions kept across images
+        pipe = DiffusionPipeline(directory, threads=threads, keep_sessions=runtime == "ferry-keep")
 
         def generate() -> np.ndarray:
-            return DiffusionPipeline(directory, threads=threads).generate(request).image
+            return pipe.generate(request).image
     else:
 
         def generate() -> np.ndarray:
@@ -346,6 +351,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="small", help="comma-separated: small, sd15")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--no-int8", action="store_true", help="skip the int8 conversion (slow) and its report"
+    )
     args = parser.parse_args()
     os.environ.setdefault("FERRY_KERNEL_CACHE", str(OUT / "kernel-cache"))
     OUT.mkdir(parents=True, exist_ok=True)
@@ -366,7 +374,7 @@ def main() -> None:
                 continue
         else:
             directory, fp32_report = convert(layout, "fp32", name)
-            int8_dir, int8_report = convert(layout, "int8", name)
+            int8_report = None if args.no_int8 else convert(layout, "int8", name)[1]
             package, feeds = directory / "unet.ferry", unet_feeds(layout, UNETS[name]["cross_attention_dim"])
         onnx_path = layout / "unet" / "model.onnx"
         print(f"\n{name}: UNet step, batch 2, {LATENT}x{LATENT} latents (ms, medians of {args.rounds})")
@@ -391,6 +399,7 @@ def main() -> None:
         if name == "sd15":
             continue
         ferry = fresh("ferry", directory, layout, 1)
+        kept = fresh("ferry-keep", directory, layout, 1)
         theirs_image = fresh("ort", directory, layout, 1)
         summary["image"] = ferry["seconds"] / theirs_image["seconds"]
         from engine.diffusion.quality import psnr  # noqa: PLC0415
@@ -399,8 +408,11 @@ def main() -> None:
         print(f"\n{name}: 20-step 256x256 image, 1 thread, fresh process (second image timed)")
         print("| runtime | s | peak RSS MB |\n| --- | --- | --- |")
         print(f"| Ferry | {ferry['seconds']:.2f} | {ferry['peak_rss_mb']:.0f} |")
+        print(f"| Ferry, keep_sessions | {kept['seconds']:.2f} | {kept['peak_rss_mb']:.0f} |")
         print(f"| onnxruntime | {theirs_image['seconds']:.2f} | {theirs_image['peak_rss_mb']:.0f} |")
         print(f"image ratio {summary['image']:.2f}; Ferry's image vs onnxruntime's: PSNR {agree:.1f} dB")
+        if int8_report is None:
+            continue
         p = int8_report.pipeline
         summary["psnr"] = p["psnr_db"]
         print(

@@ -3,8 +3,11 @@ classifier-free guidance -> VAE decoder -> an RGB image.
 
 Each graph is an ``engine.Session`` loaded only while it runs (text encoder, then the UNet for
 every step, then the VAE decoder), so the process holds one graph's weights and working set at
-a time.  The unconditional and conditional passes run as one batch of 2.  The seed fixes the
-starting latents and every noise draw, so the same request gives the same image.
+a time.  With ``keep_sessions=True`` the three Sessions stay loaded and planned after their first
+use, so later images skip each graph's load, first (unplanned) run and planning, at the cost of
+holding all three graphs' weights and plans at once (``release()`` drops them).  The
+unconditional and conditional passes run as one batch of 2.  The seed fixes the starting
+latents and every noise draw, so the same request gives the same image.
 """
 
 from __future__ import annotations
@@ -73,8 +76,16 @@ class GenerationResult:
 class DiffusionPipeline:
     """An unpacked diffusion package (engine/diffusion/package.py), ready to generate."""
 
-    def __init__(self, directory: str | Path, threads: int | None = None, jit: bool | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        threads: int | None = None,
+        jit: bool | None = None,
+        keep_sessions: bool = False,
+    ) -> None:
         self.directory = Path(directory)
+        self.keep_sessions = keep_sessions
+        self._kept: dict[str, Session] = {}
         self.spec: DiffusionSpec = read_spec(self.directory)
         self.threads, self.jit = threads, jit
         self.tokenizer = load_package_tokenizer(
@@ -87,8 +98,24 @@ class DiffusionPipeline:
         self.schedule = ScheduleConfig.from_dict(raw)
 
     def _session(self, graph: str) -> Session:
+        if graph in self._kept:
+            return self._kept[graph]
         path = self.directory / self.spec.graphs[graph]
-        return Session(path, threads=self.threads, jit=self.jit, verify=False)
+        session = Session(path, threads=self.threads, jit=self.jit, verify=False)
+        if self.keep_sessions:
+            self._kept[graph] = session
+        return session
+
+    def release(self) -> None:
+        """Drop the Sessions kept by ``keep_sessions`` (the next image loads them again)."""
+        self._kept.clear()
+        gc.collect()
+
+    def _done_with(self, graph: str) -> None:
+        """Between graphs: unless kept, the Session just used is garbage; collect it now so the
+        next graph's weights do not stack on top of it."""
+        if graph not in self._kept:
+            gc.collect()
 
     def resolve(self, request: GenerationRequest) -> GenerationRequest:
         """The request with the package's defaults filled in, or GenerationRequestError saying why not."""
@@ -162,7 +189,7 @@ class DiffusionPipeline:
         else:
             hidden = self._hidden(session, spec.name, ids)
         del session
-        gc.collect()
+        self._done_with("text_encoder")
         return hidden
 
     @staticmethod
@@ -208,7 +235,7 @@ class DiffusionPipeline:
             if progress is not None:
                 progress(i + 1, steps, result.step_seconds[-1])
         del session
-        gc.collect()
+        self._done_with("unet")
         return latents
 
     def decode(self, latents: np.ndarray) -> np.ndarray:
@@ -218,7 +245,7 @@ class DiffusionPipeline:
         scaled = (latents / np.float32(self.spec.scaling_factor)).astype(np.float32)
         decoded = next(iter(session.run({spec.name: scaled}).values()))
         del session
-        gc.collect()
+        self._done_with("vae_decoder")
         return to_uint8(decoded[0])
 
 
