@@ -35,7 +35,9 @@ class BulkOutcome:
     changed: int  # of those, the ones the action changed (or would change, on a dry run)
 
 
-def _selected(organisation: Organisation, filter_text: str | None, device_ids: list[str] | None) -> list[Device]:
+def _selected(
+    organisation: Organisation, filter_text: str | None, device_ids: list[str] | None
+) -> list[Device]:
     if (filter_text is None) == (device_ids is None):
         raise InvalidBulkAction('Give either "filter" or "device_ids", not both and not neither.')
     if filter_text is not None:

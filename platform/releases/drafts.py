@@ -15,7 +15,13 @@ from registry.services import version_mark_released
 
 from releases.compatibility import require_compatible
 from releases.models import Release, ReleaseEvent
-from releases.services import InvalidRelease, TransitionConflict, _refresh_selection, _validate, describe_target
+from releases.services import (
+    InvalidRelease,
+    TransitionConflict,
+    _refresh_selection,
+    _validate,
+    describe_target,
+)
 
 # The fields a draft may change: everything release_create takes but its door's one-shot flags.
 EDITABLE = ("name", "version", "target", "priority", "phases", "gate", "download_only", "window", "salt")

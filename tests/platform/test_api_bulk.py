@@ -74,11 +74,16 @@ def test_revoke_needs_an_admin_and_arguments_must_fit_the_action(api, org, opera
     revoke = {"device_ids": [str(devices[0].pk)], "action": "revoke"}
     refused = _as(operator[1]).post(URL, revoke, format="json")
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied"
-    assert _as(operator[1]).post(URL, {"filter": "hw == pi", "action": "unpin"}, format="json").status_code == 200
+    assert (
+        _as(operator[1]).post(URL, {"filter": "hw == pi", "action": "unpin"}, format="json").status_code
+        == 200
+    )
     assert api.post(URL, revoke, format="json").json()["changed"] == 1
     assert Device.objects.get(pk=devices[0].pk).revoked_at is not None
     # a filter selects live devices only: the revoked one is not matched again
-    assert api.post(URL, {"filter": "hw == pi", "action": "revoke", "dry_run": True}, format="json").json() == {
+    assert api.post(
+        URL, {"filter": "hw == pi", "action": "revoke", "dry_run": True}, format="json"
+    ).json() == {
         "matched": 1,
         "changed": 1,
         "dry_run": True,
@@ -93,7 +98,11 @@ def test_revoke_needs_an_admin_and_arguments_must_fit_the_action(api, org, opera
         "bad filter": {"filter": "site ==", "action": "unpin"},
         "unknown device": {"device_ids": ["00000000-0000-0000-0000-000000000000"], "action": "unpin"},
         "typo": {"filter": "hw == pi", "action": "unpin", "dryrun": True},
-        "not a version": {"filter": "hw == pi", "action": "pin", "version": "00000000-0000-0000-0000-000000000000"},
+        "not a version": {
+            "filter": "hw == pi",
+            "action": "pin",
+            "version": "00000000-0000-0000-0000-000000000000",
+        },
     }
     for name, body in wrong.items():
         answer = api.post(URL, body, format="json")
