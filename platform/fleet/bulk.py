@@ -19,6 +19,7 @@ from fleet.models import BulkAction, Device
 
 MAX_DEVICES = 10_000  # per call: a larger change is a device group's (or a release's) job
 ACTIONS = ("pin", "unpin", "label", "revoke")
+MAX_LABELS = 64  # a device's labels at most, as the single-device edit allows
 
 
 class InvalidBulkAction(Invalid):
@@ -113,6 +114,12 @@ def devices_bulk(
     _check_arguments(organisation, action, version_id, labels)
     devices = _selected(organisation, filter_text, device_ids)
     targets = [d for d in devices if _changes(d, action, version_id, labels)]
+    crowded = [d.name for d in targets if action == "label" and len(_labelled(d.labels, labels)) > MAX_LABELS]
+    if crowded:  # the single-device edit refuses more too
+        raise InvalidBulkAction(
+            f"{len(crowded)} device(s) would have more than {MAX_LABELS} labels (e.g. {crowded[0]!r}); "
+            "remove some (a null value removes one)."
+        )
     if dry_run:
         return BulkOutcome(matched=len(devices), changed=len(targets))
     for device in targets:

@@ -66,6 +66,10 @@ def test_labels_merge_and_null_removes_one(api, org):
     assert labels["cam-1"] == {"site": "field", "row": "3"}
     bad = api.post(URL, {"filter": "hw == pi", "action": "label", "labels": {"bad key!": "x"}}, format="json")
     assert bad.status_code == 400 and "labels" in bad.json()["error"]["fields"]
+    many = {f"k{i}": "v" for i in range(63)}
+    crowded = api.post(URL, {"filter": "hw == pi", "action": "label", "labels": many}, format="json")
+    assert crowded.status_code == 400 and "more than 64 labels" in crowded.json()["error"]["message"]
+    assert dict(Device.objects.values_list("name", "labels"))["cam-0"] == {"site": "lab", "row": "3"}
 
 
 @pytest.mark.django_db
