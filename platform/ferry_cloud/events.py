@@ -52,6 +52,7 @@ class AuditEventRecorded:
 # action, "release.completed" being the advance into the completed state ("!completed": any other).
 EVENT_TYPES: dict[str, tuple[str, str | None]] = {
     "release.created": ("create", None),
+    "release.edited": ("edit", None),
     "release.started": ("start", None),
     "release.paused": ("pause", None),
     "release.resumed": ("resume", None),

@@ -2,6 +2,7 @@ from accounts.api_tokens import ApiTokenDetailApi, ApiTokenListCreateApi
 from django.urls import include, path, re_path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from fleet.api import (
+    DeviceBulkApi,
     DeviceDetailApi,
     DeviceListApi,
     DevicePinApi,
@@ -13,11 +14,14 @@ from fleet.api import (
     GroupListCreateApi,
 )
 from registry.api import (
+    ConversionJobDetailApi,
+    ConversionJobListApi,
     ModelDetailApi,
     ModelListCreateApi,
     VersionCreateApi,
     VersionDetailApi,
     VersionListApi,
+    VersionPackageApi,
 )
 from releases.api import (
     AuditFeedApi,
@@ -64,8 +68,12 @@ api = [
     path("models/<rowid:model_id>/versions/", VersionCreateApi.as_view(), name="model-versions"),
     path("versions/", VersionListApi.as_view(), name="versions"),
     path("versions/<str:version_id>/", VersionDetailApi.as_view(), name="version"),
+    path("versions/<str:version_id>/package/", VersionPackageApi.as_view(), name="version-package"),
+    path("conversion-jobs/", ConversionJobListApi.as_view(), name="conversion-jobs"),
+    path("conversion-jobs/<rowid:job_id>/", ConversionJobDetailApi.as_view(), name="conversion-job"),
     path("enrolment-tokens/", EnrolmentTokenCreateApi.as_view(), name="enrolment-tokens"),
     path("devices/", DeviceListApi.as_view(), name="devices"),
+    path("devices/bulk/", DeviceBulkApi.as_view(), name="devices-bulk"),
     path(
         "enrolment-tokens/<rowid:token_id>/revoke/",
         EnrolmentTokenRevokeApi.as_view(),

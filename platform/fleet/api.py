@@ -7,7 +7,9 @@ from datetime import timedelta
 from typing import Literal
 
 from accounts.api import OrganisationApi
+from accounts.models import Membership
 from accounts.permissions import AdminWrites, OperatorWrites, ReadOnly, ViewerQueries
+from accounts.selectors import role_require
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from ferry_cloud.api_conditions import IF_MATCH, created, require_match, tagged
@@ -23,7 +25,7 @@ from rest_framework.response import Response
 from deploy.errors import PolicyError
 from deploy.filters import Filter
 from deploy.windows import MAX_DURATION_SECONDS
-from fleet import selectors, services
+from fleet import bulk, selectors, services
 from fleet.models import Device, DeviceGroup, DeviceVersionChange, EnrolmentToken
 
 
@@ -267,6 +269,72 @@ class DeviceDetailApi(OrganisationApi):
         services.device_labels_set(device=device, labels=data.validated_data["labels"])
         device = selectors.device_get(organisation=self.organisation, device_id=device_id)
         return tagged(Response(DeviceDetailOutput(device).data))
+
+
+class BulkInput(StrictSerializer):
+    filter = serializers.CharField(
+        required=False,
+        max_length=4000,
+        trim_whitespace=False,
+        help_text="Ferry's filter language: the unrevoked devices it selects.",
+    )
+    device_ids = serializers.ListField(
+        child=serializers.UUIDField(),
+        required=False,
+        max_length=bulk.MAX_DEVICES,
+        help_text="Or the devices by id (give filter or device_ids).",
+    )
+    action = serializers.ChoiceField(choices=list(bulk.ACTIONS), help_text="revoke needs an admin.")
+    version = serializers.UUIDField(required=False, help_text="pin: the version to pin to.")
+    labels = serializers.DictField(
+        child=serializers.CharField(max_length=200, allow_null=True),
+        required=False,
+        help_text="label: labels to set on every device (null removes that label); the others stay.",
+    )
+    dry_run = serializers.BooleanField(
+        required=False, default=False, help_text="Count what would change and change nothing."
+    )
+
+    def validate_labels(self, labels: dict) -> dict:
+        return DeviceUpdateInput().validate_labels(labels)
+
+
+class BulkOutput(serializers.Serializer):
+    matched = serializers.IntegerField(help_text="Devices selected (a filter selects unrevoked ones).")
+    changed = serializers.IntegerField(help_text="Of those, the ones changed (a dry run: would be).")
+    dry_run = serializers.BooleanField()
+
+
+class DeviceBulkApi(OrganisationApi):
+    permission_classes = [OperatorWrites]
+
+    @extend_schema(
+        request=BulkInput, responses=BulkOutput, parameters=[IDEMPOTENCY_KEY], operation_id="v1_devices_bulk"
+    )
+    @idempotent
+    def post(self, request):
+        """Pin, unpin, label or revoke (admins) the devices a filter or a list selects, at most
+        10,000 a call (400 too_many_devices above); dry_run counts them and changes nothing."""
+        data = BulkInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        if values["action"] == "revoke":  # an admin's, as the single-device revoke is
+            role_require(membership=self.membership, role=Membership.Role.ADMIN)
+        try:
+            outcome = bulk.devices_bulk(
+                organisation=self.organisation,
+                action=values["action"],
+                filter_text=values.get("filter"),
+                device_ids=[str(d) for d in values["device_ids"]] if "device_ids" in values else None,
+                version_id=str(values["version"]) if "version" in values else None,
+                labels=values.get("labels"),
+                dry_run=values["dry_run"],
+                actor=request.user,
+            )
+        except PolicyError as exc:
+            raise InvalidFilter(str(exc), fields={"filter": [str(exc)]}) from None
+        body = {"matched": outcome.matched, "changed": outcome.changed, "dry_run": values["dry_run"]}
+        return Response(BulkOutput(body).data)
 
 
 class DeviceRevokeApi(OrganisationApi):

@@ -1,6 +1,7 @@
 import uuid
 
 from accounts.models import Organisation
+from django.conf import settings
 from django.db import models
 from registry.models import ModelVersion
 
@@ -85,3 +86,25 @@ class DeviceVersionChange(models.Model):
     class Meta:
         ordering = ["at", "id"]
         indexes = [models.Index(fields=["device", "to_version"])]
+
+
+class BulkAction(models.Model):
+    """Audit of one bulk device operation (fleet.bulk): who did what to how many, and how."""
+
+    organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="bulk_actions")
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    action = models.CharField(max_length=16)  # pin, unpin, label, revoke
+    filter = models.TextField(blank=True)  # the filter language expression, or empty
+    device_ids = models.JSONField(default=list, blank=True)  # the ids the caller listed, if any
+    version = models.ForeignKey(
+        ModelVersion, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    labels = models.JSONField(default=dict, blank=True)
+    matched = models.PositiveIntegerField()
+    changed = models.PositiveIntegerField()
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]

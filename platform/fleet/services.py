@@ -262,6 +262,11 @@ def _version_of(organisation: Organisation, version_id) -> ModelVersion | None:
     return version
 
 
+def version_for_pin(*, organisation: Organisation, version_id) -> ModelVersion | None:
+    """The version a pin would use (None for None); InvalidPin if it is not a converted one of ours."""
+    return _version_of(organisation, version_id)
+
+
 def _devices_of(organisation: Organisation, device_ids: list) -> list[Device]:
     ids = {str(d) for d in device_ids}
     try:

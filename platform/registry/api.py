@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from accounts.api import OrganisationApi
-from accounts.permissions import OperatorWrites, ReadOnly
-from drf_spectacular.utils import extend_schema
+from accounts.models import Membership
+from accounts.permissions import OperatorWrites, ReadOnly, RolePermission
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from ferry_cloud.api_conditions import IF_MATCH, created, require_match, tagged
 from ferry_cloud.api_lists import ListQuery, list_query, page_of, paginated
+from ferry_cloud.api_shapes import VersionRefOutput, version_ref
+from ferry_cloud.errors import NotFound
 from ferry_cloud.idempotency import HEADER as IDEMPOTENCY_KEY
 from ferry_cloud.idempotency import idempotent
 from rest_framework import serializers, status
@@ -266,3 +271,116 @@ class VersionDetailApi(OrganisationApi):
         require_match(request, VersionOutput(version).data)
         services.version_delete(version=version)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# ---- conversion jobs and the signed package ----------------------------------------------------
+
+
+class ConversionJobOutput(serializers.ModelSerializer):
+    version = serializers.UUIDField(source="version_id", read_only=True, help_text="The version it converts.")
+    version_info = serializers.SerializerMethodField()
+    model = serializers.IntegerField(source="version.model_id", read_only=True)
+    log = serializers.ListField(
+        child=serializers.DictField(child=serializers.CharField()),
+        help_text='Log lines, oldest first: {"at": ISO time, "message": text}.',
+    )
+    error = serializers.CharField(help_text="Why it failed; empty unless status is failed.")
+
+    class Meta:
+        model = ConversionJob
+        fields = [
+            "id",
+            "version",
+            "version_info",
+            "model",
+            "status",
+            "progress",
+            "log",
+            "error",
+            "attempts",
+            "created_at",
+            "updated_at",
+        ]
+
+    @extend_schema_field(VersionRefOutput)
+    def get_version_info(self, obj: ConversionJob) -> dict:
+        return version_ref(obj.version)
+
+
+class ConversionJobQuery(ListQuery):
+    ORDERING = ("-created_at", "created_at", "-updated_at", "updated_at")
+    LIST_PARAMETERS = frozenset({"status"})
+
+    status = serializers.MultipleChoiceField(
+        choices=ConversionJob.Status.choices, required=False, help_text="Any of these (repeat it)."
+    )
+    model = serializers.IntegerField(
+        required=False, min_value=1, max_value=2**63 - 1, help_text="Jobs of this model's versions."
+    )
+    version = serializers.UUIDField(required=False, help_text="The job of this version.")
+
+
+class ConversionJobListApi(OrganisationApi):
+    permission_classes = [ReadOnly]
+
+    @extend_schema(
+        parameters=[ConversionJobQuery],
+        responses=page_of(ConversionJobOutput, "ConversionJobPage"),
+        operation_id="v1_conversion_jobs_list",
+    )
+    def get(self, request):
+        """The organisation's conversion jobs, newest first: status, progress, log and error."""
+        query = list_query(ConversionJobQuery, request)
+        jobs = selectors.conversion_job_list(
+            organisation=self.organisation,
+            statuses=sorted(query.get("status", ())),
+            model_id=query.get("model"),
+            version_id=query.get("version"),
+        )
+        return paginated(request, jobs, query, lambda rows: ConversionJobOutput(rows, many=True).data)
+
+
+class ConversionJobDetailApi(OrganisationApi):
+    permission_classes = [ReadOnly]
+
+    @extend_schema(responses=ConversionJobOutput)
+    def get(self, request, job_id: int):
+        job = selectors.conversion_job_get(organisation=self.organisation, job_id=job_id)
+        return tagged(Response(ConversionJobOutput(job).data))
+
+
+class AdminReads(RolePermission):
+    """Reads and writes need an admin (a signed package is the model itself)."""
+
+    read_role = Membership.Role.ADMIN
+    write_role = Membership.Role.ADMIN
+
+
+class PackageNotReady(NotFound):
+    code = "package_not_ready"
+
+
+class VersionPackageApi(OrganisationApi):
+    permission_classes = [AdminReads]
+
+    @extend_schema(
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+        operation_id="v1_versions_package_retrieve",
+    )
+    def get(self, request, version_id):
+        """The version's signed package (.ferry), streamed; 404 package_not_ready until converted."""
+        version = selectors.version_get(organisation=self.organisation, version_id=version_id)
+        if version.package is None:
+            raise PackageNotReady(
+                f"Version {version} is {version.status}: it has a package once its conversion succeeds."
+            )
+        name = f"{version.model.name}-{version.label}.ferry"
+        response = FileResponse(
+            version.package.file.open("rb"),
+            as_attachment=True,
+            filename=name,
+            content_type="application/octet-stream",
+        )
+        response["Content-Length"] = str(version.package.size)
+        response["ETag"] = f'"{version.package.sha256}"'  # the bytes' sha256: what devices verify too
+        return response

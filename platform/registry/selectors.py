@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, Max, Q, QuerySet
 from ferry_cloud.errors import NotFound
 
-from registry.models import Model, ModelVersion
+from registry.models import ConversionJob, Model, ModelVersion
 
 
 def model_list(*, organisation: Organisation) -> QuerySet[Model]:
@@ -64,3 +64,30 @@ def model_search(*, organisation: Organisation, query: str = "") -> QuerySet[Mod
 def model_versions(*, model: Model) -> QuerySet[ModelVersion]:
     """A model's versions, newest first, with what their rows show (package, job)."""
     return model.versions.select_related("package", "job").order_by("-created_at")
+
+
+def conversion_job_list(
+    *,
+    organisation: Organisation,
+    statuses: list[str] | None = None,
+    model_id: int | None = None,
+    version_id=None,
+) -> QuerySet[ConversionJob]:
+    """The organisation's conversion jobs (in these statuses, of one model or version: each if given)."""
+    jobs = ConversionJob.objects.filter(version__model__organisation=organisation).select_related(
+        "version__model"
+    )
+    if statuses:
+        jobs = jobs.filter(status__in=statuses)
+    if model_id is not None:
+        jobs = jobs.filter(version__model_id=model_id)
+    if version_id is not None:
+        jobs = jobs.filter(version_id=version_id)
+    return jobs
+
+
+def conversion_job_get(*, organisation: Organisation, job_id: int) -> ConversionJob:
+    try:
+        return conversion_job_list(organisation=organisation).get(pk=job_id)
+    except (ConversionJob.DoesNotExist, ValueError):
+        raise NotFound(f"No conversion job {job_id} in this organisation.") from None

@@ -19,7 +19,7 @@ from rest_framework.response import Response
 
 from deploy.phases import ACTIONS
 from deploy.windows import MAX_DURATION_SECONDS
-from releases import selectors, services
+from releases import drafts, selectors, services
 from releases.models import DeviceReleaseStatus, Release, ReleaseEvent
 
 # Integers are range-checked where they land: the database column holds 32 bits.
@@ -288,12 +288,51 @@ class ReleaseListCreateApi(OrganisationApi):
         return tagged(response, release_etag(release))
 
 
+class ReleaseEditInput(ReleaseInput):
+    """A draft's change: any of the create's fields (checked as on create), none required."""
+
+    start = None  # starting is an action (POST .../start/), not an edit
+    expected_revision = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=INT32_MAX,
+        help_text="The revision you saw; 409 if the release moved since.",
+    )
+
+
+def _edit_values(release: Release, patch: dict) -> tuple[dict, dict]:
+    """The patch validated exactly as a create of the merged release would be, and its flags."""
+    if not isinstance(patch, dict):
+        raise Invalid("The body must be a JSON object of the fields to change.")
+    merged = ReleaseEditInput(data={**drafts.release_editable_values(release), **patch})
+    merged.is_valid(raise_exception=True)
+    values = _plain(merged.validated_data)
+    flags = {k: values.pop(k) for k in ("allow_empty", "new_pipeline")}
+    flags["expected_revision"] = values.pop("expected_revision", None)
+    return {k: v for k, v in values.items() if k in patch}, flags
+
+
 class ReleaseDetailApi(OrganisationApi):
-    permission_classes = [ReadOnly]
+    permission_classes = [OperatorWrites]
 
     @extend_schema(responses=ReleaseOutput)
     def get(self, request, release_id):
         release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        return tagged(Response(ReleaseOutput(release, context={"detail": True}).data), release_etag(release))
+
+    @extend_schema(request=ReleaseEditInput, responses=ReleaseOutput, parameters=[IF_MATCH])
+    def patch(self, request, release_id):
+        """Edit a draft (409 release_not_draft once it started); validated as a create would be."""
+        release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        require_match(request, None, tag=release_etag(release))
+        changes, flags = _edit_values(release, request.data)
+        version = None
+        if "version" in changes:
+            version = version_get(organisation=self.organisation, version_id=changes["version"])
+        drafts.release_update(
+            release_id=release.pk, changes=changes, version=version, actor=request.user, **flags
+        )
+        release = selectors.release_get(organisation=self.organisation, release_id=release.pk)
         return tagged(Response(ReleaseOutput(release, context={"detail": True}).data), release_etag(release))
 
 

@@ -141,6 +141,21 @@ def test_real_answers_keep_to_the_document(api, org, document, ready_version):
     call("GET", "/api/v1/releases/?state=paused")
     call("GET", "/api/v1/audit/")
     call("GET", "/api/v1/fleet/summary/")
+    draft = call("POST", "/api/v1/releases/", {**body, "name": "draft"}).json()
+    call("PATCH", f"/api/v1/releases/{draft['id']}/", {"priority": 5, "phases": [{"percentage": 50}]})
+    call("PATCH", f"/api/v1/releases/{release['id']}/", {"priority": 5})  # 409: started
+    call("POST", "/api/v1/devices/bulk/", {"filter": "site == lab", "action": "unpin", "dry_run": True})
+    call(
+        "POST",
+        "/api/v1/devices/bulk/",
+        {"device_ids": [str(device.pk)], "action": "label", "labels": {"a": "b"}},
+    )
+    jobs = call("GET", "/api/v1/conversion-jobs/?status=queued&status=succeeded").json()
+    call("GET", f"/api/v1/conversion-jobs/{jobs['results'][0]['id']}/")
+    call("GET", f"/api/v1/versions/{converting['id']}/package/")  # 404 while converting
+    package = api.get(f"/api/v1/versions/{ready_version.pk}/package/")
+    answers = document["paths"]["/api/v1/versions/{version_id}/package/"]["get"]["responses"]["200"]
+    assert package.status_code == 200 and list(answers["content"]) == [package["Content-Type"]]
 
     # the error answers keep to the error schema too
     call("GET", "/api/v1/devices/?nope=1")
@@ -149,4 +164,4 @@ def test_real_answers_keep_to_the_document(api, org, document, ready_version):
     call("POST", "/api/v1/models/", {"name": "conformance"})
     call("POST", f"/api/v1/releases/{release['id']}/resume/", {}, HTTP_IF_MATCH='"stale"')
     call("DELETE", f"/api/v1/versions/{ready_version.pk}/")
-    assert check.checked >= 28  # every call above but the 204s
+    assert check.checked >= 36  # every call above but the 204s

@@ -36,6 +36,8 @@ PINNED = {
     "releases/{release}/events/": 4,
     "audit/": 3,
     "devices/{device}/telemetry/": 4,
+    "conversion-jobs/": 3,
+    "conversion-jobs/{job}/": 3,
 }
 
 
@@ -76,6 +78,7 @@ def _grow(org, version, *, devices: int, models: int, tag: str) -> dict[str, str
         "release": str(release.pk),
         "version": str(version.pk),
         "device": str(enrolled[-1].pk),
+        "job": str(version.job.pk),
     }
 
 

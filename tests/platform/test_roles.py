@@ -56,9 +56,13 @@ DECLARED: dict[str, dict[str, str]] = {
     "api:model-versions": {"GET": VIEWER, "POST": OPERATOR},
     "api:versions": {"GET": VIEWER},
     "api:version": {"GET": VIEWER, "DELETE": OPERATOR},
+    "api:version-package": {"GET": ADMIN},
+    "api:conversion-jobs": {"GET": VIEWER},
+    "api:conversion-job": {"GET": VIEWER},
     "api:enrolment-tokens": {"GET": VIEWER, "POST": ADMIN},
     "api:enrolment-token-revoke": {"POST": ADMIN},
     "api:devices": {"GET": VIEWER},
+    "api:devices-bulk": {"POST": OPERATOR},  # revoke: admins (the view checks; see test_api_bulk)
     "api:device": {"GET": VIEWER, "PATCH": OPERATOR},
     "api:device-telemetry": {"GET": VIEWER},
     "api:device-revoke": {"POST": ADMIN},
@@ -67,7 +71,7 @@ DECLARED: dict[str, dict[str, str]] = {
     "api:device-filter-preview": {"POST": VIEWER},
     "api:device-group": {"GET": VIEWER, "PATCH": OPERATOR, "DELETE": OPERATOR},
     "api:releases": {"GET": VIEWER, "POST": OPERATOR},
-    "api:release": {"GET": VIEWER},
+    "api:release": {"GET": VIEWER, "PATCH": OPERATOR},
     "api:release-gate": {"POST": OPERATOR},
     "api:release-events": {"GET": VIEWER},
     "api:api-tokens": {"GET": VIEWER, "POST": VIEWER},
@@ -232,6 +236,7 @@ def world(org, admin, viewer, operator, outsider, ready_version, settings) -> Wo
         "release_id": release.pk,
         "action": "pause",
         "token_id": spare_token.pk,
+        "job_id": ready_version.job.pk,
         "api_token_id": spare_api_token.pk,
     }
     bodies = {
@@ -243,10 +248,12 @@ def world(org, admin, viewer, operator, outsider, ready_version, settings) -> Wo
         ("api:device-group", "PATCH"): {"name": "renamed"},
         ("api:releases", "POST"): {"name": "roles-release", "version": str(ready_version.pk)},
         ("api:release-action", "POST"): {"reason": "roles"},
+        ("api:release", "PATCH"): {"priority": 3},
+        ("api:devices-bulk", "POST"): {"filter": "site == lab", "action": "unpin", "dry_run": True},
         ("api:webhooks", "POST"): {"url": "https://example.com/roles"},
         ("api:webhook", "PATCH"): {"active": False},
     }
-    row_numbers = ("model_id", "token_id", "api_token_id")  # small integers: any page may hold them
+    row_numbers = ("model_id", "token_id", "api_token_id", "job_id")  # small integers: any page may hold them
     secrets = [str(v) for k, v in values.items() if k != "action" and k not in row_numbers]
     secrets += [
         "acme-secret-hook",
