@@ -172,14 +172,14 @@ async def _listen(gateway: GatewayServer, address: str, enrol_address: str, work
         migration_thread_pool=gateway.pool,
         options=SERVER_OPTIONS,
         # outermost first: the metrics and the log line cover the connection release too
+        # one aio interceptor for the three: one handler lookup and one await per call, not three
         interceptors=[
-            ForAio(ObservabilityInterceptor()),
-            ForAio(DomainErrorInterceptor()),
-            ForAio(ReleaseDatabaseConnections()),
+            ForAio(ObservabilityInterceptor(), DomainErrorInterceptor(), ReleaseDatabaseConnections()),
         ],
     )
     gateway.server = server
-    agent_pb2_grpc.add_AgentGatewayServicer_to_server(AioGatewayServicer(gateway.hub), server)
+    servicer = AioGatewayServicer(gateway.hub, pool=gateway.pool)
+    agent_pb2_grpc.add_AgentGatewayServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(gateway.health.servicer, server)
     port = server.add_secure_port(address, server_credentials(require_client_certificate=True))
     if port == 0:
