@@ -42,6 +42,8 @@ class ReleaseDatabaseConnections(grpc.ServerInterceptor):
     past CONN_MAX_AGE (or broken), so gateway threads do not pin database sessions.  Async
     behaviours run on the event loop, which holds no connection: they pass unwrapped."""
 
+    cacheable = True  # the same wrapping for every call: wrapping.ForAio keeps it per method
+
     def intercept_service(self, continuation, handler_call_details):
         return wrap_handler(continuation(handler_call_details), _unary, _streaming)
 

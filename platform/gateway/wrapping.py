@@ -75,9 +75,24 @@ class ForAio(grpc.aio.ServerInterceptor):
 
     def __init__(self, *interceptors: grpc.ServerInterceptor) -> None:
         self.interceptors = interceptors[::-1]  # innermost wraps first
+        # interceptors whose wrapping depends on the handler and method name only (``cacheable``)
+        # wrap each method once: method name -> (the handler, wrapped)
+        self.cacheable = all(getattr(i, "cacheable", False) for i in interceptors)
+        self._wrapped: dict[str, tuple[object, object]] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
+        if not self.cacheable:
+            return self._wrap(handler, handler_call_details)
+        cached = self._wrapped.get(handler_call_details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, handler_call_details)
+        if handler is not None:
+            self._wrapped[handler_call_details.method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler, handler_call_details):
         for interceptor in self.interceptors:
             handler = interceptor.intercept_service(_Resolved(handler), handler_call_details)
         return handler
