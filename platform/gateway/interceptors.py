@@ -31,17 +31,21 @@ QUIET_SERVICES = ("grpc.health.v1.Health",)
 
 
 class ObservabilityInterceptor(grpc.ServerInterceptor):
+    # What it wraps a handler with depends on the handler and the method's name only (a call's
+    # own state is made when it runs), so wrapping.ForAio wraps each method once, not per call.
+    cacheable = True
+
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        call = _Call.start(handler_call_details)
+        method = _Method(handler_call_details.method)
         return wrap_handler(
             handler,
-            call.wrap_unary,
-            call.wrap_stream,
-            awaited=call.wrap_awaited,
-            async_stream=call.wrap_async_stream,
+            method.wrap_unary,
+            method.wrap_stream,
+            awaited=method.wrap_awaited,
+            async_stream=method.wrap_async_stream,
         )
 
 
@@ -71,62 +75,31 @@ class _CodeKeeper:
         return getattr(self._context, name)
 
 
-class _Call:
-    """What the interceptor knows about one call before it runs."""
+class _Method:
+    """One method's names and metric children, and the wrappers of its behaviour."""
 
-    def __init__(self, service: str, method: str, metadata: dict[str, str]) -> None:
-        self.service = service
-        self.method = method
-        self.request_id = request_id_from(metadata.get("x-request-id"))
-        self.device_id: str | None = None  # read from the TLS peer when the call runs
+    def __init__(self, full_name: str) -> None:
+        self.service, _, self.method = full_name.lstrip("/").rpartition("/")
+        self.name = f"{self.service.rsplit('.', 1)[-1]}/{self.method}"
+        self.quiet = self.service in QUIET_SERVICES
+        self.seconds = metrics.RPC_SECONDS.labels(self.name)
+        self._counts: dict[grpc.StatusCode, Any] = {}
 
-    @classmethod
-    def start(cls, details: grpc.HandlerCallDetails) -> _Call:
-        service, _, method = details.method.lstrip("/").rpartition("/")
-        metadata = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
-        return cls(service, method, metadata)
+    def count(self, code: grpc.StatusCode) -> Any:
+        counter = self._counts.get(code)
+        if counter is None:
+            counter = self._counts[code] = metrics.RPCS.labels(self.name, code.name)
+        return counter
 
     def wrap_unary(self, behaviour: Callable) -> Callable:
         def wrapped(request, context):
-            context = _CodeKeeper(context)
-            started = self._bind(context)
-            code = grpc.StatusCode.UNKNOWN
-            try:
-                response = behaviour(request, context)
-                code = _code(context, grpc.StatusCode.OK)
-                self._count_response(response, code)
-                return response
-            except Exception:
-                code = _code(context, grpc.StatusCode.UNKNOWN)
-                raise
-            finally:
-                self._finish(code, started)
+            return _Call(self, context).unary(behaviour, request, context)
 
         return wrapped
 
     def wrap_stream(self, behaviour: Callable) -> Callable:
         def wrapped(request, context) -> Iterator:
-            context = _CodeKeeper(context)
-            started = self._bind(context)
-            code = grpc.StatusCode.UNKNOWN
-            watching = self.method == WATCH_HINTS
-            if watching:
-                metrics.HINT_STREAMS.inc()
-            try:
-                for response in behaviour(request, context):
-                    self._count_chunk(response)
-                    yield response
-                code = _code(context, grpc.StatusCode.OK)
-            except GeneratorExit:
-                code = grpc.StatusCode.CANCELLED  # the client went away mid-stream
-                raise
-            except Exception:
-                code = _code(context, grpc.StatusCode.UNKNOWN)
-                raise
-            finally:
-                if watching:
-                    metrics.HINT_STREAMS.dec()
-                self._finish(code, started)
+            yield from _Call(self, context).stream(behaviour, request, context)
 
         return wrapped
 
@@ -134,34 +107,23 @@ class _Call:
         """A coroutine behaviour: an async unary call, or a stream written with context.write."""
 
         async def wrapped(request, context):
-            started = self._bind(context)
-            code = grpc.StatusCode.UNKNOWN
-            try:
-                response = await behaviour(request, context)
-                code = _code(context, grpc.StatusCode.OK)
-                self._count_response(response, code)
-                return response
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception:
-                code = _code(context, grpc.StatusCode.UNKNOWN)
-                raise
-            finally:
-                self._finish(code, started)
+            return await _Call(self, context).awaited(behaviour, request, context)
 
         return wrapped
 
     def wrap_async_stream(self, behaviour: Callable) -> Callable:
+        # written out here, not delegated: an async generator closed mid-stream must run its
+        # finally at once (an inner one would be closed only when collected)
         async def wrapped(request, context) -> AsyncIterator:
-            started = self._bind(context)
+            call = _Call(self, context)
+            started = call._bind(context)
             code = grpc.StatusCode.UNKNOWN
             watching = self.method == WATCH_HINTS
             if watching:
                 metrics.HINT_STREAMS.inc()
             try:
                 async for response in behaviour(request, context):
-                    self._count_chunk(response)
+                    call._count_chunk(response)
                     yield response
                 code = _code(context, grpc.StatusCode.OK)
             except (asyncio.CancelledError, GeneratorExit):
@@ -173,9 +135,77 @@ class _Call:
             finally:
                 if watching:
                     metrics.HINT_STREAMS.dec()
-                self._finish(code, started)
+                call._finish(code, started)
 
         return wrapped
+
+
+class _Call:
+    """One call: its request id (from its metadata) and the device it comes from."""
+
+    def __init__(self, method: _Method, context: grpc.ServicerContext) -> None:
+        self.of = method
+        self.service = method.service
+        self.method = method.method
+        metadata = context.invocation_metadata() or ()
+        asked = next((v for k, v in metadata if k == "x-request-id" and isinstance(v, str)), None)
+        self.request_id = request_id_from(asked)
+        self.device_id: str | None = None  # read from the TLS peer when the call runs
+
+    def unary(self, behaviour: Callable, request: Any, context: grpc.ServicerContext) -> Any:
+        context = _CodeKeeper(context)
+        started = self._bind(context)
+        code = grpc.StatusCode.UNKNOWN
+        try:
+            response = behaviour(request, context)
+            code = _code(context, grpc.StatusCode.OK)
+            self._count_response(response, code)
+            return response
+        except Exception:
+            code = _code(context, grpc.StatusCode.UNKNOWN)
+            raise
+        finally:
+            self._finish(code, started)
+
+    def stream(self, behaviour: Callable, request: Any, context: grpc.ServicerContext) -> Iterator:
+        context = _CodeKeeper(context)
+        started = self._bind(context)
+        code = grpc.StatusCode.UNKNOWN
+        watching = self.method == WATCH_HINTS
+        if watching:
+            metrics.HINT_STREAMS.inc()
+        try:
+            for response in behaviour(request, context):
+                self._count_chunk(response)
+                yield response
+            code = _code(context, grpc.StatusCode.OK)
+        except GeneratorExit:
+            code = grpc.StatusCode.CANCELLED  # the client went away mid-stream
+            raise
+        except Exception:
+            code = _code(context, grpc.StatusCode.UNKNOWN)
+            raise
+        finally:
+            if watching:
+                metrics.HINT_STREAMS.dec()
+            self._finish(code, started)
+
+    async def awaited(self, behaviour: Callable, request: Any, context: grpc.ServicerContext) -> Any:
+        started = self._bind(context)
+        code = grpc.StatusCode.UNKNOWN
+        try:
+            response = await behaviour(request, context)
+            code = _code(context, grpc.StatusCode.OK)
+            self._count_response(response, code)
+            return response
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception:
+            code = _code(context, grpc.StatusCode.UNKNOWN)
+            raise
+        finally:
+            self._finish(code, started)
 
     def _bind(self, context: grpc.ServicerContext) -> float:
         structlog.contextvars.clear_contextvars()
@@ -203,10 +233,10 @@ class _Call:
 
     def _finish(self, code: grpc.StatusCode, started: float) -> None:
         seconds = time.perf_counter() - started
-        name = f"{self.service.rsplit('.', 1)[-1]}/{self.method}"
-        metrics.RPCS.labels(name, code.name).inc()
-        metrics.RPC_SECONDS.labels(name).observe(seconds)
-        level = logging.DEBUG if self.service in QUIET_SERVICES else logging.INFO
+        name = self.of.name
+        self.of.count(code).inc()
+        self.of.seconds.observe(seconds)
+        level = logging.DEBUG if self.of.quiet else logging.INFO
         if code not in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED) and level == logging.INFO:
             level = logging.WARNING
         fields: dict[str, Any] = {

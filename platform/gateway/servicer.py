@@ -116,7 +116,7 @@ def _offer(device: Device) -> Answer:
     return Answer(offer.SerializeToString(), issued.counter, issued.fresh_until)
 
 
-def _add_key_rotations(response: agent_pb2.CheckInResponse, held_sequence: int) -> None:
+def add_key_rotations(response: agent_pb2.CheckInResponse, held_sequence: int) -> None:
     """The latest rotation (for agents that read only it: they skip a known one) and the chain of
     every rotation above the one the device holds, so a device offline through several catches up."""
     rotation = current_rotation()
@@ -168,7 +168,7 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
         response = self.known.answer(device_id, request) if device_id else None
         if response is None:
             response = self._computed_check_in(request, context)
-        _add_key_rotations(response, request.key_rotation_sequence)
+        add_key_rotations(response, request.key_rotation_sequence)
         return response
 
     def _computed_check_in(self, request, context) -> agent_pb2.CheckInResponse:

@@ -15,6 +15,9 @@ from ferry_cloud.device_ca import device_ca_certificate, gateway_server_certific
 from deploy.trust.certificates import CertificateError, device_id_from_uris
 
 SAN_KEY = "x509_subject_alternative_name"
+# SAN URIs -> the device id they name (None: none): parsed once per certificate, not per call
+_DEVICE_IDS: dict[tuple[bytes, ...], str | None] = {}
+_DEVICE_IDS_MAX = 100_000
 
 
 def server_credentials(*, require_client_certificate: bool) -> grpc.ServerCredentials:
@@ -39,10 +42,18 @@ def peer_device_id(context: grpc.ServicerContext) -> str | None:
 
     grpc fills the auth context only after it verified the certificate against the CA, so
     what is read here was signed by the control plane."""
-    uris = [value.decode() for value in context.auth_context().get(SAN_KEY, ())]
-    if not uris:
+    sans = tuple(context.auth_context().get(SAN_KEY, ()))
+    if not sans:
         return None
     try:
-        return device_id_from_uris(uris)
+        return _DEVICE_IDS[sans]
+    except KeyError:
+        pass
+    try:
+        device_id = device_id_from_uris([value.decode() for value in sans])
     except CertificateError:
-        return None
+        device_id = None
+    if len(_DEVICE_IDS) >= _DEVICE_IDS_MAX:
+        _DEVICE_IDS.clear()  # simplest bound: a full cache starts over
+    _DEVICE_IDS[sans] = device_id
+    return device_id

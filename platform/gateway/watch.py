@@ -1,9 +1,11 @@
 """WatchHints on the grpc.aio gateway: an async generator per stream, no thread per stream.
 
 The servicer's other methods stay synchronous Django code that grpc.aio runs in its migration
-thread pool; only WatchHints is replaced (AioGatewayServicer), because a stream mostly waits:
-10,000 of them wait on one event loop.  The device is authenticated in a worker thread (the
-ORM; the loop's default executor, a few threads), then the stream waits on its hub mailbox
+thread pool; WatchHints is replaced (AioGatewayServicer), because a stream mostly waits:
+10,000 of them wait on one event loop, and so is CheckIn, whose no-change answer comes from
+memory on the loop, with no hop to a thread and back (gateway.checkin_aio).  A stream's
+device is authenticated in a worker thread (the ORM; the loop's default executor, a few
+threads), then the stream waits on its hub mailbox
 until a hint, its replacement, its device's revocation, the client leaving, or its
 lifetime's end (the agent reopens it).
 """
@@ -15,6 +17,7 @@ import logging
 import os
 import random
 from collections.abc import AsyncIterator
+from concurrent import futures
 
 import grpc
 from django.db import close_old_connections
@@ -22,6 +25,7 @@ from ferry_cloud.errors import DomainError
 from fleet.services import device_for_certificate
 
 from deploy.proto import agent_pb2
+from gateway import checkin_aio
 from gateway.errors import status_for
 from gateway.hints import HintHub, StreamClosed
 from gateway.servicer import WATCH_MAX_SECONDS, AgentGatewayServicer
@@ -51,11 +55,23 @@ def _lifetime() -> float:
 
 
 class AioGatewayServicer(AgentGatewayServicer):
-    """The agents' gateway servicer with WatchHints on the event loop."""
+    """The agents' gateway servicer with WatchHints and CheckIn on the event loop; ``pool`` runs
+    the check-ins memory cannot answer (None: the loop's default executor)."""
 
-    def __init__(self, hub: HintHub | None = None, *, lifetime: float | None = None) -> None:
+    def __init__(
+        self,
+        hub: HintHub | None = None,
+        *,
+        lifetime: float | None = None,
+        pool: futures.Executor | None = None,
+    ) -> None:
         super().__init__(hub)
         self.lifetime = lifetime or _lifetime()
+        self.pool = pool
+
+    async def CheckIn(self, request, context):  # noqa: N802 (gRPC's name)
+        """A no-change check-in answered inline (gateway.checkin_aio), else the synchronous one."""
+        return await checkin_aio.check_in(self.known, super().CheckIn, request, context, self.pool)
 
     async def WatchHints(self, request, context) -> AsyncIterator[agent_pb2.Hint]:  # noqa: N802 (gRPC's name)
         """Push a Hint whenever the device's organisation's releases change.
