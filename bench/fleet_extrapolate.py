@@ -24,7 +24,7 @@ from pathlib import Path
 
 # bench/fleet_load.py on a busy 2-core host (see the README's Scaling section)
 DEFAULTS = {
-    "checkin_cpu_us": 8050.0,  # gateway CPU per no-change check-in
+    "checkin_cpu_us": 1000.0,  # gateway CPU per no-change check-in (aio gateway, fast path)
     "telemetry_cpu_us": 54.0,  # gateway CPU per telemetry record (500-record batches)
     "stream_kb": 94.0,  # gateway RSS per open WatchHints stream (mutual TLS connection)
     "idle_rss_mb": 151.0,  # a gateway process before any stream
