@@ -30,10 +30,13 @@ SPECTACULAR_SETTINGS = {
     "OAS_VERSION": "3.1.0",  # null as a type: generated clients and validators read it alike
     # request and response components apart: an upload's file is binary only in the request
     "COMPONENT_SPLIT_REQUEST": True,
-    # two fields named "kind" with different choices: each enum keeps a name of its own
+    # fields of the same name with different choices ("kind", "status"): each enum keeps a
+    # stable name of its own, so a generated client's types don't change with the order of views
     "ENUM_NAME_OVERRIDES": {
         "KindEnum": "fleet.models.DeviceGroup.Kind",
         "VersionKindEnum": "registry.models.ModelVersion.Kind",
+        "VersionStatusEnum": "registry.models.ModelVersion.Status",
+        "ConversionJobStatusEnum": "registry.models.ConversionJob.Status",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
