@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.errors import IncompatibleModel
+from agent.errors import ActivationError, IncompatibleModel
 from agent.files import read_json, write_json_atomic
 from agent.llm_api.host import LlmHost
 
@@ -107,6 +107,24 @@ class InstalledAdapter:
     version_id: str
     base_digest: str
     package_digest: str = ""
+
+
+def install(
+    book: AdapterBook, directory: Path, base_directory: Path | None, version_id: str, package_digest: str
+) -> InstalledAdapter:
+    """Check the unpacked adapter against the active base, load it, and record it in ``book``
+    (replacing an older version of the same name); IncompatibleModel or ActivationError say why not."""
+    digest = check_fits(directory, base_directory)
+    try:
+        try_load(directory, base_directory)
+    except Exception as exc:  # a malformed adapter is its own failure, not the agent's
+        raise ActivationError(f"the adapter does not load: {type(exc).__name__}: {exc}") from exc
+    adapter = InstalledAdapter(adapter_name(directory, version_id), version_id, digest, package_digest)
+    replaced = book.install(adapter)
+    if replaced is not None and replaced.version_id != version_id:
+        log.info("adapter %s: %s replaces %s", adapter.name, version_id, replaced.version_id)
+    log.info("adapter %s (%s) installed beside the active base", adapter.name, version_id)
+    return adapter
 
 
 class AdapterBook:

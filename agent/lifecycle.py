@@ -288,18 +288,7 @@ class Lifecycle:
         # the report's outcome reads the offer in hand (not saved: the state stays idle)
         self.update.offer, self.update.counter = offer.as_dict(), offer.counter
         try:
-            self.report(
-                "activation",
-                {
-                    "ok": True,
-                    "version_id": offer.version_id,
-                    "from": before,
-                    "reason": "rollback" if offer.rollback else "update",
-                    "stage": "assigned",
-                    "counter": offer.counter,
-                },
-                offer.version_id,
-            )
+            self._report_ok(offer, before, "assigned", offer.counter)
         finally:
             self.update.offer, self.update.counter = None, 0
         log.info("now running %s:%s (already on the device)", offer.model_name, offer.version_label)
@@ -456,57 +445,40 @@ class Lifecycle:
         )
         self.installer.part_file(offer).unlink(missing_ok=True)
         self.on_version_change(offer.version_id)
-        self.report(
-            "activation",
-            {
-                "ok": True,
-                "version_id": offer.version_id,
-                "from": self.update.previous,
-                "reason": "rollback" if offer.rollback else "update",
-                "stage": "health",
-                "counter": self.update.counter,
-            },
-            offer.version_id,
-        )
+        self._report_ok(offer, self.update.previous, "health", self.update.counter)
         log.info("now running %s:%s", offer.model_name, offer.version_label)
         self._transition("healthy", attempts=0, probation_until=time.time() + self.probation_seconds)
 
     def _install_adapter(self, offer: Offer, directory: Path) -> None:
-        """Switching, for an adapter: check it against the active base (which may have changed
-        while it was staged) and load it, then add it beside the base; `current` stays."""
-        base = self._current_dir()
+        """Switching, for an adapter: checked against the active base (which may have changed
+        while it was staged), loaded, then added beside the base; `current` stays."""
         try:
-            digest = lora.check_fits(directory, base)
-            lora.try_load(directory, base)
-        except IncompatibleModel as exc:
-            self._roll_back(str(exc), "health", IncompatibleModel.reason)
+            lora.install(
+                self.adapters, directory, self._current_dir(), offer.version_id, offer.package_digest
+            )
+        except ActivationError as exc:
+            self._roll_back(str(exc), "health", getattr(exc, "reason", "health_check_failed"))
             return
-        except Exception as exc:  # a malformed adapter is its own failure, not the agent's
-            self._roll_back(f"the adapter does not load: {type(exc).__name__}: {exc}", "health")
-            return
-        name = lora.adapter_name(directory, offer.model_name or offer.version_id)
-        replaced = self.adapters.install(
-            lora.InstalledAdapter(name, offer.version_id, digest, offer.package_digest)
-        )
-        if replaced is not None and replaced.version_id != offer.version_id:
-            log.info("adapter %s: %s replaces %s", name, offer.version_id, replaced.version_id)
+        before = self.running().get("version_id", "")
         self._commit_running(offer, self.update.counter)
         self.installer.part_file(offer).unlink(missing_ok=True)
         self.on_version_change(self.installer.current_version())
+        self._report_ok(offer, before, "health", self.update.counter)
+        self._transition("healthy", attempts=0, probation_until=time.time() + self.probation_seconds)
+
+    def _report_ok(self, offer: Offer, before: str, stage: str, counter: int) -> None:
         self.report(
             "activation",
             {
                 "ok": True,
                 "version_id": offer.version_id,
-                "from": self.running().get("previous", {}).get("version_id") or "",
+                "from": before,
                 "reason": "rollback" if offer.rollback else "update",
-                "stage": "health",
-                "counter": self.update.counter,
+                "stage": stage,
+                "counter": counter,
             },
             offer.version_id,
         )
-        log.info("adapter %s (%s) installed beside %s", name, offer.version_id, self.update.previous)
-        self._transition("healthy", attempts=0, probation_until=time.time() + self.probation_seconds)
 
     def _step_probation(self) -> None:
         if self.update.attempts >= self.crash_loop_starts:

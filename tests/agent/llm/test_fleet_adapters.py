@@ -3,7 +3,7 @@ an adapter version downloads only its small package, installs beside the active 
 stays `current`), several adapters are served at once and chosen per request by model name, each
 adapter's requests and tokens reach the telemetry under its own version; an adapter made for
 another base is refused as incompatible with nothing changed; a rollback to the base is taken
-without a download and removes the adapter it goes back from."""
+without a download and removes the adapter it goes back from; a restart serves them again."""
 
 from __future__ import annotations
 
@@ -152,6 +152,12 @@ def test_adapters_install_beside_the_base_and_are_served_by_name(tmp_path: Path,
         assert "pirate" in _served(llm_port) and len(double.download_offsets) == downloads
         installed = json.loads((state_dir / "adapters.json").read_text())
         assert sorted(installed) == ["pirate"] and installed["pirate"]["version_id"] == "v-pirate"
+
+        agent.stop()  # a restart serves the base and its adapter again, from the state directory
+        agent = AgentProcess(state_dir, port, extra=["--llm-port", str(llm_port)])
+        wait_for(lambda: "pirate" in _served(llm_port), 90, "pirate served after a restart", agent)
+        assert _chat(llm_port, "pirate")[1]["choices"][0]["message"]["content"] == answers["pirate"]
+        assert read_state(state_dir)["running"] == "v-base" and len(double.download_offsets) == downloads
     finally:
         agent.stop()
         server.stop(grace=None)
