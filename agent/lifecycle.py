@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -396,6 +397,7 @@ class Lifecycle:
             try:  # an adapter without its base on this device never goes further
                 lora.check_fits(unpacked, self._current_dir())
             except IncompatibleModel as exc:
+                shutil.rmtree(unpacked, ignore_errors=True)  # refused for good: its files go now
                 self._refuse(offer, "verify", str(exc), code=IncompatibleModel.reason)
                 return
         self._transition("verified", counter=offer.counter)

@@ -143,6 +143,7 @@ def test_adapters_install_beside_the_base_and_are_served_by_name(tmp_path: Path,
         assert refusal["ok"] is False and refusal["code"] == "incompatible", refusal
         assert "bound to base weights" in refusal["reason"]
         assert read_state(state_dir)["running"] == "v-poet" and "stranger" not in _served(llm_port)
+        assert not (state_dir / "versions" / "v-stranger").exists()  # nothing of it kept
         assert _chat(llm_port, "pirate")[1]["choices"][0]["message"]["content"] == answers["pirate"]
 
         downloads = len(double.download_offsets)
