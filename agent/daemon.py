@@ -19,12 +19,12 @@ from typing import Any
 import grpc
 
 from agent import __version__, identity
+from agent.adapters import AdapterBook, AdapterHost
 from agent.errors import EnrolmentError
 from agent.files import read_json, write_json_atomic
 from agent.inference import InferenceLoop
 from agent.install import DownloadRules, Installer
 from agent.lifecycle import IDLE, Lifecycle
-from agent.llm_api.host import LlmHost
 from agent.metrics import ProcessMeter
 from agent.metrics_export import MetricsExporter
 from agent.outbox import Outbox
@@ -73,7 +73,9 @@ class Agent:
         self.outbox = Outbox(config.state_dir / "outbox.sqlite", max_records=config.outbox_max_records)
         self.inference = InferenceLoop(rate=config.event_rate, emit=self.outbox.append)
         self.meter = ProcessMeter(config.state_dir)
-        self.llm = LlmHost(config.llm_port)
+        # the active LLM and the LoRA adapters the fleet installed beside it (agent/adapters.py)
+        self.llm = AdapterHost(AdapterBook(config.state_dir), config.llm_port)
+        self.assigned_adapter = ""  # the adapter version running.json names, while it is served
         self.exporter = (
             MetricsExporter(config.metrics_textfile, config.metrics_port)
             if config.metrics_textfile or config.metrics_port
@@ -287,14 +289,21 @@ class Agent:
 
     @property
     def running_version(self) -> str:
-        return self.llm.version or self.inference.version
+        """What the device reports it runs: the assigned adapter (served beside its base), else
+        the active version."""
+        return self.assigned_adapter or self.llm.version or self.inference.version
 
     def _load_version(self, version_id: str) -> None:
         directory = self.config.state_dir / "current"
         is_llm = self.llm.load(directory, version_id)  # an LLM answers chat requests, not events
         self.inference.load(directory, "" if is_llm else version_id)
+        assigned = (read_json(self.state_file, {}) or {}).get("version_id", "")
+        served = {a.version_id for a in self.llm.served_adapters().values()} if is_llm else set()
+        self.assigned_adapter = assigned if assigned in served else ""
         if version_id:
-            log.info("running version %s", version_id)
+            log.info(
+                "running version %s%s", version_id, f" with adapter {assigned}" * bool(self.assigned_adapter)
+            )
 
     def check_in(self, hinted: bool = False) -> None:
         running = read_json(self.state_file, {}) or {}
@@ -386,9 +395,19 @@ class Agent:
         figures["outbox_dropped_total"] = self.outbox.dropped_total()
         figures["outbox_rejected_total"] = self.outbox.rejected_total()
         self.outbox.append("metrics", figures, version)
+        self._record_adapter_metrics(version)
         if self.exporter is not None:
             device_id = getattr(self, "device_id", "")
             self.exporter.observe(figures, device_id=device_id, hints_received=self.hints_received)
+
+    def _record_adapter_metrics(self, base_version: str) -> None:
+        """One metrics record per served adapter, under the adapter's own version, so the control
+        plane reads its requests, tokens and errors by version and adapter like any version's."""
+        for adapter, figures in self.llm.take_adapter_figures():
+            figures.update(
+                {"version": adapter.version_id, "adapter": adapter.name, "base_version": base_version}
+            )
+            self.outbox.append("metrics", figures, adapter.version_id)
 
     def upload(self) -> None:
         while True:

@@ -270,9 +270,10 @@ class Installer:
         self.part_file(offer).unlink(missing_ok=True)
         shutil.rmtree(self.staging_dir(offer), ignore_errors=True)
 
-    def prune(self) -> list[str]:
-        """Delete unpacked versions other than current and previous (a small disk keeps two)."""
-        keep = {self.current_version(), self.previous_version()}
+    def prune(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Delete unpacked versions other than current, previous and ``keep`` (the adapters
+        installed beside current): a small disk keeps two bases."""
+        keep = {self.current_version(), self.previous_version(), *keep}
         removed = []
         for directory in (self.state_dir / "versions").iterdir():
             if directory.name not in keep and not directory.name.startswith("."):

@@ -24,7 +24,12 @@ resumes where it was:
 - rolling_back: `current` is switched back to the previous version.
 
 ``running.json`` always names the version `current` points at once it is committed, and the
-assignment counter that put it there.  Refusals are reported with ``stage``, ``reason`` and a
+assignment counter that put it there, or the LoRA adapter installed beside it (agent/adapters.py):
+an adapter goes through the same states, but at switching it joins ``adapters.json`` instead of
+moving `current`, and one bound to another base is refused at verifying (``incompatible``).  An
+offer of what is already on disk and active (the base under an adapter, an installed adapter:
+a rollback or a pin) is taken at once, without a download; a rollback away from an adapter
+removes that adapter.  Refusals are reported with ``stage``, ``reason`` and a
 machine-readable ``code``.
 """
 
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +47,15 @@ from typing import Any
 
 import grpc
 
-from agent.errors import ActivationError, AgentError, DiskFullError, DownloadError, DownloadStalled
+from agent import adapters as lora
+from agent.errors import (
+    ActivationError,
+    AgentError,
+    DiskFullError,
+    DownloadError,
+    DownloadStalled,
+    IncompatibleModel,
+)
 from agent.files import read_json, write_json_atomic
 from agent.install import Installer, Offer, health_check, package_check
 from agent.trust import AssignmentTrust, SignedOffer
@@ -117,6 +131,7 @@ class Lifecycle:
         self.probation_seconds = probation_seconds
         self.crash_loop_starts = crash_loop_starts
         self.state_dir = installer.state_dir
+        self.adapters = lora.AdapterBook(self.state_dir)
         self.update = self._load()
         self._pause_at = {s for s in os.environ.get("FERRY_AGENT_PAUSE_AT", "").split(",") if s}
 
@@ -203,8 +218,7 @@ class Lifecycle:
         it while an update is under way, or a refusal may be retried)."""
         if offer is None or self.update.state != IDLE:
             return 0
-        running = self.running().get("version_id")
-        if offer.version_id == running and offer.version_id == self.installer.current_version():
+        if self._runs(offer.version_id):
             return offer.counter
         refusal = self.refused().get(_refusal_key(offer))
         return offer.counter if refusal is not None and refusal.get("retry_at") is None else 0
@@ -231,17 +245,67 @@ class Lifecycle:
             return
         if self.update.state in (SWITCHING, ROLLING_BACK, VERIFYING):
             return  # finish this step first; the offer comes again at the next check-in
-        running = self.running()
-        if (
-            offer.version_id == running.get("version_id")
-            and offer.version_id == self.installer.current_version()
-        ):
+        if self._runs(offer.version_id):
             return
         if self.is_refused(offer):
+            return
+        if self.update.state == IDLE and self._present(offer.version_id):
+            self._reassign(offer)
             return
         if current is not None:
             self.installer.discard(current)
         self._transition("offer", offer=offer.as_dict(), attempts=0)
+
+    def _runs(self, version_id: str) -> bool:
+        """Whether the device runs this version now: committed in running.json, and `current`
+        (or, for an adapter, installed beside it)."""
+        if version_id != self.running().get("version_id"):
+            return False
+        return version_id == self.installer.current_version() or self._installed_adapter(version_id)
+
+    def _installed_adapter(self, version_id: str) -> bool:
+        adapter = self.adapters.by_version(version_id)
+        return adapter is not None and adapter.base_digest == lora.llm_base_digest(self._current_dir())
+
+    def _present(self, version_id: str) -> bool:
+        """Active on disk already: the current base, or an adapter installed beside it."""
+        return version_id == self.installer.current_version() or self._installed_adapter(version_id)
+
+    def _current_dir(self) -> Path | None:
+        return self.installer.current_link if self.installer.current_version() else None
+
+    def _reassign(self, offer: Offer) -> None:
+        """Take an assignment of what is already active (the base under an adapter, or an
+        installed adapter) without downloading anything; a rollback removes the adapter it
+        goes back from."""
+        running = self.running()
+        before = running.get("version_id", "")
+        if offer.rollback and before != offer.version_id:
+            gone = self.adapters.remove_version(before)
+            if gone is not None:
+                log.info("adapter %s (%s) removed by the rollback", gone.name, before)
+        self._commit_running(offer, offer.counter)
+        self.on_version_change(self.installer.current_version())
+        # the report's outcome reads the offer in hand (not saved: the state stays idle)
+        self.update.offer, self.update.counter = offer.as_dict(), offer.counter
+        try:
+            self._report_ok(offer, before, "assigned", offer.counter)
+        finally:
+            self.update.offer, self.update.counter = None, 0
+        log.info("now running %s:%s (already on the device)", offer.model_name, offer.version_label)
+
+    def _commit_running(self, offer: Offer, counter: int) -> None:
+        """running.json names the offer's version (and what ran before, for a rollback)."""
+        running = self.running()
+        write_json_atomic(
+            self.running_file,
+            {
+                "version_id": offer.version_id,
+                "package_digest": offer.package_digest,
+                "counter": counter,
+                "previous": {k: running.get(k) for k in ("version_id", "package_digest", "counter")},
+            },
+        )
 
     def resume(self) -> None:
         """Called once per process start: count unclean starts in the risky states (crash loops)."""
@@ -328,6 +392,14 @@ class Lifecycle:
             self.update.state = DOWNLOADING
             self._save()
             return
+        unpacked = self.state_dir / "versions" / offer.version_id
+        if lora.is_adapter_package(unpacked):
+            try:  # an adapter without its base on this device never goes further
+                lora.check_fits(unpacked, self._current_dir())
+            except IncompatibleModel as exc:
+                shutil.rmtree(unpacked, ignore_errors=True)  # refused for good: its files go now
+                self._refuse(offer, "verify", str(exc), code=IncompatibleModel.reason)
+                return
         self._transition("verified", counter=offer.counter)
 
     def _step_staged(self) -> None:
@@ -347,9 +419,12 @@ class Lifecycle:
             )
             self._roll_back(reason, "health", "crash_loop")
             return
+        directory = self.state_dir / "versions" / offer.version_id
+        if lora.is_adapter_package(directory):
+            self._install_adapter(offer, directory)
+            return
         self.installer.switch_to(offer.version_id)
         self._maybe_pause("switched")
-        directory = self.state_dir / "versions" / offer.version_id
         try:
             health_check(directory)
         except ActivationError as exc:
@@ -372,20 +447,40 @@ class Lifecycle:
         )
         self.installer.part_file(offer).unlink(missing_ok=True)
         self.on_version_change(offer.version_id)
+        self._report_ok(offer, self.update.previous, "health", self.update.counter)
+        log.info("now running %s:%s", offer.model_name, offer.version_label)
+        self._transition("healthy", attempts=0, probation_until=time.time() + self.probation_seconds)
+
+    def _install_adapter(self, offer: Offer, directory: Path) -> None:
+        """Switching, for an adapter: checked against the active base (which may have changed
+        while it was staged), loaded, then added beside the base; `current` stays."""
+        try:
+            lora.install(
+                self.adapters, directory, self._current_dir(), offer.version_id, offer.package_digest
+            )
+        except ActivationError as exc:
+            self._roll_back(str(exc), "health", getattr(exc, "reason", "health_check_failed"))
+            return
+        before = self.running().get("version_id", "")
+        self._commit_running(offer, self.update.counter)
+        self.installer.part_file(offer).unlink(missing_ok=True)
+        self.on_version_change(self.installer.current_version())
+        self._report_ok(offer, before, "health", self.update.counter)
+        self._transition("healthy", attempts=0, probation_until=time.time() + self.probation_seconds)
+
+    def _report_ok(self, offer: Offer, before: str, stage: str, counter: int) -> None:
         self.report(
             "activation",
             {
                 "ok": True,
                 "version_id": offer.version_id,
-                "from": self.update.previous,
+                "from": before,
                 "reason": "rollback" if offer.rollback else "update",
-                "stage": "health",
-                "counter": self.update.counter,
+                "stage": stage,
+                "counter": counter,
             },
             offer.version_id,
         )
-        log.info("now running %s:%s", offer.model_name, offer.version_label)
-        self._transition("healthy", attempts=0, probation_until=time.time() + self.probation_seconds)
 
     def _step_probation(self) -> None:
         if self.update.attempts >= self.crash_loop_starts:
@@ -398,7 +493,10 @@ class Lifecycle:
             )
             return
         if time.time() >= self.update.probation_until:
-            removed = self.installer.prune()
+            forgotten = self.adapters.forget_other_bases(lora.llm_base_digest(self._current_dir()))
+            if forgotten:
+                log.info("adapters %s dropped: bound to another base", ", ".join(forgotten))
+            removed = self.installer.prune(keep=self.adapters.version_ids())
             if removed:
                 log.info("pruned old versions %s", ", ".join(removed))
             self._transition("stable")
@@ -421,9 +519,12 @@ class Lifecycle:
                     "previous": {},
                 },
             )
+        if self.adapters.remove_version(offer.version_id) is not None:
+            log.error("adapter %s removed: it failed after it was installed", offer.version_id)
         self.on_version_change(previous)
         self.installer.discard(offer)
-        self.installer.prune()  # the failed version's files go; current and previous stay
+        # the failed version's files go; current, previous and the installed adapters stay
+        self.installer.prune(keep=self.adapters.version_ids())
         self._transition("rolled_back")
         log.error("rolled back to %s after %s failed", previous or "nothing", offer.version_id)
 

@@ -145,3 +145,18 @@ def describe(found: list[Mismatch], limit: int = 3) -> str:
     """The first few mismatches in one line, for an error message."""
     text = "; ".join(str(m) for m in found[:limit])
     return text + (f"; and {len(found) - limit} more" if len(found) > limit else "")
+
+
+def adapter_mismatch(adapter_base: str, device_base: str | None) -> str | None:
+    """Why an LLM adapter bound to the base weights ``adapter_base`` (engine.llm.lora.base_digest)
+    cannot run beside what a device runs, whose LLM base weights are ``device_base`` (None or "":
+    no LLM base at all); None when it fits.  The control plane refuses such a release and the
+    agent refuses such a package, with the same words."""
+    if not device_base:
+        return f"the adapter needs its base LLM (weights {adapter_base[:12]}); the device runs no LLM"
+    if device_base != adapter_base:
+        return (
+            f"the adapter is bound to base weights {adapter_base[:12]}; "
+            f"the device's LLM base is {device_base[:12]}"
+        )
+    return None

@@ -31,6 +31,7 @@ class LlmHost:
             return False
         # the resolved path: ``current`` is switched by a rename while this version runs
         service = make_service(Path(directory).resolve(), name=_model_name(directory), version_id=version_id)
+        service = self.adapt(service)  # a subclass serves more beside it (agent/adapters.py)
         self.service = service
         if self.port:
             if self._server is None:
@@ -41,6 +42,10 @@ class LlmHost:
                 log.info("LLM chat API on %s/v1", self._server.address)
             self._server.service = service
         return True
+
+    def adapt(self, service: Any) -> Any:
+        """The service to serve for a newly loaded package (agent.adapters adds LoRA adapters)."""
+        return service
 
     def _unload(self) -> None:
         self.service = None

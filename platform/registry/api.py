@@ -39,6 +39,12 @@ class VersionOutput(serializers.ModelSerializer):
     package_size = serializers.IntegerField(
         source="package.size", default=None, allow_null=True, help_text="null until converted."
     )
+    base = serializers.UUIDField(
+        source="base_id",
+        allow_null=True,
+        read_only=True,
+        help_text="llm_adapter: the LLM version it was converted against (null for other kinds).",
+    )
 
     class Meta:
         model = ModelVersion
@@ -53,6 +59,8 @@ class VersionOutput(serializers.ModelSerializer):
             "released",
             "package_sha256",
             "package_size",
+            "base",
+            "llm_digest",
             "job",
             "created_at",
         ]
@@ -119,7 +127,13 @@ class VersionInput(serializers.Serializer):
         default=ModelVersion.Kind.ONNX,
         help_text="onnx: one ONNX file. llm: a Hugging Face Llama-family checkpoint (config.json, "
         "*.safetensors, tokenizer.json). diffusion: diffusers' ONNX layout (text_encoder/, unet/, "
-        "vae_decoder/, tokenizer/, scheduler/).",
+        "vae_decoder/, tokenizer/, scheduler/). llm_adapter: a PEFT LoRA adapter directory "
+        "(adapter_config.json, adapter_model.safetensors) trained on the llm version named by base.",
+    )
+    base = serializers.UUIDField(
+        required=False,
+        help_text="llm_adapter: the id of the LLM version (of this organisation) the adapter was "
+        "trained on; devices get only the adapter and install it beside that base.",
     )
     weights = serializers.ChoiceField(
         choices=sorted({w for ws in checkpoints.WEIGHTS.values() for w in ws}),
@@ -231,7 +245,8 @@ class VersionCreateApi(OrganisationApi):
         data = VersionInput(data=request.data)
         data.is_valid(raise_exception=True)
         upload, kind = data.validated_data["file"], data.validated_data["kind"]
-        options = {k: v for k, v in data.validated_data.items() if k not in ("file", "label", "kind")}
+        options = {k: v for k, v in data.validated_data.items() if k not in ("file", "label", "kind", "base")}
+        base = _base_version(self.organisation, data.validated_data.get("base"))
         samples = options.pop("calibration", None)
         if kind == ModelVersion.Kind.ONNX:
             foreign = sorted(set(options) - set(ONNX_OPTIONS))
@@ -251,9 +266,20 @@ class VersionCreateApi(OrganisationApi):
             size=upload.size,
             options=options,
             kind=kind,
+            base=base,
         )
         version = selectors.version_get(organisation=self.organisation, version_id=version.pk)
         return created(request, VersionOutput(version).data, "version", version_id=version.pk)
+
+
+def _base_version(organisation, version_id) -> ModelVersion | None:
+    """The version a ``base`` field names; one of another organisation is a 400 on the field."""
+    if version_id is None:
+        return None
+    try:
+        return selectors.version_get(organisation=organisation, version_id=version_id)
+    except NotFound as exc:
+        raise InvalidUpload(str(exc), fields={"base": [str(exc)]}) from None
 
 
 class VersionDetailApi(OrganisationApi):

@@ -26,7 +26,11 @@ Progress = Callable[[float, str], None]
 WEIGHTS = {"llm": ("fp16", "int8", "int4"), "diffusion": ("fp32", "int8")}
 DEFAULT_WEIGHTS = {"llm": "int4", "diffusion": "fp32"}
 LLM_BLOCKS = (32, 64)
-OPTIONS = {"llm": ("weights", "block_size"), "diffusion": ("weights", "image_size", "steps")}
+OPTIONS = {
+    "llm": ("weights", "block_size"),
+    "diffusion": ("weights", "image_size", "steps"),
+    "llm_adapter": (),  # converted against its base (registry.adapters)
+}
 IMAGE_SIZES = range(32, 2049)
 STEPS = range(1, 101)
 
@@ -40,10 +44,13 @@ class Converted:
 def check_options(kind: str, options: dict[str, Any]) -> dict[str, Any]:
     """The version's options for ``kind``, with defaults filled in; InvalidUpload names the field."""
     foreign = sorted(set(options) - set(OPTIONS[kind]))
+    if kind == "llm_adapter" and not foreign:
+        return {}  # an adapter keeps its base's precision: nothing to choose
     if foreign:
         name = foreign[0]
         raise _invalid(
-            name, f"{name} does not apply to kind {kind!r} (its options: {', '.join(OPTIONS[kind])})."
+            name,
+            f"{name} does not apply to kind {kind!r} (its options: {', '.join(OPTIONS[kind]) or 'none'}).",
         )
     checked = {"weights": options.get("weights") or DEFAULT_WEIGHTS[kind]}
     if checked["weights"] not in WEIGHTS[kind]:

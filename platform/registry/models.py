@@ -49,6 +49,7 @@ class ModelVersion(models.Model):
         ONNX = "onnx", "ONNX model"
         LLM = "llm", "Language model (Hugging Face Llama-family checkpoint)"
         DIFFUSION = "diffusion", "Text-to-image diffusion (diffusers ONNX layout)"
+        LLM_ADAPTER = "llm_adapter", "LoRA adapter of an LLM version (PEFT adapter directory)"
 
     class Status(models.TextChoices):
         CONVERTING = "converting", "Converting"
@@ -65,6 +66,13 @@ class ModelVersion(models.Model):
     options = models.JSONField(default=dict, blank=True)
     report = models.JSONField(default=dict, blank=True)
     released = models.BooleanField(default=False)
+    # llm_adapter: the LLM version it was converted against (devices get only the adapter, which
+    # they install beside that base; releases.compatibility refuses devices without it)
+    base = models.ForeignKey("self", on_delete=models.PROTECT, related_name="adapters", null=True, blank=True)
+    # the base weights the version runs on (engine.llm.lora.base_digest): an llm version's own,
+    # which its adapters bind to; an llm_adapter's base's. "" for other kinds (and for llm versions
+    # converted before this field: registry.services.llm_digest_of fills it in on first use)
+    llm_digest = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -30,7 +30,7 @@ from converter.options import OPTION_NAMES, ConversionOptions, InvalidOptionsErr
 from deploy.package import ANY_DEVICE_CLASS, SignedClaims, sign_package
 from deploy.package.digest import bytes_sha256
 from deploy.package.reader import read_head
-from registry import archives, checkpoints, storage
+from registry import adapters, archives, checkpoints, storage
 from registry.errors import InvalidUpload, VersionImmutable, VersionInUse
 from registry.models import Artifact, ConversionJob, Model, ModelVersion
 from registry.onnx_checks import check_self_contained
@@ -65,14 +65,22 @@ def version_upload(
     size: int,
     options: dict[str, Any] | None = None,
     kind: str = ModelVersion.Kind.ONNX,
+    base: ModelVersion | None = None,
 ) -> ModelVersion:
     """Store an upload as a new version and queue its conversion: an ONNX file, or for kind llm
-    or diffusion a tar or zip of the checkpoint directory (checked member by member first)."""
+    or diffusion a tar or zip of the checkpoint directory (checked member by member first), or
+    for kind llm_adapter a tar or zip of a PEFT adapter directory trained on ``base``."""
     options = options or {}
     if kind == ModelVersion.Kind.ONNX:
         _check_conversion_options(options)
     else:
         options = checkpoints.check_options(kind, options)
+    llm_digest = ""
+    if kind == ModelVersion.Kind.LLM_ADAPTER:
+        base = adapters.check_base(base, model.organisation_id)
+        llm_digest = llm_digest_of(base)
+    elif base is not None:
+        raise InvalidUpload("base is for kind llm_adapter.", fields={"base": ["only for llm_adapter"]})
     if size == 0:
         raise InvalidUpload("The uploaded file is empty.")
     if size > settings.FERRY_MAX_UPLOAD_BYTES:
@@ -91,7 +99,13 @@ def version_upload(
     try:
         with transaction.atomic():
             version = ModelVersion.objects.create(
-                model=model, label=label, kind=kind, source=source, options=options
+                model=model,
+                label=label,
+                kind=kind,
+                source=source,
+                options=options,
+                base=base,
+                llm_digest=llm_digest,
             )
             job = ConversionJob.objects.create(version=version)
             transaction.on_commit(lambda: _enqueue_conversion(job.pk))
@@ -308,17 +322,19 @@ def conversion_run(*, job_id: int, worker: str = "") -> ConversionJob:
     """
     if not conversion_claim(job_id=job_id, worker=worker):
         return ConversionJob.objects.get(pk=job_id)
-    job = ConversionJob.objects.select_related("version__model__organisation", "version__source").get(
-        pk=job_id
-    )
+    job = ConversionJob.objects.select_related(
+        "version__model__organisation", "version__source", "version__base__package"
+    ).get(pk=job_id)
     version = job.version
     calibration = version.options.get("calibration")
     onnx = version.kind == ModelVersion.Kind.ONNX
+    base = version.base.package.file.name if version.kind == ModelVersion.Kind.LLM_ADAPTER else None
     try:
         with (
             _heartbeat(job_id, worker),
             storage.local_copy(version.source.file.name, ".onnx" if onnx else ".archive") as src,
             storage.local_copy(calibration["file"], ".npz") if calibration else nullcontext() as samples,
+            storage.local_copy(base, ".ferry") if base else nullcontext() as base_package,
             tempfile.TemporaryDirectory() as tmp,
         ):
             unsigned, signed = Path(tmp) / "unsigned.ferry", Path(tmp) / "signed.ferry"
@@ -331,6 +347,11 @@ def conversion_run(*, job_id: int, worker: str = "") -> ConversionJob:
                     src, unsigned, options=_converter_options(version.options, samples), progress=progress
                 ).to_dict()
                 summary = _accuracy_line(converted)
+            elif base_package is not None:
+                result = adapters.convert_adapter(
+                    src, Path(tmp), base_package, unsigned, version.model.name, progress
+                )
+                converted, summary = result.report, result.summary
             else:
                 workdir = Path(tmp) / "checkpoint"
                 workdir.mkdir()
@@ -346,6 +367,8 @@ def conversion_run(*, job_id: int, worker: str = "") -> ConversionJob:
                 organisation=str(version.model.organisation_id),
             )
             sign_package(unsigned, signed, release_private_key(), claims)
+            # the weights an llm version's adapters bind to, an adapter's base's: for the release check
+            digest = _llm_digest(version, unsigned, converted)
             _job_log(job_id, f"package signed with the release key for {claims.device_class}", 0.95)
             with open(signed, "rb") as stream:
                 package = artifact_store(
@@ -359,13 +382,33 @@ def conversion_run(*, job_id: int, worker: str = "") -> ConversionJob:
         return _conversion_fail(job_id, _without_server_paths(str(exc), version.label))
     with transaction.atomic():
         ModelVersion.objects.filter(pk=version.pk).update(
-            package=package, report=converted, status=ModelVersion.Status.READY
+            package=package, report=converted, status=ModelVersion.Status.READY, llm_digest=digest
         )
         ConversionJob.objects.filter(pk=job_id).update(
             status=ConversionJob.Status.SUCCEEDED, progress=1.0, error="", updated_at=timezone.now()
         )
     _job_log(job_id, f"package {package.sha256[:12]} stored ({package.size} bytes)", 1.0)
     return ConversionJob.objects.get(pk=job_id)
+
+
+def _llm_digest(version: ModelVersion, unsigned: Path, report: dict[str, Any]) -> str:
+    if version.kind == ModelVersion.Kind.LLM:
+        return adapters.package_llm_digest(unsigned)
+    if version.kind == ModelVersion.Kind.LLM_ADAPTER:
+        return str(report["base_digest"])
+    return ""
+
+
+def llm_digest_of(version: ModelVersion) -> str:
+    """The base weights an llm or llm_adapter version runs on; an llm version converted before
+    the field existed has it read from its package once, and stored."""
+    if version.llm_digest or version.kind != ModelVersion.Kind.LLM or version.package_id is None:
+        return version.llm_digest
+    with storage.local_copy(version.package.file.name, ".ferry") as package:
+        digest = adapters.package_llm_digest(package)
+    ModelVersion.objects.filter(pk=version.pk).update(llm_digest=digest)
+    version.llm_digest = digest
+    return digest
 
 
 def _without_server_paths(message: str, label: str) -> str:

@@ -210,7 +210,7 @@ def test_the_openapi_document_declares_the_kind_enum(api):
         kind = schemas[component]["properties"]["kind"]
         ref = kind.get("$ref") or kind["allOf"][0]["$ref"]
         assert ref == "#/components/schemas/VersionKindEnum"
-    assert schemas["VersionKindEnum"]["enum"] == ["onnx", "llm", "diffusion"]
+    assert schemas["VersionKindEnum"]["enum"] == ["onnx", "llm", "diffusion", "llm_adapter"]
 
 
 # --- through a real Celery worker -------------------------------------------------------------

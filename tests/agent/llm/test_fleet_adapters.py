@@ -1,0 +1,164 @@
+"""LoRA adapters released to a device (a real agent process, updated through the gateway double):
+an adapter version downloads only its small package, installs beside the active base (which
+stays `current`), several adapters are served at once and chosen per request by model name, each
+adapter's requests and tokens reach the telemetry under its own version; an adapter made for
+another base is refused as incompatible with nothing changed; a rollback to the base is taken
+without a download and removes the adapter it goes back from; a restart serves them again."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from converter.llm.convert import convert_llm
+from converter.llm.lora import convert_lora
+from deploy.package import SignedClaims, generate_keypair, sign_package
+from deploy.package.manifest import canonical_json
+from deploy.package.writer import write_archive
+from tests.agent.double import ORGANISATION_ID, AgentProcess, GatewayDouble, read_state, serve, wait_for
+from tests.agent.llm.test_agent_serves_llm import _free_port as free_port
+from tests.engine.llm.checkpoints import write_checkpoint, write_peft
+
+pytestmark = pytest.mark.slow
+
+KEYS = generate_keypair()
+
+
+def _signed(unsigned: Path, dst: Path, name: str = "") -> Path:
+    """Sign for the double's organisation; ``name`` stamped as metadata.name as the control plane does."""
+    if name:
+        with tarfile.open(unsigned) as tar:
+            members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+        manifest = json.loads(members[0][1])
+        manifest["metadata"]["name"] = name
+        members[0] = (members[0][0], canonical_json(manifest))
+        unsigned = unsigned.with_name(unsigned.name + ".named")
+        write_archive(unsigned, members)
+    sign_package(unsigned, dst, KEYS.private_key, SignedClaims(organisation=ORGANISATION_ID))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("fleet-adapters")
+    config, _ = write_checkpoint(root / "ckpt", "qwen2", max_position_embeddings=64)
+    write_checkpoint(root / "other-ckpt", "qwen2", seed=5, max_position_embeddings=64)
+    convert_llm(root / "ckpt", root / "base.ferry", weights="int8")
+    convert_llm(root / "other-ckpt", root / "other.ferry", weights="int8")
+    found = {"base": _signed(root / "base.ferry", root / "base-signed.ferry")}
+    for name, seed, base in (("pirate", 1, "base"), ("poet", 2, "base"), ("stranger", 3, "other")):
+        write_peft(root / f"peft-{name}", config, seed=seed)
+        convert_lora(root / f"peft-{name}", root / f"{base}.ferry", root / f"{name}.ferry")
+        found[name] = _signed(root / f"{name}.ferry", root / f"{name}-signed.ferry", name=name)
+    return found
+
+
+def _request(port: int, path: str, body: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _chat(port: int, model: str) -> tuple[int, dict]:
+    ask = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Ahoy"}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    return _request(port, "/v1/chat/completions", ask)
+
+
+def _served(port: int) -> list[str]:
+    try:
+        status, body = _request(port, "/v1/models")
+    except OSError:  # not listening yet
+        return []
+    return [m["id"] for m in body.get("data", [])] if status == 200 else []
+
+
+def test_adapters_install_beside_the_base_and_are_served_by_name(tmp_path: Path, packages) -> None:
+    double = GatewayDouble(KEYS)
+    server, port = serve(double)
+    llm_port = free_port()
+    state_dir = tmp_path / "state"
+    agent = AgentProcess(state_dir, port, extra=["--llm-port", str(llm_port)])
+    try:
+        double.publish(packages["base"], "v-base")
+        wait_for(lambda: read_state(state_dir)["running"] == "v-base", 90, "the base running", agent)
+        wait_for(lambda: _served(llm_port), 60, "the chat API answering", agent)
+        downloads = len(double.download_offsets)
+
+        double.publish(packages["pirate"], "v-pirate")
+        wait_for(lambda: "pirate" in _served(llm_port), 90, "pirate served", agent)
+        state = read_state(state_dir)
+        assert state["running"] == "v-pirate" and state["current"] == "v-base"  # beside, not instead
+        # one download, of the adapter alone: no base weights travelled or were unpacked again
+        assert double.download_offsets[downloads:] == [0]
+        unpacked = {p.name for p in (state_dir / "versions" / "v-pirate").iterdir()}
+        assert "adapter.bin" in unpacked and "weights.bin" not in unpacked
+
+        double.publish(packages["poet"], "v-poet")
+        wait_for(lambda: "poet" in _served(llm_port), 90, "poet served", agent)
+        assert sorted(_served(llm_port)) == ["pirate", "poet", "v-base"]
+        answers = {}
+        for model in ("pirate", "poet"):
+            status, body = _chat(llm_port, model)
+            assert status == 200, body
+            assert body["model"] == model and body["usage"]["completion_tokens"] >= 1
+            answers[model] = body["choices"][0]["message"]["content"]
+        status, body = _chat(llm_port, "nobody")
+        assert status == 404 and body["error"]["code"] == "model_not_found"
+
+        pirate = wait_for(
+            lambda: next((m for m in double.metrics() if m.get("adapter") == "pirate"), None),
+            30,
+            "pirate's own metrics record",
+            agent,
+        )
+        assert pirate["version"] == "v-pirate" and pirate["base_version"] == "v-base"
+        assert (
+            pirate["llm_requests"] == 1 and pirate["llm_tokens_generated"] >= 1 and pirate["llm_errors"] == 0
+        )
+
+        double.publish(packages["stranger"], "v-stranger")
+        refusal = wait_for(
+            lambda: next((a for a in double.activations() if a["version_id"] == "v-stranger"), None),
+            90,
+            "the stranger adapter's refusal",
+            agent,
+        )
+        assert refusal["ok"] is False and refusal["code"] == "incompatible", refusal
+        assert "bound to base weights" in refusal["reason"]
+        assert read_state(state_dir)["running"] == "v-poet" and "stranger" not in _served(llm_port)
+        assert not (state_dir / "versions" / "v-stranger").exists()  # nothing of it kept
+        assert _chat(llm_port, "pirate")[1]["choices"][0]["message"]["content"] == answers["pirate"]
+
+        downloads = len(double.download_offsets)
+        double.publish(packages["base"], "v-base", rollback=True)  # poet's release rolled back
+        wait_for(lambda: read_state(state_dir)["running"] == "v-base", 60, "back on the base", agent)
+        wait_for(lambda: "poet" not in _served(llm_port), 30, "poet removed", agent)
+        assert "pirate" in _served(llm_port) and len(double.download_offsets) == downloads
+        installed = json.loads((state_dir / "adapters.json").read_text())
+        assert sorted(installed) == ["pirate"] and installed["pirate"]["version_id"] == "v-pirate"
+
+        agent.stop()  # a restart serves the base and its adapter again, from the state directory
+        agent = AgentProcess(state_dir, port, extra=["--llm-port", str(llm_port)])
+        wait_for(lambda: "pirate" in _served(llm_port), 90, "pirate served after a restart", agent)
+        assert _chat(llm_port, "pirate")[1]["choices"][0]["message"]["content"] == answers["pirate"]
+        assert read_state(state_dir)["running"] == "v-base" and len(double.download_offsets) == downloads
+    finally:
+        agent.stop()
+        server.stop(grace=None)
