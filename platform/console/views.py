@@ -10,7 +10,6 @@ from pathlib import Path
 from accounts.models import Membership
 from accounts.selectors import membership_for_user, role_require
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.contrib.staticfiles import finders
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse, HttpResponseNotAllowed, JsonResponse
@@ -38,6 +37,7 @@ from releases.services import release_create
 from telemetry.selectors import fleet_rates
 
 from console.forms import GroupForm, ReleaseForm, TargetPreviewForm, window_from
+from console.session import login_required_or_401
 
 Role = Membership.Role
 DASHBOARD_DEVICES = 20
@@ -50,7 +50,8 @@ ONLINE_WITHIN = timedelta(minutes=5)
 def role_required(**roles: str) -> Callable:
     """The one place a page says who may use it: the role each method needs (get=..., post=...).
 
-    Anonymous people are sent to the login page; a member below the role gets a 403 page saying
+    Anonymous people are sent to the login page (an htmx poll of a live part gets 401 and an
+    HX-Redirect there instead: console/session.py); a member below the role gets a 403 page saying
     which role it needs; a method not named is 405 (HEAD follows GET). The membership stays on
     the request for the view (its organisation) and the templates (which buttons to show).
     tests/console/test_console_roles.py reads ``required_roles`` off every console URL's view.
@@ -72,7 +73,7 @@ def role_required(**roles: str) -> Callable:
                 return _error_page(request, exc)
             return view(request, *args, **kwargs)
 
-        guarded = login_required(guarded)
+        guarded = login_required_or_401(guarded)
         guarded.required_roles = required
         return guarded
 

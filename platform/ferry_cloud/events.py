@@ -41,8 +41,9 @@ class DeviceRevoked:
 
 @dataclass(frozen=True)
 class AuditEventRecorded:
-    """A row was added to the organisation's event feed (a release's ReleaseEvent): a state
-    change, a device's refusal or failure. Webhooks and live streams start from it."""
+    """A row was added to the organisation's event feed (a ReleaseEvent): a release's state
+    change, a device's refusal or failure, a bulk device action. Webhooks and live streams
+    start from it."""
 
     organisation_id: int
     event_id: int
@@ -50,6 +51,7 @@ class AuditEventRecorded:
 
 # The event feed's types: what webhooks subscribe to and streams filter on. Each is one audit
 # action, "release.completed" being the advance into the completed state ("!completed": any other).
+# A bulk device action (fleet.bulk) is one event of its own type, whatever number of devices it changed.
 EVENT_TYPES: dict[str, tuple[str, str | None]] = {
     "release.created": ("create", None),
     "release.edited": ("edit", None),
@@ -64,6 +66,10 @@ EVENT_TYPES: dict[str, tuple[str, str | None]] = {
     "device.refused": ("device_refused", None),
     "device.failed": ("device_failed", None),
     "device.rolled_back": ("device_rolled_back", None),
+    "devices.bulk_pin": ("bulk_pin", None),
+    "devices.bulk_unpin": ("bulk_unpin", None),
+    "devices.bulk_label": ("bulk_label", None),
+    "devices.bulk_revoke": ("bulk_revoke", None),
 }
 
 

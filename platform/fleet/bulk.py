@@ -2,7 +2,9 @@
 
 The single-device services do the work (device_pin, device_labels_set, device_revoke), so a
 bulk pin announces and checks exactly what a pin does; this module only selects, counts, caps
-and audits. A dry run selects and counts and changes nothing. All or nothing: one transaction.
+and audits: a BulkAction row, and one typed event in the organisation's feed (devices.bulk_pin,
+...), which webhooks subscribed to that type receive. A dry run selects and counts and changes
+nothing. All or nothing: one transaction.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from accounts.models import Organisation
 from django.db import transaction
 from ferry_cloud.errors import Invalid
+from ferry_cloud.events import AuditEventRecorded, publish
 
 from fleet import selectors, services
 from fleet.models import BulkAction, Device
@@ -20,6 +23,7 @@ from fleet.models import BulkAction, Device
 MAX_DEVICES = 10_000  # per call: a larger change is a device group's (or a release's) job
 ACTIONS = ("pin", "unpin", "label", "revoke")
 MAX_LABELS = 64  # a device's labels at most, as the single-device edit allows
+AUDITED_IDS = 100  # listed ids carried in the feed's event (and each webhook's body)
 
 
 class InvalidBulkAction(Invalid):
@@ -129,7 +133,7 @@ def devices_bulk(
             services.device_labels_set(device=device, labels=_labelled(device.labels, labels))
         else:
             services.device_revoke(device=device)
-    BulkAction.objects.create(
+    record = BulkAction.objects.create(
         organisation=organisation,
         actor=actor,
         action=action,
@@ -140,4 +144,35 @@ def devices_bulk(
         matched=len(devices),
         changed=len(targets),
     )
+    _audit(record)
     return BulkOutcome(matched=len(devices), changed=len(targets))
+
+
+def _audit(record: BulkAction) -> None:
+    """The bulk action as one event of the organisation's feed (GET /api/v1/audit/, the stream,
+    webhooks subscribed to its type), in the same transaction as the change it records."""
+    from releases.models import ReleaseEvent  # releases depend on fleet, not the other way round
+
+    ids = record.device_ids
+    selection = f"matching {record.filter}" if record.filter else f"of {len(ids)} listed"
+    event = ReleaseEvent.objects.create(
+        organisation_id=record.organisation_id,
+        release=None,
+        action=f"bulk_{record.action}",
+        from_state="",
+        to_state="",
+        actor=record.actor,
+        reason=f"{record.action}: {record.changed} of {record.matched} device(s) {selection} changed",
+        details={
+            "bulk_action": record.pk,
+            "action": record.action,
+            "filter": record.filter or None,
+            "device_ids": ids[:AUDITED_IDS],
+            "device_ids_given": len(ids),  # the full list stays on the BulkAction row
+            "version": str(record.version_id) if record.version_id else None,
+            "labels": record.labels,
+            "matched": record.matched,
+            "changed": record.changed,
+        },
+    )
+    publish(AuditEventRecorded(organisation_id=record.organisation_id, event_id=event.pk))

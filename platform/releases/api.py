@@ -424,8 +424,10 @@ class ReleaseGateApi(OrganisationApi):
 
 
 class AuditEventOutput(EventOutput):
-    release = serializers.UUIDField(source="release_id")
-    release_name = serializers.CharField(source="release.name")
+    release = serializers.UUIDField(
+        source="release_id", allow_null=True, help_text="null: no release's event (a bulk device action)."
+    )
+    release_name = serializers.CharField(source="release.name", default=None, allow_null=True)
 
     class Meta(EventOutput.Meta):
         fields = ["id", "release", "release_name", *EventOutput.Meta.fields]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from ferry_cloud.events import AuditEventRecorded, FleetChanged, publish
 from registry.models import ModelVersion
 from registry.services import version_mark_released
@@ -78,6 +79,7 @@ def release_update(
     changed = sorted(k for k, v in changes.items() if k in EDITABLE and before.get(k) != v)
     if not changed:
         return release
+    replaced_version_id = release.version_id
     if version is not None and "version" in changed:
         if version.model.organisation_id != release.organisation_id:
             raise InvalidRelease("That version belongs to another organisation.")
@@ -94,6 +96,8 @@ def release_update(
     _validate(release)
     release.revision += 1
     release.save()
+    if release.version_id != replaced_version_id:
+        _version_released_recount(replaced_version_id)
     selection = _refresh_selection(release)
     if {"version", "target"}.isdisjoint(changed):  # a rename keeps the checks the create passed
         return _audited(release, changed, actor, {})
@@ -106,6 +110,22 @@ def release_update(
         version=release.version, device_ids=list(selection.matching), new_pipeline=new_pipeline
     )
     return _audited(release, changed, actor, override)
+
+
+def _version_released_recount(version_id) -> None:
+    """The version this draft named before the edit: released only while a release still names it.
+
+    ``released`` (set by release_create, kept on ModelVersion) stands for "a release names this
+    version": it freezes the version's options and keeps it from deletion. A draft is the only
+    release whose version can change, and it never reached a device, so the version it leaves
+    is released exactly when some other release names it. Its row is locked first: a release
+    being created for it meanwhile sets the flag after this, not before (the last write wins).
+    """
+    # registry.services has only version_mark_released; this belongs there as its inverse
+    # (platform/registry is another helper's), so it writes the flag itself.
+    list(ModelVersion.objects.select_for_update().filter(pk=version_id).values_list("pk", flat=True))
+    named = Release.objects.filter(version_id=OuterRef("pk"))
+    ModelVersion.objects.filter(pk=version_id).update(released=Exists(named))
 
 
 def _audited(release: Release, changed: list[str], actor, override: dict) -> Release:

@@ -61,9 +61,16 @@ class Release(models.Model):
 
 
 class ReleaseEvent(models.Model):
-    """Audit log: every state change, who made it and why."""
+    """Audit log: every state change, who made it and why. The organisation's event feed
+    (GET /api/v1/audit/, the SSE stream, webhooks) is this table, so an audited change that is
+    no release's (a bulk device action, fleet.bulk) is a row here too, with no release."""
 
-    release = models.ForeignKey(Release, on_delete=models.CASCADE, related_name="events")
+    organisation = models.ForeignKey(
+        Organisation, on_delete=models.CASCADE, related_name="+", null=True, blank=True
+    )  # always set (save() takes the release's); nullable only for the migration that filled it
+    release = models.ForeignKey(
+        Release, on_delete=models.CASCADE, related_name="events", null=True, blank=True
+    )
     action = models.CharField(max_length=32)
     from_state = models.CharField(max_length=16)
     to_state = models.CharField(max_length=16)
@@ -77,6 +84,12 @@ class ReleaseEvent(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+        indexes = [models.Index(fields=["organisation", "at"], name="release_event_feed")]
+
+    def save(self, *args, **kwargs) -> None:
+        if self.organisation_id is None and self.release_id is not None:
+            self.organisation_id = self.release.organisation_id  # the create's instance: no query
+        super().save(*args, **kwargs)
 
 
 class DeviceReleaseStatus(models.Model):

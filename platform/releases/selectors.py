@@ -394,12 +394,10 @@ def release_events(
     before=None,
     types: list[str] | None = None,
 ) -> QuerySet[ReleaseEvent]:
-    """The organisation's release events (its audit of rollouts), narrowed by the optional filters:
-    one release, one actor's username ("" for the system's own, the health gate), a time span,
-    any of some event types (ferry_cloud.events.EVENT_TYPES)."""
-    events = ReleaseEvent.objects.filter(release__organisation=organisation).select_related(
-        "actor", "release"
-    )
+    """The organisation's audited events (its releases' and its bulk device actions'), narrowed
+    by the optional filters: one release, one actor's username ("" for the system's own, the
+    health gate), a time span, any of some event types (ferry_cloud.events.EVENT_TYPES)."""
+    events = ReleaseEvent.objects.filter(organisation=organisation).select_related("actor", "release")
     if release_id is not None:
         events = events.filter(release_id=release_id)
     if actor == "":

@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 from ferry_cloud.stack import RestClient, Stack, free_port
 from playwright.sync_api import expect
 
 from converter.samples import build_image_classifier
 from tests.console.browser import screenshot
-from tests.e2e.helpers import bootstrap_admin, own_database, wait_until
+from tests.e2e.fleet_stack import release_environment, running, start_agents
+from tests.e2e.helpers import bootstrap_admin, wait_until
 
 LABELS = {"fleet": "console"}
 CHECKIN_SECONDS = 2
@@ -35,23 +35,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.services, pytest.mark.browser]
 
 @pytest.fixture
 def environment(tmp_path: Path):
-    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
-    with own_database("ferry_console_e2e") as database_url:
-        yield {
-            "FERRY_DATA_DIR": str(tmp_path / "data"),
-            "FERRY_DATABASE_URL": database_url,
-            "FERRY_S3_BUCKET": "",
-            "FERRY_CHECKIN_INTERVAL_SECONDS": str(CHECKIN_SECONDS),
-            "FERRY_GATE_INTERVAL_SECONDS": "1",
-            "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
-        }
-
-
-def _running(api: RestClient) -> dict[str, str | None]:
-    return {
-        d["name"]: (d["running_version_info"] or {}).get("label")
-        for d in api.call("GET", "devices/")["results"]
-    }
+    # the gate every second: phases advance and the refusals abort while the page is open
+    with release_environment(tmp_path, "ferry_console_e2e", checkin_seconds=CHECKIN_SECONDS) as environment:
+        yield environment
 
 
 def _upload(page, label: str, onnx_file: Path, device_class: str = "") -> None:
@@ -125,15 +111,12 @@ def test_a_release_manager_uploads_releases_watches_refusals_and_rolls_back(
         screenshot(page, "e2e-version-v1")
         # the agents enrol once the release key exists (the first conversion made it): agents
         # enrolling at once while the gateway makes it race on its temporary file
-        for i, hardware in enumerate(("jetson", "generic", "generic")):
-            enrolment = api.call("POST", "enrolment-tokens/", json={"labels": LABELS})["token"]
-            extra = ["--hardware", hardware, "--metrics-interval", "1", "--upload-interval", "1"]
-            stack.start_agent(f"agent-{i}", gateway_port, tmp_path / f"agent-{i}", enrolment, {}, extra=extra)
-        wait_until("three agents enrolled", lambda: len(_running(api)) == 3, stack, 60)
+        start_agents(stack, api, gateway_port, tmp_path, LABELS)
+        wait_until("three agents enrolled", lambda: len(running(api)) == 3, stack, 60)
 
         # v1 to the whole fleet (one phase): every agent installs it
         _new_release(page, "v1", "100")
-        wait_until("three agents on v1", lambda: list(_running(api).values()) == ["v1"] * 3, stack, 120)
+        wait_until("three agents on v1", lambda: list(running(api).values()) == ["v1"] * 3, stack, 120)
         expect(page.locator("#device-status")).not_to_contain_text("pending", timeout=AGENTS_MS)
 
         # v2 in two phases: watch the agents' rows change on the open page, then roll it back
@@ -144,7 +127,7 @@ def test_a_release_manager_uploads_releases_watches_refusals_and_rolls_back(
         page.evaluate("window.ferryNoReload = 'still here'")  # a reload would lose it
         seen: dict[str, set[str]] = {}
         deadline = time.monotonic() + AGENTS_MS / 1000
-        while time.monotonic() < deadline and list(_running(api).values()) != ["v2"] * 3:
+        while time.monotonic() < deadline and list(running(api).values()) != ["v2"] * 3:
             stack.check_alive()
             _states_seen(page, seen)
             time.sleep(0.5)
@@ -160,7 +143,7 @@ def test_a_release_manager_uploads_releases_watches_refusals_and_rolls_back(
         expect(page.locator("#release-state")).to_contain_text("Rolled back")
         assert any("Roll back" in message for message in offline.dialogs), offline.dialogs
         expect(page.locator("#audit")).to_contain_text("back to v1 for the demo")
-        wait_until("every agent on v1 again", lambda: list(_running(api).values()) == ["v1"] * 3, stack, 120)
+        wait_until("every agent on v1 again", lambda: list(running(api).values()) == ["v1"] * 3, stack, 120)
         screenshot(page, "e2e-release-v2-rolled-back")
 
         # v3, signed for jetsons only: the generic agents refuse it, with the reason, and the

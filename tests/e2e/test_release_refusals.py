@@ -5,6 +5,12 @@ A version signed for another device class is released to the fleet: the one agen
 class installs it, the two others refuse it. Within a check-in the release shows both
 refusals per device with their reason; the gate counts them as failures and aborts the
 release, with the reason on it, and the device that had moved goes back to v1.
+
+The gate is evaluated here through the API (as beat does), once both refusals are in. With
+beat evaluating it every second the test raced: a refusal is evidence enough to abort, so
+the first refusal could abort the release before the second generic agent had even been
+offered v2 (its check-in, or its hint, came after the abort), and that agent, never offered
+v2, never refused it; the test then waited for a refusal that could not come.
 """
 
 from __future__ import annotations
@@ -14,11 +20,11 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 from ferry_cloud.stack import RestClient, Stack, free_port
 
 from converter.samples import build_image_classifier
-from tests.e2e.helpers import bootstrap_admin, manage_shell, own_database, wait_until
+from tests.e2e.fleet_stack import release_environment, running, start_agents
+from tests.e2e.helpers import bootstrap_admin, manage_shell, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = {"fleet": "e2e"}
@@ -43,23 +49,11 @@ result({"id": str(version.pk)})
 
 @pytest.fixture
 def environment(tmp_path: Path):
-    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
-    with own_database("ferry_refusals") as database_url:
-        yield {
-            "FERRY_DATA_DIR": str(tmp_path / "data"),
-            "FERRY_DATABASE_URL": database_url,
-            "FERRY_S3_BUCKET": "",
-            "FERRY_CHECKIN_INTERVAL_SECONDS": str(CHECKIN_SECONDS),
-            "FERRY_GATE_INTERVAL_SECONDS": "1",
-            "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
-        }
-
-
-def _running(api: RestClient) -> dict[str, str | None]:
-    return {
-        d["name"]: (d["running_version_info"] or {}).get("label")
-        for d in api.call("GET", "devices/")["results"]
-    }
+    # beat never evaluates the gate during the test (an hour): the test does, when it should
+    with release_environment(
+        tmp_path, "ferry_refusals", checkin_seconds=CHECKIN_SECONDS, gate_seconds=3600
+    ) as environment:
+        yield environment
 
 
 def _statuses(api: RestClient, release_id: str) -> dict[str, dict]:
@@ -98,19 +92,8 @@ def test_refusing_devices_show_their_reason_and_abort_the_release(environment, t
                 "allow_empty": True,
             },
         )
-        for i, hardware in enumerate(("jetson", "generic", "generic")):
-            enrolment = api.call("POST", "enrolment-tokens/", json={"labels": LABELS})["token"]
-            stack.start_agent(
-                f"agent-{i}",
-                gateway_port,
-                tmp_path / f"agent-{i}",
-                enrolment,
-                {},
-                extra=["--hardware", hardware, "--metrics-interval", "1", "--upload-interval", "1"],
-            )
-        wait_until(
-            "three agents on v1", lambda: list(_running(api).values()) == ["v1"] * 3, stack, timeout=60
-        )
+        start_agents(stack, api, gateway_port, tmp_path, LABELS)
+        wait_until("three agents on v1", lambda: list(running(api).values()) == ["v1"] * 3, stack, timeout=60)
 
         release = api.call(
             "POST",
@@ -136,11 +119,11 @@ def test_refusing_devices_show_their_reason_and_abort_the_release(environment, t
             assert "jetson" in row["message"] and "generic" in row["message"], row
             assert row["reported_at"] and row["updated_at"]
 
-        aborted = wait_until(
-            "the gate to abort the release",
-            lambda: (r := api.call("GET", f"releases/{release['id']}/"))["state"] == "aborted" and r,
-            stack,
-        )
+        assert api.call("GET", f"releases/{release['id']}/")["state"] == "active"  # no gate ran yet
+        gate = api.call("POST", f"releases/{release['id']}/gate/")
+        assert gate["step"] == "abort", gate
+        aborted = api.call("GET", f"releases/{release['id']}/")
+        assert aborted["state"] == "aborted", aborted
         abort = next(e for e in aborted["events"] if e["action"] == "abort")
         assert abort["actor"] is None
         assert "refused or failed the update (wrong_device_class: 2)" in abort["reason"]
@@ -149,7 +132,7 @@ def test_refusing_devices_show_their_reason_and_abort_the_release(environment, t
         assert aborted["devices"]["by_state"].get("refused") == 2
 
         # the jetson agent had installed v2: the abort sends it back; nobody stays on v2
-        wait_until("every agent on v1 again", lambda: list(_running(api).values()) == ["v1"] * 3, stack)
+        wait_until("every agent on v1 again", lambda: list(running(api).values()) == ["v1"] * 3, stack)
         refused_only = api.call("GET", f"releases/{release['id']}/devices/", params={"state": "refused"})
         assert refused_only["count"] == 2
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -284,12 +283,25 @@ def test_a_first_run_uses_the_kernel_this_device_chose_before(tmp_path, monkeypa
     np.testing.assert_allclose(session.run({"x": x})["y"], run_reference(model, {"x": x})[0], rtol=1e-5)
 
 
-def _busy_kernel(name: str, seconds: float, calls: list[str]):
+class _Clock:
+    """The search's clock, moved only by the kernels below: each call costs exactly its seconds.
+
+    Timing them on the real clock raced with the machine: on a loaded CI runner a busy loop's
+    wall time includes whatever the scheduler took from it, and when every one of one twin's
+    timed rounds was pre-empted its minimum came out more than 10% above the other's, so the
+    two were no longer a close call and the retiming this test checks never happened."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def perf_counter(self) -> float:
+        return self.seconds
+
+
+def _costly_kernel(name: str, seconds: float, calls: list[str], clock: _Clock):
     def kernel(inputs, attrs):
         calls.append(name)
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:  # busy, not asleep: its minimum time is reliable
-            pass
+        clock.seconds += seconds
         return [np.zeros(3, np.float32)]
 
     kernel.__name__ = name
@@ -298,19 +310,38 @@ def _busy_kernel(name: str, seconds: float, calls: list[str]):
 
 def test_a_close_call_between_the_two_fastest_kernels_is_timed_again(tmp_path, monkeypatch):
     monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path))
+    clock = _Clock()
+    monkeypatch.setattr(search, "time", clock)  # the search's own reference only
     calls: list[str] = []
-    busy = [
-        _busy_kernel("twin_a", 0.002, calls),
-        _busy_kernel("twin_b", 0.002, calls),
-        _busy_kernel("slow", 0.006, calls),
+    costly = [
+        _costly_kernel("twin_a", 0.002, calls, clock),
+        _costly_kernel("twin_b", 0.00205, calls, clock),  # 2.5% apart: a close call
+        _costly_kernel("slow", 0.006, calls, clock),
     ]
-    monkeypatch.setitem(kernels.NUMPY, "Conv", lambda attrs, shapes: busy)
+    monkeypatch.setitem(kernels.NUMPY, "Conv", lambda attrs, shapes: costly)
     chooser = search.KernelSearch("digest", threads=1)
     chosen, note = chooser.choose("Conv", "n", {}, [(3,)], [False], lambda: [np.zeros(3, np.float32)])
-    assert chosen in busy[:2] and note.startswith("searched: ")
+    assert chosen is costly[0] and note.startswith("searched: ")
+    assert "twin_a 2.00 ms, twin_b 2.05 ms, slow 6.00 ms" in note
     # one checked run each, RUNS timed rounds each, and RUNS more for the two close ones
     assert calls.count("slow") == 1 + search.RUNS
     assert calls.count("twin_a") == calls.count("twin_b") == 1 + 2 * search.RUNS
+
+
+def test_kernels_further_apart_than_a_close_call_are_not_timed_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path))
+    clock = _Clock()
+    monkeypatch.setattr(search, "time", clock)
+    calls: list[str] = []
+    costly = [
+        _costly_kernel("fast", 0.002, calls, clock),
+        _costly_kernel("slower", 0.002 * search.CLOSE_CALL * 1.05, calls, clock),
+    ]
+    monkeypatch.setitem(kernels.NUMPY, "Conv", lambda attrs, shapes: costly)
+    chooser = search.KernelSearch("digest", threads=1)
+    chosen, _ = chooser.choose("Conv", "n", {}, [(3,)], [False], lambda: [np.zeros(3, np.float32)])
+    assert chosen is costly[0]
+    assert calls.count("fast") == calls.count("slower") == 1 + search.RUNS
 
 
 @pytest.mark.parametrize(

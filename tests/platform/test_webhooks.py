@@ -231,6 +231,42 @@ def test_a_signed_event_reaches_a_real_receiver_after_a_500_and_can_be_redeliver
         receiver.close()
 
 
+@pytest.mark.slow
+def test_a_bulk_device_action_reaches_the_webhooks_subscribed_to_its_type(api, org, worker):
+    receiver = Receiver([])
+    try:
+        hook = api.post(
+            "/api/v1/webhooks/", {"url": receiver.url, "event_types": ["devices.bulk_label"]}, format="json"
+        ).json()
+        for i in range(3):
+            token = enrolment_token_create(organisation=org, labels={"site": "lab"}).token
+            device_enrol(token=token, name=f"cam-{i}", attributes={}, labels={})
+        bulk = "/api/v1/devices/bulk/"
+        unpin = {"filter": "labels.site == lab", "action": "unpin"}
+        assert api.post(bulk, unpin, format="json").status_code == 200  # a type it does not want
+        label = {"filter": "labels.site == lab", "action": "label", "labels": {"row": "3"}}
+        assert api.post(bulk, label, format="json").json() == {"matched": 3, "changed": 3, "dry_run": False}
+
+        [request] = receiver.wait_for(1)
+        assert verify(hook["secret"], request["body"], request["headers"]["Ferry-Signature"])
+        assert request["headers"]["Ferry-Event"] == "devices.bulk_label"
+        event = json.loads(request["body"])
+        assert (event["type"], event["actor"], event["release"]) == ("devices.bulk_label", "alice", None)
+        details = event["details"]
+        assert (details["action"], details["filter"], details["labels"]) == (
+            "label",
+            "labels.site == lab",
+            {"row": "3"},
+        )
+        assert (details["matched"], details["changed"]) == (3, 3)
+        feed = api.get("/api/v1/audit/?type=devices.bulk_label").json()["results"]
+        assert feed == [event]  # the same JSON the feed carries
+        time.sleep(1)  # the unpin event was never queued: nothing else arrives
+        assert len(receiver.received) == 1
+    finally:
+        receiver.close()
+
+
 @pytest.fixture
 def queued(monkeypatch):
     """What the services hand to the queue port (delivery id, countdown), instead of Celery."""
