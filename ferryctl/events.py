@@ -18,7 +18,7 @@ EVENT_COLUMNS = [
     ("ID", field("id")),
     ("AT", field("at")),
     ("TYPE", field("type")),
-    ("RELEASE", field("release_name")),
+    ("RELEASE", lambda e: e.get("release_name") or "-"),  # bulk device actions have none
     ("ACTOR", lambda e: e.get("actor") or "system"),
     ("REASON", field("reason")),
 ]
@@ -47,7 +47,7 @@ TypeOption = Annotated[
 def _line(event: dict) -> str:
     who = event.get("actor") or "system"
     reason = f": {event['reason']}" if event.get("reason") else ""
-    return f"{event.get('at')}  {event.get('type'):<20} {event.get('release_name')}  ({who}){reason}"
+    return f"{event.get('at')}  {event.get('type'):<20} {event.get('release_name') or '-'}  ({who}){reason}"
 
 
 def events_list(
