@@ -6,6 +6,10 @@ not arithmetic, is the cost at a few hundred cached positions: ~20% of a SmolLM2
 step measured with cProfile.  Here it is one call per layer: per query head, the scores
 against its kv head's keys, a softmax, and the weighted sum of the values.  The numpy twin
 is ``decode_attention_numpy`` (the runtime's own m == 1 path, engine/llm/model.py).
+
+An int8 cache (engine/llm/cache.py) has its own kernel: the int8 keys and values are read as
+they are stored and each position's scale applied once per dot product (keys) or weight
+(values), so no dequantized copy of the cache is made per step.
 """
 
 from __future__ import annotations
@@ -22,6 +26,18 @@ _F32 = types.float32
 _CACHE = jit.array(_F32, 3, "C", readonly=True)
 _SIGNATURE = types.void(
     jit.array(_F32, 2, "C", readonly=True), _CACHE, _CACHE, types.int64, _F32, jit.array(_F32, 1, "C")
+)
+_SCALES = jit.array(_F32, 2, "C", readonly=True)
+_CACHE8 = jit.array(types.int8, 3, "C", readonly=True)
+_SIGNATURE8 = types.void(
+    jit.array(_F32, 2, "C", readonly=True),
+    _CACHE8,
+    _SCALES,
+    _CACHE8,
+    _SCALES,
+    types.int64,
+    _F32,
+    jit.array(_F32, 1, "C"),
 )
 _FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
@@ -60,19 +76,51 @@ def _decode_attention(q, keys, values, total, scale, out):  # noqa: ANN001, ANN2
                 o[i] += weight * value[i]
 
 
+@jit.njit([_SIGNATURE8], fastmath=_FAST)
+def _decode_attention_int8(q, keys, key_scales, values, value_scales, total, scale, out):  # noqa: ANN001, ANN202
+    """As ``_decode_attention`` over an int8 cache: key/value [KV, context, d] int8, their
+    scales [KV, context] (value = q * scale)."""
+    heads, d = q.shape
+    group = heads // keys.shape[0]
+    scores = np.empty(total, np.float32)
+    for h in range(heads):
+        g = h // group
+        query = q[h]
+        for t in range(total):
+            key = keys[g, t]
+            s = np.float32(0.0)
+            for i in range(d):
+                s += query[i] * np.float32(key[i])
+            scores[t] = s * key_scales[g, t] * scale
+        largest = scores[0]
+        for t in range(1, total):
+            largest = max(largest, scores[t])
+        norm = np.float32(0.0)
+        for t in range(total):
+            e = np.exp(scores[t] - largest)
+            scores[t] = e
+            norm += e
+        inverse = np.float32(1.0) / norm
+        o = out[h * d : (h + 1) * d]
+        for i in range(d):
+            o[i] = 0.0
+        for t in range(total):
+            weight = scores[t] * inverse * value_scales[g, t]
+            value = values[g, t]
+            for i in range(d):
+                o[i] += weight * np.float32(value[i])
+
+
 def decode_attention_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """inputs: q [H, d], keys [KV, context, d], values [KV, context, d] float32; attrs: total,
-    scale -> [H * d]."""
-    q, keys, values = inputs
+    """inputs: q [H, d], keys [KV, context, d], values [KV, context, d] float32, or
+    q, keys, key scales, values, value scales for an int8 cache; attrs: total, scale -> [H * d]."""
+    q = np.ascontiguousarray(inputs[0], np.float32)
     out = np.empty(q.size, np.float32)
-    _decode_attention(
-        np.ascontiguousarray(q, np.float32),
-        keys,
-        values,
-        int(attrs["total"]),
-        np.float32(attrs["scale"]),
-        out,
-    )
+    total, scale = int(attrs["total"]), np.float32(attrs["scale"])
+    if len(inputs) == 3:
+        _decode_attention(q, inputs[1], inputs[2], total, scale, out)
+    else:
+        _decode_attention_int8(q, *inputs[1:], total, scale, out)
     return [out]
 
 
