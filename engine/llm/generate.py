@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.llm.cache import KVCache
+from engine.llm.errors import ContextLimitError
 from engine.llm.lora import LoraAdapter
 from engine.llm.model import LlmModel
 from engine.llm.sampler import Sampler, SamplingOptions
@@ -69,6 +70,8 @@ def generate(
     if not prompt:
         raise ValueError("the prompt needs at least one token")
     cache = cache if cache is not None else model.new_cache()
+    if reuse_prefix:
+        _check_fits(cache, len(prompt), max_tokens)
     reused = _keep_prefix(cache, prompt) if reuse_prefix else 0
     cache.reserve(len(prompt) - reused + max_tokens - 1)  # refuse before any work, not midway
     sampler = Sampler(options)
@@ -112,6 +115,17 @@ def generate(
         decode_seconds=decode,
         reused_tokens=reused,
     )
+
+
+def _check_fits(cache: KVCache, prompt: int, max_tokens: int) -> None:
+    """The request's own size against the context (what the cache holds is replaceable); the
+    last token generated is never stored, so it needs no position."""
+    needed = prompt + max_tokens - 1
+    if needed > cache.context:
+        raise ContextLimitError(
+            f"{prompt} prompt tokens and max_tokens={max_tokens} need {needed} of the context length's "
+            f"{cache.context} positions; shorten the prompt or max_tokens"
+        )
 
 
 def _keep_prefix(cache: KVCache, prompt: Sequence[int]) -> int:
