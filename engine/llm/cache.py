@@ -39,20 +39,19 @@ class KVCache:
         if kind not in KINDS:
             raise ValueError(f"KV cache kind {kind!r} is not one of {', '.join(KINDS)}")
         self.context, self.kind = context, kind
-        shape = (config.num_layers, config.num_kv_heads, context, config.head_dim)
-        dtype = np.int8 if kind == "int8" else np.float32
-        self.keys = np.zeros(shape, dtype)
-        self.values = np.zeros(shape, dtype)
-        # int8 only: one scale per (layer, kv head, position); empty for fp32
-        scales = shape[:3] if kind == "int8" else (0, 0, 0)
-        self.key_scales = np.zeros(scales, np.float32)
-        self.value_scales = np.zeros(scales, np.float32)
+        shape = (config.num_layers, 2, config.num_kv_heads, context, config.head_dim)
+        # keys and values in one array, so a step's int8 quantization is one pass over both
+        self.data = np.zeros(shape, np.int8 if kind == "int8" else np.float32)
+        self.keys, self.values = self.data[:, 0], self.data[:, 1]
+        # int8 only: one scale per (layer, keys/values, kv head, position); empty for fp32
+        self.scales = np.zeros(shape[:4] if kind == "int8" else (0, 2, 0, 0), np.float32)
+        self.key_scales, self.value_scales = self.scales[:, 0], self.scales[:, 1]
         self.tokens = np.full(context, -1, np.int64)  # the id at each held position
         self.length = 0
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes + self.key_scales.nbytes + self.value_scales.nbytes
+        return self.data.nbytes + self.scales.nbytes
 
     def reserve(self, count: int) -> int:
         """Check that ``count`` more tokens fit; return the position of the first."""
@@ -66,13 +65,11 @@ class KVCache:
     def write(self, layer: int, start: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Store one layer's keys and values [m, kv heads, d] at positions start..start+m."""
         end = start + keys.shape[0]
+        both = np.stack((keys, values)).transpose(0, 2, 1, 3)  # [2, kv heads, m, d]
         if self.kind == "fp32":
-            self.keys[layer, :, start:end] = keys.transpose(1, 0, 2)
-            self.values[layer, :, start:end] = values.transpose(1, 0, 2)
-            return
-        span = (layer, slice(None), slice(start, end))
-        _quantize(keys.transpose(1, 0, 2), self.keys[span], self.key_scales[span])
-        _quantize(values.transpose(1, 0, 2), self.values[span], self.value_scales[span])
+            self.data[layer, :, :, start:end] = both
+        else:
+            _quantize(both, self.data[layer, :, :, start:end], self.scales[layer, :, :, start:end])
 
     def read(self, layer: int, total: int) -> tuple[np.ndarray, np.ndarray]:
         """One layer's first ``total`` keys and values as float32 [kv heads, total, d] (views for
@@ -113,10 +110,11 @@ class KVCache:
 
 
 def _quantize(x: np.ndarray, q: np.ndarray, scales: np.ndarray) -> None:
-    """x [heads, m, d] float32 -> q int8 (same shape), scales [heads, m]: per vector, symmetric."""
+    """x [..., d] float32 -> q int8 (same shape), scales [...]: per vector, symmetric.  Few numpy
+    calls: at decode (one position) their overhead, not the arithmetic, is the cost."""
     largest = np.abs(x).max(axis=-1)
-    scale = largest / _INT8_MAX
-    # an all-zero vector keeps scale 0 (dequantizes to zeros) without dividing by it
-    inverse = np.divide(np.float32(1.0), scale, out=np.zeros_like(scale), where=scale > 0)
-    q[...] = np.clip(np.rint(x * inverse[..., None]), -127, 127)
-    scales[...] = scale
+    scales[...] = largest / _INT8_MAX
+    # an all-zero vector keeps scale 0 and quantizes to zeros (no division by zero); |x| *
+    # 127 / largest rounds to at most 127, so no clip is needed
+    inverse = _INT8_MAX / np.maximum(largest, np.float32(1e-30))
+    q[...] = np.rint(x * inverse[..., None])
