@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -91,13 +92,21 @@ def accuracy(model: object, ids: list[int]) -> dict[str, float]:
     }
 
 
-def decode_ms(model: object, ids: list[int], steps: int, kind: str) -> float:
+def decode_timer(model: object, ids: list[int], steps: int, kind: str) -> Callable[[], float]:
+    """Prefill ``ids`` once; each call decodes ``steps`` tokens after them (the cache cut back to
+    the prompt first) and returns ms per step."""
     cache = model.new_cache(len(ids) + steps + 1, kind)
-    token = int(np.argmax(model.forward(ids, cache)))
-    start = time.perf_counter()
-    for _ in range(steps):
-        token = int(np.argmax(model.forward([token], cache)))
-    return (time.perf_counter() - start) / steps * 1e3
+    first = int(np.argmax(model.forward(ids, cache)))
+
+    def timed() -> float:
+        cache.truncate(len(ids))
+        token = first
+        start = time.perf_counter()
+        for _ in range(steps):
+            token = int(np.argmax(model.forward([token], cache)))
+        return (time.perf_counter() - start) / steps * 1e3
+
+    return timed
 
 
 def prefill_seconds(model: object, system: list[int], user: list[int], reuse: bool) -> float:
@@ -127,6 +136,7 @@ def main() -> None:
     parser.add_argument("--weights", default="int8", choices=("fp32", "int8", "int4"))
     parser.add_argument("--tokens", type=int, default=512, help="accuracy text and decode context length")
     parser.add_argument("--decode", type=int, default=32)
+    parser.add_argument("--long", type=int, default=2048, help="a second decode context length")
     parser.add_argument("--system", type=int, default=256)
     parser.add_argument("--user", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3)
@@ -146,14 +156,13 @@ def run(args: argparse.Namespace) -> None:
     model = build_model(args.shape, args.weights)
     config = model.config
     ids = text_ids(args.tokens, config.vocab_size)
-    decode_ms(model, ids[:16], 2, "fp32"), decode_ms(model, ids[:16], 2, "int8")  # compile/warm up
     figures = accuracy(model, ids)
     full = {kind: KVCache(config, None, kind).nbytes for kind in ("fp32", "int8")}
-    fp32_ms, int8_ms = best_alternating(
-        args.repeat,
-        lambda: decode_ms(model, ids, args.decode, "fp32"),
-        lambda: decode_ms(model, ids, args.decode, "int8"),
-    )
+    decode = {}  # cached positions -> (fp32 ms, int8 ms)
+    for length in (args.tokens, args.long):
+        context = text_ids(length, config.vocab_size)
+        timers = [decode_timer(model, context, args.decode, kind) for kind in ("fp32", "int8")]
+        decode[length] = best_alternating(args.repeat, *timers)
     system = text_ids(args.system + args.user, config.vocab_size)
     system, user = system[: args.system], system[args.system :]
     fresh, reused = best_alternating(
@@ -168,8 +177,8 @@ def run(args: argparse.Namespace) -> None:
         [
             (f"cache, full context ({config.max_positions})", mib["fp32"], mib["int8"],
              f"{full['fp32'] / full['int8']:.2f}x smaller"),
-            (f"decode ms/step at {args.tokens} cached", f"{fp32_ms:.2f}", f"{int8_ms:.2f}",
-             f"{fp32_ms / int8_ms:.2f}x"),
+            *((f"decode ms/step at {n} cached", f"{a:.2f}", f"{b:.2f}", f"{a / b:.2f}x faster")
+              for n, (a, b) in decode.items()),
             (f"top-1 agreement, {args.tokens} positions (decoded half)", "1",
              f"{figures['top1']:.4f} ({figures['top1_decode']:.4f})", ""),
             ("KL(fp32 || int8) mean / max, nats", "0",
