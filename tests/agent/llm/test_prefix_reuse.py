@@ -134,3 +134,13 @@ def test_serve_llm_kv_int8_serves_and_reuses_the_prefix_across_requests(archive:
         process.terminate()
         assert process.wait(timeout=20) == 0
     assert "KV cache int8" in process.stderr.read()
+
+
+def test_the_agents_llm_host_serves_with_its_kv_cache_setting(unpacked: Path) -> None:
+    from agent.llm_api.host import LlmHost
+
+    host = LlmHost(port=0, kv_cache="int8")
+    assert host.load(unpacked, "v1")
+    assert host.service.generator.cache.kind == "int8"
+    assert host.service.complete(FIRST).completion_tokens >= 1
+    assert host.take_figures()["llm_prefix_tokens_reused"] == 0
