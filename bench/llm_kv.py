@@ -92,13 +92,20 @@ def accuracy(model: object, ids: list[int]) -> dict[str, float]:
     }
 
 
-def decode_timer(model: object, ids: list[int], steps: int, kind: str) -> Callable[[], float]:
-    """Prefill ``ids`` once; each call decodes ``steps`` tokens after them (the cache cut back to
-    the prompt first) and returns ms per step."""
+def decode_timers(model: object, ids: list[int], steps: int, kind: str) -> tuple[Callable, Callable]:
+    """Prefill ``ids`` once; (a whole decode step, its attention alone), each a call returning
+    ms per step: ``steps`` tokens decoded after the prompt (the cache cut back to it first), and
+    every layer's decode attention over the prompt's positions (what the cache's kind changes;
+    the whole step is dominated by the GEMVs and noisier on a shared host)."""
+    from engine.llm.weights import gemv_kernel  # noqa: PLC0415
+
     cache = model.new_cache(len(ids) + steps + 1, kind)
     first = int(np.argmax(model.forward(ids, cache)))
+    kernel, c = gemv_kernel("LlmDecodeAttention"), model.config
+    q = np.random.default_rng(0).standard_normal((c.num_heads, c.head_dim)).astype(np.float32)
+    attrs = {"total": len(ids), "scale": 1.0 / np.sqrt(c.head_dim)}
 
-    def timed() -> float:
+    def step() -> float:
         cache.truncate(len(ids))
         token = first
         start = time.perf_counter()
@@ -106,7 +113,14 @@ def decode_timer(model: object, ids: list[int], steps: int, kind: str) -> Callab
             token = int(np.argmax(model.forward([token], cache)))
         return (time.perf_counter() - start) / steps * 1e3
 
-    return timed
+    def attention() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            for layer in range(c.num_layers):
+                kernel([q, *cache.decode_inputs(layer)], attrs)
+        return (time.perf_counter() - start) / steps * 1e3
+
+    return step, attention
 
 
 def prefill_seconds(model: object, system: list[int], user: list[int], reuse: bool) -> float:
@@ -158,11 +172,14 @@ def run(args: argparse.Namespace) -> None:
     ids = text_ids(args.tokens, config.vocab_size)
     figures = accuracy(model, ids)
     full = {kind: KVCache(config, None, kind).nbytes for kind in ("fp32", "int8")}
-    decode = {}  # cached positions -> (fp32 ms, int8 ms)
+    decode, attention = {}, {}  # cached positions -> (fp32 ms, int8 ms)
     for length in (args.tokens, args.long):
         context = text_ids(length, config.vocab_size)
-        timers = [decode_timer(model, context, args.decode, kind) for kind in ("fp32", "int8")]
-        decode[length] = best_alternating(args.repeat, *timers)
+        (fp32_step, fp32_attention), (int8_step, int8_attention) = (
+            decode_timers(model, context, args.decode, kind) for kind in ("fp32", "int8")
+        )
+        decode[length] = best_alternating(args.repeat, fp32_step, int8_step)
+        attention[length] = best_alternating(args.repeat, fp32_attention, int8_attention)
     system = text_ids(args.system + args.user, config.vocab_size)
     system, user = system[: args.system], system[args.system :]
     fresh, reused = best_alternating(
@@ -179,6 +196,8 @@ def run(args: argparse.Namespace) -> None:
              f"{full['fp32'] / full['int8']:.2f}x smaller"),
             *((f"decode ms/step at {n} cached", f"{a:.2f}", f"{b:.2f}", f"{a / b:.2f}x faster")
               for n, (a, b) in decode.items()),
+            *((f"its attention (all layers) at {n} cached", f"{a:.2f}", f"{b:.2f}", f"{a / b:.2f}x faster")
+              for n, (a, b) in attention.items()),
             (f"top-1 agreement, {args.tokens} positions (decoded half)", "1",
              f"{figures['top1']:.4f} ({figures['top1_decode']:.4f})", ""),
             ("KL(fp32 || int8) mean / max, nats", "0",
