@@ -95,9 +95,9 @@ def _softmax_into(row, factors):  # noqa: ANN001, ANN202
 @jit.njit([_SIGNATURE8], fastmath=_FAST)
 def _decode_attention_int8(q, keys, key_scales, values, value_scales, total, scale, out):  # noqa: ANN001, ANN202
     """As ``_decode_attention`` over an int8 cache: keys/values [KV, context, d] int8, their
-    scales [KV, context] (a cached value is its int8 times its scale).  Blocked by kv head: each cached key and value is
-    read once for the query heads sharing it (~1.3-1.7x faster than per query head at 2048
-    positions, measured with SmolLM2-135M's shapes)."""
+    scales [KV, context] (a cached value is its int8 times its scale).  Blocked by kv head:
+    each cached key and value is read once for the query heads sharing it (~1.3-1.7x faster
+    than per query head at 2048 positions, measured with SmolLM2-135M's shapes)."""
     heads, d = q.shape
     group = heads // keys.shape[0]
     scores = np.empty((group, total), np.float32)
