@@ -1,6 +1,7 @@
 """The running agent's side of the chat API: when the active version is an LLM package, load it
 and serve it on 127.0.0.1:``port`` (0: loaded for the health of the device, not served); the
-figures it gathers go into the agent's metrics records."""
+figures it gathers go into the agent's metrics records.  ``kv_cache`` ("fp32"/"int8"; None:
+the package's or ``FERRY_LLM_KV_CACHE``) is the KV cache an LLM package is served with."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ log = logging.getLogger(__name__)
 
 
 class LlmHost:
-    def __init__(self, port: int = 0, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", kv_cache: str | None = None) -> None:
         self.port = port
         self.host = host
+        self.kv_cache = kv_cache
         self.service: Any = None  # an LlmService or an ImageService (images.py)
         self._server = None
 
@@ -31,6 +33,8 @@ class LlmHost:
             return False
         # the resolved path: ``current`` is switched by a rename while this version runs
         service = make_service(Path(directory).resolve(), name=_model_name(directory), version_id=version_id)
+        if self.kv_cache and hasattr(service, "use_kv_cache"):  # an LLM, not a diffusion package
+            service.use_kv_cache(self.kv_cache)
         service = self.adapt(service)  # a subclass serves more beside it (agent/adapters.py)
         self.service = service
         if self.port:

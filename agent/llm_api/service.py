@@ -1,10 +1,20 @@
 """One loaded LLM package behind the API: requests run one at a time, at most ``queue_bound``
 wait (the rest get 429), and the figures the agent reports (time to first token, prefill and
-decode tok/s, tokens generated, errors) accumulate between two readings."""
+decode tok/s, tokens generated, prompt tokens reused from the cache, errors) accumulate between
+two readings.
+
+One KV cache is kept from request to request (engine.llm.generate.Generator): a prompt that
+starts with the tokens of the last one (a shared system prompt, a chat's earlier turns) is
+prefilled only past that prefix; the response's ``usage.prompt_tokens_details.cached_tokens``
+says how many were reused (OpenAI's field for it).  The cache's storage is "fp32" or "int8"
+(engine/llm/cache.py): the service's ``kv_cache`` argument (``serve-llm --kv-int8``, the agent's
+``LlmHost``), else the ``FERRY_LLM_KV_CACHE`` environment variable (the device's choice wins over
+the package's: it knows its memory), else the package's ``metadata.llm.kv_cache``, else fp32."""
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import uuid
@@ -19,6 +29,7 @@ from agent.llm_api.template import ChatTemplate, TemplateError
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_QUEUE_BOUND = 8
+KV_CACHE_ENV = "FERRY_LLM_KV_CACHE"
 
 
 def package_kind(directory: Path) -> str | None:
@@ -41,6 +52,7 @@ class Figures:
     requests: int = 0
     errors: int = 0
     prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens found in the kept cache (not prefilled)
     tokens_generated: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
@@ -53,9 +65,13 @@ class Figures:
             "llm_requests": self.requests,
             "llm_errors": self.errors,
             "llm_prompt_tokens": self.prompt_tokens,
+            "llm_prefix_tokens_reused": self.reused_tokens,
             "llm_tokens_generated": self.tokens_generated,
             "llm_ttft_ms_p50": round(1000 * ttft[len(ttft) // 2], 3) if ttft else None,
-            "llm_prefill_tokens_per_second": _rate(self.prompt_tokens, self.prefill_seconds),
+            # the tokens actually prefilled: a reused prefix costs no prefill time
+            "llm_prefill_tokens_per_second": _rate(
+                self.prompt_tokens - self.reused_tokens, self.prefill_seconds
+            ),
             "llm_decode_tokens_per_second": _rate(self.decode_steps, self.decode_seconds),
         }
 
@@ -73,6 +89,7 @@ class Completion:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # leading prompt tokens reused from the last request's cache
 
     def body(self) -> dict[str, Any]:
         return {
@@ -91,6 +108,7 @@ class Completion:
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             },
         }
 
@@ -105,7 +123,9 @@ class LlmService:
         version_id: str = "",
         queue_bound: int = DEFAULT_QUEUE_BOUND,
         adapters: dict[str, Path] | None = None,
+        kv_cache: str | None = None,
     ) -> None:
+        """``kv_cache``: "fp32" or "int8" (None: the package's, else the environment's; see above)."""
         from engine.llm.package import load_model  # noqa: PLC0415 - numpy only when an LLM runs
         from engine.llm.tokenizer import LlmTokenizer  # noqa: PLC0415
 
@@ -129,6 +149,20 @@ class LlmService:
         self._running = threading.Lock()
         self._figures_lock = threading.Lock()
         self._figures = Figures()
+        self.generator: Any = None
+        self.use_kv_cache(kv_cache or _configured_kv_cache(self.directory))
+
+    def use_kv_cache(self, kind: str) -> None:
+        """Keep the KV cache as ``kind`` ("fp32" or "int8"; ValueError otherwise), from the next
+        request on (a new, empty cache: nothing is reused across the change)."""
+        from engine.llm.cache import KINDS  # noqa: PLC0415
+        from engine.llm.generate import Generator  # noqa: PLC0415
+
+        if kind not in KINDS:
+            raise ValueError(f"KV cache {kind!r} is not one of {', '.join(KINDS)}")
+        with self._running:
+            self.generator = Generator(self.model, self.tokenizer, kv_cache=kind)
+        self.kv_cache = kind
 
     def _stop_tokens(self, config: dict[str, Any]) -> list[int]:
         stops = list(self.model.config.eos_token_ids)
@@ -215,12 +249,9 @@ class LlmService:
 
     def _generate(self, request, prompt, max_tokens, options, on_text, adapter=None) -> Completion:
         from engine.llm.errors import ContextLimitError  # noqa: PLC0415
-        from engine.llm.generate import generate  # noqa: PLC0415
 
         try:
-            result = generate(
-                self.model,
-                self.tokenizer,
+            result = self.generator.generate(
                 prompt,
                 max_tokens=max_tokens,
                 options=options,
@@ -240,6 +271,7 @@ class LlmService:
             f = self._figures
             f.requests += 1
             f.prompt_tokens += result.prompt_tokens
+            f.reused_tokens += result.reused_tokens
             f.tokens_generated += len(result.tokens)
             f.prefill_seconds += result.prefill_seconds
             f.decode_seconds += result.decode_seconds
@@ -253,6 +285,7 @@ class LlmService:
             finish_reason=result.finish_reason,
             prompt_tokens=len(prompt),
             completion_tokens=len(result.tokens),
+            cached_tokens=result.reused_tokens,
         )
 
     def count_error(self) -> None:
@@ -264,6 +297,15 @@ class LlmService:
         with self._figures_lock:
             figures, self._figures = self._figures, Figures()
         return figures.summary()
+
+
+def _configured_kv_cache(directory: Path) -> str:
+    """``FERRY_LLM_KV_CACHE``, else the package's ``metadata.llm.kv_cache``, else "fp32"."""
+    if os.environ.get(KV_CACHE_ENV):
+        return os.environ[KV_CACHE_ENV]
+    llm = (_read_json(directory / "manifest.json").get("metadata") or {}).get("llm")
+    chosen = llm.get("kv_cache") if isinstance(llm, dict) else None
+    return chosen if isinstance(chosen, str) and chosen else "fp32"
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -106,9 +106,11 @@ def serve(
     name: str = "",
     queue_bound: int = 8,
     adapters: dict[str, Path] | None = None,
+    kv_cache: str | None = None,
 ) -> None:
     """Load the package (and its LoRA ``adapters``, by model name) and serve it until
-    interrupted (SIGINT or SIGTERM).  An adapter made for another base is refused."""
+    interrupted (SIGINT or SIGTERM).  An adapter made for another base is refused.
+    ``kv_cache``: "int8" or "fp32" (None: the package's choice, see agent/llm_api/service.py)."""
     from agent.llm_api.server import LlmApiServer  # noqa: PLC0415
     from agent.llm_api.service import LlmService  # noqa: PLC0415
 
@@ -121,13 +123,18 @@ def serve(
         }
         try:
             service = LlmService(
-                directory, name=name or default_name, queue_bound=queue_bound, adapters=found
+                directory,
+                name=name or default_name,
+                queue_bound=queue_bound,
+                adapters=found,
+                kv_cache=kv_cache,
             )
         except ValueError as exc:
             raise PackageError(str(exc)) from exc
         server = LlmApiServer(service, host=host, port=port, unix_socket=unix_socket)
         # one line a script can wait for
         print(f"serving {service.name!r} on {server.address}", flush=True)
+        log.info("KV cache %s, kept across requests (a shared prefix is prefilled once)", service.kv_cache)
         try:
             server.serve_forever()
         except KeyboardInterrupt:

@@ -6,6 +6,10 @@ not arithmetic, is the cost at a few hundred cached positions: ~20% of a SmolLM2
 step measured with cProfile.  Here it is one call per layer: per query head, the scores
 against its kv head's keys, a softmax, and the weighted sum of the values.  The numpy twin
 is ``decode_attention_numpy`` (the runtime's own m == 1 path, engine/llm/model.py).
+
+An int8 cache (engine/llm/cache.py) has its own kernel: the int8 keys and values are read as
+they are stored and each position's scale applied once per dot product (keys) or weight
+(values), so no dequantized copy of the cache is made per step.
 """
 
 from __future__ import annotations
@@ -22,6 +26,18 @@ _F32 = types.float32
 _CACHE = jit.array(_F32, 3, "C", readonly=True)
 _SIGNATURE = types.void(
     jit.array(_F32, 2, "C", readonly=True), _CACHE, _CACHE, types.int64, _F32, jit.array(_F32, 1, "C")
+)
+_SCALES = jit.array(_F32, 2, "C", readonly=True)
+_CACHE8 = jit.array(types.int8, 3, "C", readonly=True)
+_SIGNATURE8 = types.void(
+    jit.array(_F32, 2, "C", readonly=True),
+    _CACHE8,
+    _SCALES,
+    _CACHE8,
+    _SCALES,
+    types.int64,
+    _F32,
+    jit.array(_F32, 1, "C"),
 )
 _FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
@@ -60,19 +76,63 @@ def _decode_attention(q, keys, values, total, scale, out):  # noqa: ANN001, ANN2
                 o[i] += weight * value[i]
 
 
+@jit.njit([types.void(jit.array(_F32, 1, "C"), jit.array(_F32, 1, "C", readonly=True))], fastmath=_FAST)
+def _softmax_into(row, factors):  # noqa: ANN001, ANN202
+    """row <- softmax(row) * factors[:len(row)], in place."""
+    largest = row[0]
+    for t in range(1, row.size):
+        largest = max(largest, row[t])
+    norm = np.float32(0.0)
+    for t in range(row.size):
+        e = np.exp(row[t] - largest)
+        row[t] = e
+        norm += e
+    inverse = np.float32(1.0) / norm
+    for t in range(row.size):
+        row[t] *= inverse * factors[t]
+
+
+@jit.njit([_SIGNATURE8], fastmath=_FAST)
+def _decode_attention_int8(q, keys, key_scales, values, value_scales, total, scale, out):  # noqa: ANN001, ANN202
+    """As ``_decode_attention`` over an int8 cache: keys/values [KV, context, d] int8, their
+    scales [KV, context] (a cached value is its int8 times its scale).  Blocked by kv head:
+    each cached key and value is read once for the query heads sharing it (~1.3-1.7x faster
+    than per query head at 2048 positions, measured with SmolLM2-135M's shapes)."""
+    heads, d = q.shape
+    group = heads // keys.shape[0]
+    scores = np.empty((group, total), np.float32)
+    for g in range(keys.shape[0]):
+        for t in range(total):
+            key = keys[g, t]
+            factor = key_scales[g, t] * scale
+            for j in range(group):
+                query = q[g * group + j]
+                s = np.float32(0.0)
+                for i in range(d):
+                    s += query[i] * np.float32(key[i])
+                scores[j, t] = s * factor
+        for j in range(group):
+            _softmax_into(scores[j], value_scales[g])  # the values' scales folded into the weights
+            out[(g * group + j) * d : (g * group + j + 1) * d] = 0.0
+        for t in range(total):
+            value = values[g, t]
+            for j in range(group):
+                weight = scores[j, t]
+                o = out[(g * group + j) * d : (g * group + j + 1) * d]
+                for i in range(d):
+                    o[i] += weight * np.float32(value[i])
+
+
 def decode_attention_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """inputs: q [H, d], keys [KV, context, d], values [KV, context, d] float32; attrs: total,
-    scale -> [H * d]."""
-    q, keys, values = inputs
+    """inputs: q [H, d], keys [KV, context, d], values [KV, context, d] float32, or
+    q, keys, key scales, values, value scales for an int8 cache; attrs: total, scale -> [H * d]."""
+    q = np.ascontiguousarray(inputs[0], np.float32)
     out = np.empty(q.size, np.float32)
-    _decode_attention(
-        np.ascontiguousarray(q, np.float32),
-        keys,
-        values,
-        int(attrs["total"]),
-        np.float32(attrs["scale"]),
-        out,
-    )
+    total, scale = int(attrs["total"]), np.float32(attrs["scale"])
+    if len(inputs) == 3:
+        _decode_attention(q, inputs[1], inputs[2], total, scale, out)
+    else:
+        _decode_attention_int8(q, *inputs[1:], total, scale, out)
     return [out]
 
 

@@ -1,13 +1,23 @@
 """The generation loop: prefill the prompt, then sample and decode one token at a time, with
-stop tokens, stop strings and streaming (text handed to a callback as it becomes final)."""
+stop tokens, stop strings and streaming (text handed to a callback as it becomes final).
+
+Prefix reuse: a ``Generator`` keeps one KV cache from request to request.  The cache records
+the token at each position it holds (the last prompt and the reply generated after it), so a
+new prompt that starts with those tokens (a shared system prompt; a chat's earlier turns) is
+truncated to the common prefix and only the rest is prefilled.  Attention reads the same cached
+keys and values either way, so the logits are those of a fresh prefill up to the float rounding
+of a different block split (tests/engine/llm/test_kv_cache.py measures it).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.llm.cache import KVCache
+from engine.llm.errors import ContextLimitError
 from engine.llm.lora import LoraAdapter
 from engine.llm.model import LlmModel
 from engine.llm.sampler import Sampler, SamplingOptions
@@ -24,6 +34,11 @@ class Generation:
     prefill_seconds: float
     decode_seconds: float
     timings: dict[str, float] = field(default_factory=dict)
+    reused_tokens: int = 0  # leading prompt tokens found in the cache, not prefilled again
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.reused_tokens
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -43,18 +58,26 @@ def generate(
     on_text: Callable[[str], None] | None = None,
     cache: KVCache | None = None,
     adapter: LoraAdapter | None = None,
+    reuse_prefix: bool = False,
 ) -> Generation:
     """Generate up to ``max_tokens`` after ``prompt`` (token ids).  ``on_text`` receives the text
     as it is produced, never any part of a stop string, and the pieces join to ``text``.
-    ``adapter``: a LoRA adapter applied to every step (engine/llm/lora.py)."""
+    ``adapter``: a LoRA adapter applied to every step (engine/llm/lora.py).  ``cache``: appended
+    to as it is, or with ``reuse_prefix`` cut to the longest prefix of ``prompt`` it holds (the
+    caller keeps one cache per adapter: ``Generator`` does)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens} must be at least 1")
+    if not prompt:
+        raise ValueError("the prompt needs at least one token")
     cache = cache if cache is not None else model.new_cache()
-    cache.reserve(len(prompt) + max_tokens - 1)  # refuse before any work, not midway
+    if reuse_prefix:
+        _check_fits(cache, len(prompt), max_tokens)
+    reused = _keep_prefix(cache, prompt) if reuse_prefix else 0
+    cache.reserve(len(prompt) - reused + max_tokens - 1)  # refuse before any work, not midway
     sampler = Sampler(options)
     stops = set(model.config.eos_token_ids if stop_tokens is None else stop_tokens)
     start = time.perf_counter()
-    logits = model.forward(prompt, cache, adapter=adapter)
+    logits = model.forward(prompt[reused:], cache, adapter=adapter)
     prefill = time.perf_counter() - start
     tokens: list[int] = []
     text, sent, reason = "", 0, "length"
@@ -90,7 +113,49 @@ def generate(
         time_to_first_token=first,
         prefill_seconds=prefill,
         decode_seconds=decode,
+        reused_tokens=reused,
     )
+
+
+def _check_fits(cache: KVCache, prompt: int, max_tokens: int) -> None:
+    """The request's own size against the context (what the cache holds is replaceable); the
+    last token generated is never stored, so it needs no position."""
+    needed = prompt + max_tokens - 1
+    if needed > cache.context:
+        raise ContextLimitError(
+            f"{prompt} prompt tokens and max_tokens={max_tokens} need {needed} of the context length's "
+            f"{cache.context} positions; shorten the prompt or max_tokens"
+        )
+
+
+def _keep_prefix(cache: KVCache, prompt: Sequence[int]) -> int:
+    """Truncate ``cache`` to the prompt's prefix it holds, leaving at least one token to prefill
+    (the logits of the prompt's last position are needed); the tokens kept."""
+    kept = min(cache.common_prefix(list(prompt)), len(prompt) - 1)
+    cache.truncate(kept)
+    return kept
+
+
+class Generator:
+    """Generation request after request over one kept KV cache (prefix reuse, see above).
+    Not thread-safe: one request at a time (the chat service's lock)."""
+
+    def __init__(
+        self, model: LlmModel, tokenizer: LlmTokenizer, context: int | None = None, kv_cache: str = "fp32"
+    ) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.cache = model.new_cache(context, kv_cache)
+        self._adapter: LoraAdapter | None = None
+
+    def generate(
+        self, prompt: list[int], *, adapter: LoraAdapter | None = None, **options: Any
+    ) -> Generation:
+        """``generate`` with this generator's cache; ``options`` as ``generate``'s keywords."""
+        if adapter is not self._adapter:  # another adapter's keys and values are not this one's
+            self.cache.reset()
+            self._adapter = adapter
+        model, tokenizer, cache = self.model, self.tokenizer, self.cache
+        return generate(model, tokenizer, prompt, cache=cache, adapter=adapter, reuse_prefix=True, **options)
 
 
 def _first_stop(text: str, stop: Sequence[str]) -> int | None:

@@ -99,8 +99,9 @@ class LlmModel:
         self._scale = np.float32(1.0 / np.sqrt(config.head_dim))
         self._decode_attention = None
 
-    def new_cache(self, context: int | None = None) -> KVCache:
-        return KVCache(self.config, context)
+    def new_cache(self, context: int | None = None, kind: str = "fp32") -> KVCache:
+        """A cache of ``context`` positions (default: the model's), "fp32" or "int8" (cache.py)."""
+        return KVCache(self.config, context, kind)
 
     def forward(
         self,
@@ -143,15 +144,14 @@ class LlmModel:
             q = _rope(qkv[:, :q_size].reshape(m, c.num_heads, c.head_dim), cos, sin)
             k = _rope(qkv[:, q_size : q_size + kv_size].reshape(m, c.num_kv_heads, c.head_dim), cos, sin)
             v = qkv[:, q_size + kv_size :].reshape(m, c.num_kv_heads, c.head_dim)
-            cache.keys[index, :, start : start + m] = k.transpose(1, 0, 2)
-            cache.values[index, :, start : start + m] = v.transpose(1, 0, 2)
+            cache.write(index, start, k, v)
             attended = self._attention(q, cache, index, start, m)
             x = x + _project(layer.o, attended, layer.o_bias, delta.get("o"))
             b = rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gate_up = _project(layer.gate_up, b, None, delta.get("gate_up"))
             gate, up = gate_up[:, : c.intermediate_size], gate_up[:, c.intermediate_size :]
             x = x + _project(layer.down, gate / (1.0 + np.exp(-gate)) * up, None, delta.get("down"))
-        cache.length = start + m
+        cache.record(start, tokens)
         return x
 
     def _attention(self, q: np.ndarray, cache: KVCache, index: int, start: int, m: int) -> np.ndarray:
@@ -160,11 +160,11 @@ class LlmModel:
         if m == 1:  # decode: one kernel call per layer (engine/llm/attention_jit.py)
             if self._decode_attention is None:
                 self._decode_attention = gemv_kernel("LlmDecodeAttention")
-            inputs = [q[0], cache.keys[index], cache.values[index]]
+            inputs = [q[0], *cache.decode_inputs(index)]
             return self._decode_attention(inputs, {"total": start + 1, "scale": self._scale})[0][None, :]
         group = c.num_heads // c.num_kv_heads
         total = start + m
-        keys, values = cache.keys[index, :, :total], cache.values[index, :, :total]
+        keys, values = cache.read(index, total)  # what the cache holds (int8: dequantized)
         # [m, H, d] -> [KV, group * m, d]: a kv head's queries side by side, one matmul per kv head
         grouped = q.reshape(m, c.num_kv_heads, group, c.head_dim).transpose(1, 2, 0, 3)
         grouped = grouped.reshape(c.num_kv_heads, group * m, c.head_dim)
