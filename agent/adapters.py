@@ -244,8 +244,10 @@ class AdapterMeter:
 class AdapterHost(LlmHost):
     """The agent's LLM host, serving the adapters installed beside the active base as well."""
 
-    def __init__(self, book: AdapterBook, port: int = 0, host: str = "127.0.0.1") -> None:
-        super().__init__(port, host)
+    def __init__(
+        self, book: AdapterBook, port: int = 0, host: str = "127.0.0.1", kv_cache: str | None = None
+    ) -> None:
+        super().__init__(port, host, kv_cache)
         self.book = book
 
     def adapt(self, service: Any) -> Any:

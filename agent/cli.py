@@ -82,6 +82,11 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         help="serve the active LLM package's chat API on http://127.0.0.1:PORT/v1 (0: off)",
     )
+    run.add_argument(
+        "--llm-kv-int8",
+        action="store_true",
+        help="keep the served LLM's KV cache as int8 (see serve-llm --kv-int8)",
+    )
     serve_llm = sub.add_parser(
         "serve-llm", help="serve a converted LLM package's chat API, without a control plane"
     )
@@ -177,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_textfile=args.metrics_textfile,
         metrics_port=args.metrics_port,
         llm_port=args.llm_port,
+        llm_kv_cache="int8" if args.llm_kv_int8 else None,
     )
     if args.name:
         config.name = args.name

@@ -58,6 +58,7 @@ class AgentConfig:
     metrics_textfile: Path | None = None  # opt-in local Prometheus export (agent/metrics_export.py)
     metrics_port: int = 0  # on 127.0.0.1 only
     llm_port: int = 0  # the active LLM package's chat API on 127.0.0.1 (agent/llm_api); 0: off
+    llm_kv_cache: str | None = None  # "int8" or "fp32"; None: FERRY_LLM_KV_CACHE, the package's, fp32
 
 
 class Agent:
@@ -74,7 +75,7 @@ class Agent:
         self.inference = InferenceLoop(rate=config.event_rate, emit=self.outbox.append)
         self.meter = ProcessMeter(config.state_dir)
         # the active LLM and the LoRA adapters the fleet installed beside it (agent/adapters.py)
-        self.llm = AdapterHost(AdapterBook(config.state_dir), config.llm_port)
+        self.llm = AdapterHost(AdapterBook(config.state_dir), config.llm_port, kv_cache=config.llm_kv_cache)
         self.assigned_adapter = ""  # the adapter version running.json names, while it is served
         self.exporter = (
             MetricsExporter(config.metrics_textfile, config.metrics_port)
