@@ -32,6 +32,7 @@ from converter.passes import (
     fuse_attention,
     fuse_gelu,
     fuse_group_norm,
+    fuse_group_norm_silu,
     fuse_layer_norm,
     fuse_matmul_add,
     fuse_residual_add,
@@ -53,6 +54,7 @@ PASSES: list[Pass] = [
     fuse_gelu.run,
     fuse_layer_norm.run,
     fuse_group_norm.run,
+    fuse_group_norm_silu.run,  # GroupNorm + SiLU (Sigmoid, Mul): every UNet/VAE ResNet block
     merge_attention_scales.run,  # torch's q*s, kT*s -> one scale that fuse_attention matches
     fuse_attention.run,
     fold_batch_norm.run,

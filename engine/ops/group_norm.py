@@ -1,8 +1,10 @@
 """GroupNormalization (opset 21: scale and bias per channel), the normalisation of every UNet and
-VAE block.  Opset 18's per-group form is deprecated and the ONNX checker refuses it, so it never
-reaches the engine.  Statistics are float32 over each group's channels and spatial positions
-(the spec's stash_type 1).  Exporters that predate the op write it as Reshape ->
-InstanceNormalization -> Reshape -> Mul -> Add, which the engine already runs.
+VAE block, and FusedGroupNorm: the same followed by SiLU (``y * sigmoid(y)``), which every ResNet
+block applies next (the converter's fuse_group_norm_silu writes it).  Opset 18's per-group form
+is deprecated and the ONNX checker refuses it, so it never reaches the engine.  Statistics are
+float32 over each group's channels and spatial positions (the spec's stash_type 1).  Exporters
+that predate the op write it as Reshape -> InstanceNormalization -> Reshape -> Mul -> Add, which
+the engine already runs.  The JIT twin (group_norm_jit.py) does a group at a time in cache.
 """
 
 from __future__ import annotations
@@ -11,8 +13,19 @@ from typing import Any
 
 import numpy as np
 
+from engine import jit
 from engine.ops.normalization import DEFAULT_EPSILON
 from engine.ops.registry import check, register
+
+ACTIVATIONS = (None, "Silu")
+INTERNAL_OPS = frozenset({"FusedGroupNorm"})  # only the converter writes it
+
+# engine/jit.py's MODULES lists every JIT module and the ops it has candidates for.  The
+# diffusion kernels register theirs from here (this module is imported with every op, as
+# registrations are): the GroupNorm twin, and the long, narrow-headed attention of a UNet
+# (engine/diffusion/attention_jit.py), which rides along once a norm has brought numba in.
+jit.MODULES.setdefault("engine.ops.group_norm_jit", ("GroupNormalization", "FusedGroupNorm"))
+jit.MODULES.setdefault("engine.diffusion.attention_jit", ("FusedAttention",))
 
 
 @check("GroupNormalization")
@@ -23,6 +36,13 @@ def check_group_norm(attrs: dict[str, Any], n_inputs: int, n_outputs: int) -> st
     if attrs.get("stash_type", 1) != 1:
         return "GroupNormalization with stash_type other than 1 (float32) is not implemented"
     return None
+
+
+@check("FusedGroupNorm")
+def check_fused_group_norm(attrs: dict[str, Any], n_inputs: int, n_outputs: int) -> str | None:
+    if attrs.get("activation") not in ACTIVATIONS:
+        return f"FusedGroupNorm activation {attrs.get('activation')!r} is not one of {ACTIVATIONS[1:]}"
+    return check_group_norm(attrs, n_inputs, n_outputs)
 
 
 def _normalized(x: np.ndarray, groups: int, epsilon: float) -> np.ndarray:
@@ -38,6 +58,16 @@ def _normalized(x: np.ndarray, groups: int, epsilon: float) -> np.ndarray:
     return y.reshape(x.shape)
 
 
+def silu_into(y: np.ndarray) -> np.ndarray:
+    """y = y * sigmoid(y) = y / (1 + exp(-y)), in place on float32 y (one temporary)."""
+    gate = np.negative(y)
+    with np.errstate(over="ignore"):  # exp(-y) overflowing to inf gives the right limit, -0
+        np.exp(gate, out=gate)
+    gate += np.float32(1)
+    y /= gate
+    return y
+
+
 @register("GroupNormalization")
 def group_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     x, scale, bias = inputs[:3]
@@ -45,4 +75,14 @@ def group_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     shape = (1, -1) + (1,) * (x.ndim - 2)
     y *= scale.astype(np.float32).reshape(shape)
     y += bias.astype(np.float32).reshape(shape)
+    return [y.astype(x.dtype, copy=False)]
+
+
+@register("FusedGroupNorm")
+def fused_group_norm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """GroupNormalization, then the activation (SiLU) on its float32 result."""
+    x = inputs[0]
+    y = group_normalization([x.astype(np.float32, copy=False), *inputs[1:3]], attrs)[0]
+    if attrs.get("activation") == "Silu":
+        silu_into(y)
     return [y.astype(x.dtype, copy=False)]

@@ -5,6 +5,7 @@ from console import views
 from console.pages import devices as device_pages
 from console.pages import models as model_pages
 from console.pages import releases as release_pages
+from console.pages import samples as sample_pages
 
 app_name = "console"
 urlpatterns = [
@@ -19,6 +20,7 @@ urlpatterns = [
     path("models/<int:model_id>/live/", model_pages.model_live, name="model-live"),
     path("versions/<str:version_id>/", model_pages.version_detail, name="version"),
     path("versions/<str:version_id>/job/", model_pages.version_job, name="version-job"),
+    path("versions/<str:version_id>/sample.png", sample_pages.version_sample, name="version-sample"),
     path("groups/", views.groups, name="groups"),
     path("groups/<str:group_id>/pin/", views.group_pin, name="group-pin"),
     path("devices/", device_pages.devices_list, name="devices"),

@@ -30,6 +30,7 @@ DECLARED: dict[str, dict[str, str]] = {
     "console:model-live": {"GET": VIEWER, "HEAD": VIEWER},
     "console:version": {"GET": VIEWER, "HEAD": VIEWER},
     "console:version-job": {"GET": VIEWER, "HEAD": VIEWER},
+    "console:version-sample": {"GET": VIEWER, "HEAD": VIEWER},
     "console:groups": {"GET": VIEWER, "HEAD": VIEWER, "POST": OPERATOR},
     "console:group-pin": {"POST": OPERATOR},
     "console:devices": {"GET": VIEWER, "HEAD": VIEWER},

@@ -29,6 +29,7 @@ NOT_PAGES = {
     "console:dashboard-live",
     "console:model-live",
     "console:version-job",
+    "console:version-sample",  # an image the version page shows (test_console_diffusion_sample.py)
     "console:device-live",
     "console:release-live",
     "console:release-canary-chart",

@@ -162,9 +162,10 @@ def test_merge_leaves_a_scaled_product_not_feeding_softmax():
 def test_torch_group_norm_fuses(tmp_path, groups, channels, silu):
     feeds = {"x": rand(2, channels, 5, 3) * 3 + 1}
     graph = converted(tmp_path, torch_group_norm(groups, channels, silu), feeds)
-    assert ops(graph)[0] == "GroupNormalization"
+    assert ops(graph)[0] == ("FusedGroupNorm" if silu else "GroupNormalization")  # SiLU fused in
     assert "InstanceNormalization" not in ops(graph) and "Reshape" not in ops(graph)
-    assert graph.nodes[0]["attrs"] == {"num_groups": groups, "epsilon": pytest.approx(1e-6)}
+    silu_attr = {"activation": "Silu"} if silu else {}
+    assert graph.nodes[0]["attrs"] == {"num_groups": groups, "epsilon": pytest.approx(1e-6), **silu_attr}
 
 
 def test_group_norm_with_a_non_unit_instance_scale_is_left():

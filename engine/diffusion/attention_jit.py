@@ -1,0 +1,157 @@
+"""FusedAttention for many tokens and narrow heads, a JIT kernel (numba): a UNet's self-attention
+at 32x32 latents is 1024 queries over 1024 keys in heads of 8-40 channels.
+
+The other kernels (engine/ops/fused.py, engine/ops/attention_jit.py) compute each head's whole
+[S, T] score matrix with BLAS (4 MiB at 1024 tokens: out of L2), soften it, and multiply it by v
+with BLAS again; with 8-wide heads both products are memory-bound GEMMs of inner size 8 or an
+output 8 wide, and at two threads every one of those BLAS calls waits for the other thread.
+Here a block of query rows at a time goes through the scores, the softmax and the product with
+v while its rows sit in L1 (flash attention without the running max: a row of 1024 scores fits,
+so its exact max is taken first).  q k^T accumulates over the head's channels along contiguous
+rows of k^T (vectorised over keys); 2^x is exp_jit's polynomial; p v is eight-lane dot products
+along rows of v^T.  The (head, block) items run in parallel (prange) when the session allows two
+threads, one launch per node.  Without a mask (the scores are base 2: q carries log2(e)),
+float32 only; anything else takes the batched numpy kernel.  No fastmath.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numba import prange, types
+
+from engine import jit
+from engine.ops.exp_jit import exp2_row
+from engine.ops.fused import _attention_inputs, _attention_output, fused_attention
+from engine.ops.registry import Kernel
+
+BLOCK = 64  # query rows per work item: the scores of a block, [T, 64], stay in L2
+MIN_QUERIES = 256  # below this the BLAS kernels' whole-matrix passes are cheap enough
+MAX_HEAD = 64  # wider heads: the BLAS products win
+
+_F32 = types.float32
+_IN3 = jit.array(_F32, 3, "C", readonly=True)
+_IN4 = jit.array(_F32, 4, "C", readonly=True)
+_OUT3 = jit.array(_F32, 3, "C")
+_ROW = jit.array(_F32, 1, "C")
+_BITS = jit.array(types.int32, 1, "C")
+# q as [H, S / BLOCK, D, BLOCK] (a block's rows side by side), k [H, T, D], v [H, T, Dv], out [H, S, Dv]
+_SIGNATURE = types.void(_IN4, _IN3, _IN3, _OUT3)
+
+
+@jit.njit([types.void(_IN4, _IN3, _IN3, _OUT3, types.int64, _ROW, _ROW, _BITS, _ROW)])
+def _item(q, k, v, out, item, scores, weights, bits, small):  # noqa: ANN001, ANN202
+    """One (head, block of BLOCK query rows).  Every inner loop runs over the block's rows, so
+    LLVM's loop vectoriser takes it (the scores are key-major, [T, BLOCK]): the max, the sums
+    and p v accumulate the block's rows at once; no horizontal reduction."""
+    blocks = q.shape[1]
+    h, b = item // blocks, item % blocks
+    keys, depth, width = k.shape[1], k.shape[2], v.shape[2]
+    qt = q[h, b]
+    top, total, acc = small[:BLOCK], small[BLOCK : 2 * BLOCK], small[2 * BLOCK :]
+    top[:] = -np.inf
+    for t in range(keys):
+        row = scores[t * BLOCK : (t + 1) * BLOCK]
+        row[:] = 0
+        for j in range(depth):
+            kj = k[h, t, j]
+            qj = qt[j]
+            for r in range(BLOCK):
+                row[r] += kj * qj[r]
+        for r in range(BLOCK):
+            top[r] = max(top[r], row[r])
+    for t in range(keys):
+        row = scores[t * BLOCK : (t + 1) * BLOCK]
+        for r in range(BLOCK):
+            row[r] -= top[r]
+    exp2_row(scores, np.float32(1), np.float32(0), weights, bits, keys * BLOCK)
+    total[:] = 0
+    acc[:] = 0
+    for t in range(keys):
+        p = weights[t * BLOCK : (t + 1) * BLOCK]
+        for r in range(BLOCK):
+            total[r] += p[r]
+        for j in range(width):
+            vj = v[h, t, j]
+            into = acc[j * BLOCK : (j + 1) * BLOCK]
+            for r in range(BLOCK):
+                into[r] += vj * p[r]
+    for r in range(min(BLOCK, out.shape[1] - b * BLOCK)):
+        inverse = np.float32(1) / total[r]
+        for j in range(width):
+            out[h, b * BLOCK + r, j] = acc[j * BLOCK + r] * inverse
+
+
+@jit.njit([_SIGNATURE])
+def _serial(q, k, v, out):  # noqa: ANN001, ANN202
+    size = k.shape[1] * BLOCK
+    scores, weights, bits = np.empty(size, np.float32), np.empty(size, np.float32), np.empty(size, np.int32)
+    small = np.empty((2 + v.shape[2]) * BLOCK, np.float32)
+    for item in range(q.shape[0] * q.shape[1]):
+        _item(q, k, v, out, item, scores, weights, bits, small)
+
+
+@jit.njit([_SIGNATURE], parallel=True)
+def _parallel(q, k, v, out):  # noqa: ANN001, ANN202
+    size = k.shape[1] * BLOCK
+    items = q.shape[0] * q.shape[1]
+    chunks = 16
+    per = (items + chunks - 1) // chunks
+    for c in prange(chunks):
+        scores, weights, bits = (
+            np.empty(size, np.float32),
+            np.empty(size, np.float32),
+            np.empty(size, np.int32),
+        )
+        small = np.empty((2 + v.shape[2]) * BLOCK, np.float32)
+        for item in range(c * per, min((c + 1) * per, items)):
+            _item(q, k, v, out, item, scores, weights, bits, small)
+
+
+def _heads(a: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
+    """[..., X, Y] broadcast to the heads, as one C-contiguous [heads, X, Y]."""
+    a = np.broadcast_to(a, (*lead, *a.shape[-2:]))
+    return np.ascontiguousarray(a, np.float32).reshape(-1, *a.shape[-2:])
+
+
+def _query_blocks(q: np.ndarray) -> np.ndarray:
+    """[H, S, D] -> [H, ceil(S / BLOCK), D, BLOCK], the rows past S zero (their results dropped)."""
+    heads, rows, depth = q.shape
+    blocks = -(-rows // BLOCK)
+    padded = np.zeros((heads, blocks * BLOCK, depth), np.float32)
+    padded[:, :rows] = q
+    return np.ascontiguousarray(padded.reshape(heads, blocks, BLOCK, depth).transpose(0, 1, 3, 2))
+
+
+def flash_attention(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """softmax(q k^T * scale) v with the rows of a block kept in cache (see the module's doc)."""
+    q, keys, v, mask = _attention_inputs(inputs, attrs)
+    if mask is not None or not (q.dtype == keys.dtype == v.dtype == np.float32) or 0 in q.shape + keys.shape:
+        return fused_attention(inputs, attrs)
+    lead = np.broadcast_shapes(q.shape[:-2], keys.shape[:-2], v.shape[:-2])
+    heads = (_query_blocks(_heads(q, lead)), _heads(keys, lead), _heads(v, lead))
+    result, out = _attention_output(attrs, (*lead, q.shape[-2], v.shape[-1]), np.float32)
+    direct = out.flags.c_contiguous
+    target = out if direct else np.empty(out.shape, np.float32)
+    jit.run(_serial, _parallel, *heads, target.reshape(-1, *target.shape[-2:]))
+    if not direct:
+        out[...] = target
+    return [result]
+
+
+flash_attention.jit = True  # type: ignore[attr-defined]
+
+
+def _candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
+    """Offered for long unmasked attention with narrow heads; the kernel search measures it."""
+    views = attrs.get("views") or [None]
+    q_shape = tuple(views[0]["shape"]) if views[0] else shapes[0] if shapes else None
+    masked = len(shapes) > 3 and shapes[3] is not None
+    if masked or q_shape is None or len(q_shape) < 2:
+        return []
+    return [flash_attention] if q_shape[-2] >= MIN_QUERIES and q_shape[-1] <= MAX_HEAD else []
+
+
+CANDIDATES = {"FusedAttention": _candidates}
