@@ -13,19 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from engine import jit
 from engine.ops.normalization import DEFAULT_EPSILON
 from engine.ops.registry import check, register
 
 ACTIVATIONS = (None, "Silu")
 INTERNAL_OPS = frozenset({"FusedGroupNorm"})  # only the converter writes it
-
-# engine/jit.py's MODULES lists every JIT module and the ops it has candidates for.  The
-# diffusion kernels register theirs from here (this module is imported with every op, as
-# registrations are): the GroupNorm twin, and the long, narrow-headed attention of a UNet
-# (engine/diffusion/attention_jit.py), which rides along once a norm has brought numba in.
-jit.MODULES.setdefault("engine.ops.group_norm_jit", ("GroupNormalization", "FusedGroupNorm"))
-jit.MODULES.setdefault("engine.diffusion.attention_jit", ("FusedAttention",))
 
 
 @check("GroupNormalization")

@@ -22,6 +22,12 @@ def _live_sessions() -> list[str]:
     )  # type(): lazy objects lie
 
 
+def _assert_same_image(image: np.ndarray, expected: np.ndarray) -> None:
+    difference = np.abs(image.astype(np.int16) - expected.astype(np.int16))
+    assert difference.max() <= 1, difference.max()
+    assert np.count_nonzero(difference) <= difference.size // 1000
+
+
 def test_kept_sessions_are_reused_and_give_the_same_image(fp32_package) -> None:
     plain = DiffusionPipeline(fp32_package.directory).generate(REQUEST).image
     assert _live_sessions() == []
@@ -31,8 +37,10 @@ def test_kept_sessions_are_reused_and_give_the_same_image(fp32_package) -> None:
     assert sorted(kept) == ["text_encoder", "unet", "vae_decoder"]
     second = pipe.generate(REQUEST).image
     assert all(pipe._kept[name] is session for name, session in kept.items())
-    np.testing.assert_array_equal(first, plain)
-    np.testing.assert_array_equal(second, plain)
+    # Each Session measures its own kernel candidates (numpy or JIT), which agree within float
+    # tolerance, so two Sessions' images may differ by a rounding step in a rare pixel.
+    _assert_same_image(first, plain)
+    _assert_same_image(second, plain)
     del kept
     assert len(_live_sessions()) == 3
     pipe.release()
