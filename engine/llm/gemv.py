@@ -18,6 +18,12 @@ contiguous row dot products.
   made int4 slower than int8 are gone (LM head 49152 x 576: 24 ms -> 2.6 ms, int8 2.9 ms, on a
   loaded host).  ``to_standard`` undoes it for the numpy kernels (a tile at a time).
 
+- activations (int4 only): "float", or "int8": the matrix multiplies x rounded to int8 per
+  block of B (llama.cpp's q8_0 rule, d = max |x| / 127, round(x / d)), as q4_0 x q8_0 does.
+  Its JIT GEMV then runs in int16 (gemv_jit.py), ~2x the float kernel's speed; the numpy
+  kernels and prefill's GEMMs round x the same way first (``quantize_activations``), so
+  every path computes the same product and the converter's accuracy report includes it.
+
 The numpy kernels widen ``ROWS_PER_TILE`` rows at a time to float32 (never the whole matrix)
 and hand each tile to BLAS.
 """
@@ -30,6 +36,7 @@ import numpy as np
 
 BLOCKS = (32, 64)
 GROUPS = (1, 4)
+ACTIVATIONS = ("float", "int8")
 GROUP = 4  # rows per group in the re-laid int4 layout (1: the plain layout)
 # float32 scratch per widened tile.  Prefill's GEMMs (256 x 576 by 3072 x 576, int4, 1 thread)
 # measured 23.6 ms with 1 MB tiles, 17.8 with 4 MB, 11.5 with the whole matrix: BLAS wants wide
@@ -95,6 +102,17 @@ def grouped_rows(packed: np.ndarray, index: np.ndarray, block: int, group: int) 
     return view[index // group, :, index % group, :].transpose(0, 2, 1).reshape(len(index), half_k)
 
 
+def quantize_activations(x: np.ndarray, block: int) -> np.ndarray:
+    """x [M, K] float32 as the int8-activation kernels see it: per block of ``block`` values,
+    d = max |x| / 127 and x -> round(x * 127 / max |x|) * d (gemv_jit's ``_quantize_x``)."""
+    m, k = x.shape
+    blocks = np.asarray(x, np.float32).reshape(m, k // block, block)
+    largest = np.abs(blocks).max(axis=2, keepdims=True)
+    inverse = np.divide(np.float32(127.0), largest, out=np.zeros_like(largest), where=largest > 0)
+    rounded = np.rint(blocks * inverse) * (largest / np.float32(127.0))
+    return rounded.reshape(m, k).astype(np.float32, copy=False)
+
+
 def dequantize_int4(packed: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
     """Rows of an int4 matrix as float32 [rows, K]."""
     rows, blocks = scale.shape
@@ -124,8 +142,18 @@ def gemm_int8(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return out
 
 
-def gemm_int4(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, block: int, group: int = 1) -> np.ndarray:
-    """x [M, K] float32 times the int4 matrix's transpose -> [M, N], a dequantized tile at a time."""
+def gemm_int4(
+    x: np.ndarray,
+    packed: np.ndarray,
+    scale: np.ndarray,
+    block: int,
+    group: int = 1,
+    activations: str = "float",
+) -> np.ndarray:
+    """x [M, K] float32 times the int4 matrix's transpose -> [M, N], a dequantized tile at a time
+    (x rounded to int8 per block first when ``activations`` is "int8")."""
+    if activations == "int8":
+        x = quantize_activations(x, block)
     n = scale.shape[0]
     k = scale.shape[1] * block
     out = np.empty((x.shape[0], n), np.float32)
@@ -158,9 +186,11 @@ def gemv_int8_numpy(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.
 
 def gemv_int4_numpy(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block, group
-    (1 when absent) -> [N]."""
+    (1 when absent), activations ("float" when absent) -> [N]."""
     x, packed, scale = inputs
-    return [gemm_int4(x[None, :], packed, scale, int(attrs["block"]), int(attrs.get("group", 1)))[0]]
+    block, group = int(attrs["block"]), int(attrs.get("group", 1))
+    activations = attrs.get("activations", "float")
+    return [gemm_int4(x[None, :], packed, scale, block, group, activations)[0]]
 
 
 def _decode_attention(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:

@@ -35,6 +35,7 @@ import numpy as np
 from numba import types
 
 from engine import jit
+from engine.llm.gemv import quantize_activations
 
 _F32, _I64 = types.float32, types.int64
 _X = jit.array(_F32, 1, "C", readonly=True)
@@ -57,6 +58,7 @@ _INT4_GROUPED = types.void(
     _I64,
     _OUT,
 )
+_PART = 16  # bytes per int16 accumulator: 32 values, |sum| <= 32 * 8 * 127 < 2**15
 _FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"}
 
 
@@ -104,6 +106,46 @@ def _int4_serial(x, packed, scale, block, out):  # noqa: ANN001, ANN202
         out[n] = acc
 
 
+_QUANTIZE_X = types.void(
+    _X,
+    _I64,
+    _I64,
+    jit.array(types.int16, 2, "C"),
+    jit.array(types.int16, 2, "C"),
+    jit.array(types.int16, 2, "C"),
+    jit.array(_F32, 1, "C"),
+)
+
+
+@jit.njit([_QUANTIZE_X], fastmath=_FAST)
+def _quantize_x(x, block, group, low_x, high_x, start, dx):  # noqa: ANN001, ANN202
+    """x as int8 values per block (llama.cpp's q8_0 rule: d = max |x| / 127, round(x / d)),
+    held in int16 and tiled per lane like the grouped weights: lane g * blocks + b of byte j
+    meets low_x[j, lane] = xq[b * B + j] and high_x[j, lane] = xq[b * B + B/2 + j].
+    start[part, lane] = -8 * (the sum of the xq a part's 16 bytes meet): the accumulator's
+    initial value, which takes the nibbles' +8 out; dx[b] = the block's d."""
+    half = block // 2
+    blocks = dx.shape[0]
+    for b in range(blocks):
+        base = b * block
+        largest = np.float32(0.0)
+        for j in range(block):
+            largest = max(largest, abs(x[base + j]))
+        dx[b] = largest / np.float32(127.0)
+        inverse = np.float32(127.0) / largest if largest > 0 else np.float32(0.0)
+        for part in range(half // _PART):
+            total = 0
+            for j in range(part * _PART, (part + 1) * _PART):
+                low = np.int16(np.rint(x[base + j] * inverse))
+                high = np.int16(np.rint(x[base + half + j] * inverse))
+                total += low + high
+                for g in range(group):
+                    low_x[j, g * blocks + b] = low
+                    high_x[j, g * blocks + b] = high
+            for g in range(group):
+                start[part, g * blocks + b] = np.int16(-8 * total)
+
+
 @jit.njit([_INT4_GROUPED], fastmath=_FAST)
 def _int4_grouped(x, packed, scale, block, group, out):  # noqa: ANN001, ANN202
     """The row-grouped layout (gemv.py): packed [N/G, B/2, G * blocks].  The inner loop runs
@@ -139,6 +181,48 @@ def _int4_grouped(x, packed, scale, block, group, out):  # noqa: ANN001, ANN202
             out[i * group + g] = s
 
 
+@jit.njit([_INT4_GROUPED], fastmath=_FAST)
+def _int4_grouped_q8(x, packed, scale, block, group, out):  # noqa: ANN001, ANN202
+    """The row-grouped layout (gemv.py): packed [N/G, B/2, G * blocks], x quantized to int8 per
+    block (``_quantize_x``).  The inner loop runs across a group's G * blocks lanes in int16
+    (32 lanes per AVX-512 vector): acc += low nibble * xl + high nibble * xh per byte, one
+    accumulator per (row, block, part of 16 bytes).  int16 is exact here: the true sum
+    sum((nibble - 8) * xq) over a part's 32 values is within 32 * 8 * 127 = 32512, and
+    wrapping arithmetic mod 2**16 (the -8 folded into the start value) lands on it.  Each
+    (row, block) then adds float(acc) * d_w * d_x."""
+    groups, half, lanes = packed.shape
+    blocks = lanes // group
+    parts = half // _PART
+    low_x = np.empty((half, lanes), np.int16)
+    high_x = np.empty((half, lanes), np.int16)
+    start = np.empty((parts, lanes), np.int16)
+    dx = np.empty(blocks, np.float32)
+    _quantize_x(x, block, group, low_x, high_x, start, dx)
+    acc = np.empty((parts, lanes), np.int16)
+    total = np.empty(lanes, np.float32)
+    for i in range(groups):
+        for part in range(parts):
+            sums, begin = acc[part], start[part]
+            for lane in range(lanes):
+                sums[lane] = begin[lane]
+            for j in range(part * _PART, (part + 1) * _PART):
+                bytes_, low, high = packed[i, j], low_x[j], high_x[j]
+                for lane in range(lanes):
+                    v = np.int16(bytes_[lane])
+                    sums[lane] = np.int16(sums[lane] + (v & 15) * low[lane] + (v >> 4) * high[lane])
+        for lane in range(lanes):
+            total[lane] = np.float32(acc[0, lane])
+        for part in range(1, parts):
+            for lane in range(lanes):
+                total[lane] += np.float32(acc[part, lane])
+        for g in range(group):
+            row = scale[i * group + g]
+            s = np.float32(0.0)
+            for b in range(blocks):
+                s += total[g * blocks + b] * row[b] * dx[b]
+            out[i * group + g] = s
+
+
 @jit.njit([_INT8], fastmath=_FAST)
 def _int8_serial(x, q, scale, out):  # noqa: ANN001, ANN202
     for n in range(q.shape[0]):
@@ -151,17 +235,21 @@ def _int8_serial(x, q, scale, out):  # noqa: ANN001, ANN202
 
 def gemv_int4_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block, group
-    (1 when absent) -> [N]."""
+    (1 when absent), activations ("float" when absent, or "int8": x quantized per block as
+    llama.cpp's q8_0, the matrix's own setting, gemv.py) -> [N]."""
     x, packed, scale = inputs
     block, group = int(attrs["block"]), int(attrs.get("group", 1))
     out = np.empty(packed.shape[0], np.float32)
     x = np.ascontiguousarray(x, np.float32)
+    quantized = attrs.get("activations", "float") == "int8"
     if group == 1:
+        if quantized:
+            x = quantize_activations(x[None, :], block)[0]
         _int4_serial(x, packed, scale, block, out)
     else:
         n, half_k = packed.shape
         grouped = packed.reshape(n // group, block // 2, group * half_k * 2 // block)
-        _int4_grouped(x, grouped, scale, block, group, out)
+        (_int4_grouped_q8 if quantized else _int4_grouped)(x, grouped, scale, block, group, out)
     return [out]
 
 
