@@ -190,7 +190,17 @@ def _int4_grouped(x, packed, scale, block, group, out):  # noqa: ANN001, ANN202
             out[i * group + g] = s
 
 
-@jit.njit([_INT4_GROUPED], fastmath=_FAST)
+_INT4_Q8 = types.void(
+    _X,
+    jit.array(types.uint8, 3, "C", readonly=True),
+    jit.array(types.uint16, 2, "C", readonly=True),
+    _I64,
+    _I64,
+    _OUT,
+)
+
+
+@jit.njit([_INT4_Q8], fastmath=_FAST)
 def _int4_grouped_q8(x, packed, scale, block, group, out):  # noqa: ANN001, ANN202
     """The row-grouped layout (gemv.py): packed [N/G, B/2, G * blocks], x quantized to int8 per
     block (``_quantize_x``).  The inner loop runs across a group's G * blocks lanes in int16
@@ -198,7 +208,10 @@ def _int4_grouped_q8(x, packed, scale, block, group, out):  # noqa: ANN001, ANN2
     accumulator per (row, block, part of 16 bytes).  int16 is exact here: the true sum
     sum((nibble - 8) * xq) over a part's 32 values is within 32 * 8 * 127 = 32512, and
     wrapping arithmetic mod 2**16 (the -8 folded into the start value) lands on it.  Each
-    (row, block) then adds float(acc) * d_w * d_x."""
+    (row, block) then adds float(acc) * d_w * d_x, d_w read as float16 bits ([N/G, G * blocks]:
+    a group's scales in lane order) and widened a group at a time: numba has no float16, so
+    by the bits (sign, then exponent and mantissa shifted into float32's and scaled by 2**112,
+    exact for normal and subnormal halves and zero; the converter stores no inf or nan)."""
     groups, half, lanes = packed.shape
     blocks = lanes // group
     parts = half // _PART
@@ -209,7 +222,13 @@ def _int4_grouped_q8(x, packed, scale, block, group, out):  # noqa: ANN001, ANN2
     _quantize_x(x, block, group, low_x, high_x, start, dx)
     acc = np.empty((parts, lanes), np.int16)
     total = np.empty(lanes, np.float32)
+    bits = np.empty(lanes, np.uint32)
+    widened = bits.view(np.float32)
     for i in range(groups):
+        halves = scale[i]
+        for lane in range(lanes):
+            h = np.uint32(halves[lane])
+            bits[lane] = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13)
         for part in range(parts):
             sums, begin = acc[part], start[part]
             for lane in range(lanes):
@@ -225,11 +244,10 @@ def _int4_grouped_q8(x, packed, scale, block, group, out):  # noqa: ANN001, ANN2
             for lane in range(lanes):
                 total[lane] += np.float32(acc[part, lane])
         for g in range(group):
-            row = scale[i * group + g]
             s = np.float32(0.0)
             for b in range(blocks):
-                s += total[g * blocks + b] * row[b] * dx[b]
-            out[i * group + g] = s
+                s += total[g * blocks + b] * widened[g * blocks + b] * dx[b]
+            out[i * group + g] = s * np.float32(2.0**112)
 
 
 @jit.njit([_INT8], fastmath=_FAST)
@@ -243,22 +261,28 @@ def _int8_serial(x, q, scale, out):  # noqa: ANN001, ANN202
 
 
 def gemv_int4_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block, group
-    (1 when absent), activations ("float" when absent, or "int8": x quantized per block as
-    llama.cpp's q8_0, the matrix's own setting, gemv.py) -> [N]."""
+    """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32 or float16; attrs:
+    block, group (1 when absent), activations ("float" when absent, or "int8": x quantized per
+    block as llama.cpp's q8_0, the matrix's own setting, gemv.py) -> [N]."""
     x, packed, scale = inputs
     block, group = int(attrs["block"]), int(attrs.get("group", 1))
     out = np.empty(packed.shape[0], np.float32)
     x = np.ascontiguousarray(x, np.float32)
     quantized = attrs.get("activations", "float") == "int8"
+    n, half_k = packed.shape
+    if group > 1 and quantized and scale.dtype == np.float16:  # the converter's int4 matrices
+        grouped = packed.reshape(n // group, block // 2, group * half_k * 2 // block)
+        halves = scale.view(np.uint16).reshape(n // group, grouped.shape[2])
+        _int4_grouped_q8(x, grouped, halves, block, group, out)
+        return [out]
+    if quantized:
+        x = quantize_activations(x[None, :], block)[0]
+    scale = np.ascontiguousarray(scale, np.float32)
     if group == 1:
-        if quantized:
-            x = quantize_activations(x[None, :], block)[0]
         _int4_serial(x, packed, scale, block, out)
     else:
-        n, half_k = packed.shape
         grouped = packed.reshape(n // group, block // 2, group * half_k * 2 // block)
-        (_int4_grouped_q8 if quantized else _int4_grouped)(x, grouped, scale, block, group, out)
+        _int4_grouped(x, grouped, scale, block, group, out)
     return [out]
 
 

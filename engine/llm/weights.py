@@ -69,7 +69,8 @@ class Matrix:
             and n % self.group == 0
             and self.activations in gemv.ACTIVATIONS
         ):
-            wanted = {"q": ((n, k // 2), "|u1"), "scale": ((n, k // self.block), "<f4")}
+            half = self.activations == "int8"  # float16 scales beside int8 activations (gemv.py)
+            wanted = {"q": ((n, k // 2), "|u1"), "scale": ((n, k // self.block), "<f2" if half else "<f4")}
         if self.activations != "float" and self.kind != "int4":
             raise ValueError(f"matrix {name}: activations {self.activations!r} apply to int4 only")
         if not wanted:
@@ -137,7 +138,7 @@ def make_matrix(
     if kind == "int4" and shape[1] % block == 0:
         if group is None:
             group = gemv.GROUP if shape[0] % gemv.GROUP == 0 else 1
-        q, scale = gemv.quantize_int4(w, block, group)
+        q, scale = gemv.quantize_int4(w, block, group, half_scales=activations == "int8")
         arrays = {"q": q, "scale": scale}
         return Matrix("int4", shape, arrays, block=block, group=group, activations=activations)
     if kind in ("int4", "int8"):

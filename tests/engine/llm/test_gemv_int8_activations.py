@@ -71,3 +71,22 @@ def test_activations_are_refused_on_other_kinds_and_unknown_names() -> None:
     matrix = make_matrix(np.ones((4, 64), np.float32), "int4", 32, None, "int4")
     with pytest.raises(ValueError, match="activations 'int4' cannot hold"):
         matrix.check("m", (4, 64))
+
+
+def test_float16_scales_are_read_exactly_normal_subnormal_and_zero() -> None:
+    """The int16 kernel widens float16 scales by their bits: normal, subnormal (weights ~1e-6)
+    and zero (an all-zero block) scales all give the dequantized matrix's product."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((16, 128)).astype(np.float32)
+    w[4:8] *= 1e-6  # block scales ~1e-7: float16 subnormals
+    w[8:12, :32] = 0.0  # a zero scale
+    w[12:] *= -3e3  # large scales, both signs
+    matrix = make_matrix(w, "int4", 32, 4, "int8")
+    assert matrix.arrays["scale"].dtype == np.float16
+    scales = np.abs(matrix.arrays["scale"][4:8].astype(np.float32))
+    assert np.all(scales < np.finfo(np.float16).tiny) and np.all(scales > 0)
+    x = rng.standard_normal(128).astype(np.float32)
+    expected = matrix.dense().astype(np.float64) @ gemv.quantize_activations(x[None, :], 32)[0]
+    out = matrix.gemv(x)
+    np.testing.assert_allclose(out[4:8], expected[4:8], rtol=1e-4)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
