@@ -18,6 +18,14 @@ contiguous row dot products.
   made int4 slower than int8 are gone (LM head 49152 x 576: 24 ms -> 2.6 ms, int8 2.9 ms, on a
   loaded host).  ``to_standard`` undoes it for the numpy kernels (a tile at a time).
 
+- activations (int4 only): "float", or "int8": the matrix multiplies x rounded to int8 per
+  block of B (llama.cpp's q8_0 rule, d = max |x| / 127, round(x / d)), as q4_0 x q8_0 does.
+  Its JIT GEMV then runs in int16 (gemv_jit.py), ~2x the float kernel's speed; the numpy
+  kernels and prefill's GEMMs round x the same way first (``quantize_activations``), so
+  every path computes the same product and the converter's accuracy report includes it.
+  Such matrices keep their block scales as float16 (as q4_0 does): 4.5 bits per weight
+  instead of 5, the bytes a memory-bound decode step reads.
+
 The numpy kernels widen ``ROWS_PER_TILE`` rows at a time to float32 (never the whole matrix)
 and hand each tile to BLAS.
 """
@@ -30,6 +38,8 @@ import numpy as np
 
 BLOCKS = (32, 64)
 GROUPS = (1, 4)
+ACTIVATIONS = ("float", "int8")
+HALF_MAX = 65504.0  # float16's largest: a larger block scale (|w| > 524032) is clipped
 GROUP = 4  # rows per group in the re-laid int4 layout (1: the plain layout)
 # float32 scratch per widened tile.  Prefill's GEMMs (256 x 576 by 3072 x 576, int4, 1 thread)
 # measured 23.6 ms with 1 MB tiles, 17.8 with 4 MB, 11.5 with the whole matrix: BLAS wants wide
@@ -46,9 +56,12 @@ def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale.astype(np.float32)
 
 
-def quantize_int4(w: np.ndarray, block: int, group: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Block-wise int4 in the re-laid nibble order: (packed [N, K/2] uint8, scale [N, K/B]);
-    with ``group`` > 1 the bytes are row-grouped (``to_grouped``)."""
+def quantize_int4(
+    w: np.ndarray, block: int, group: int = 1, half_scales: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Block-wise int4 in the re-laid nibble order: (packed [N, K/2] uint8, scale [N, K/B]
+    float32, or float16 with ``half_scales``: q4_0's, a tenth fewer bytes per weight); with
+    ``group`` > 1 the bytes are row-grouped (``to_grouped``)."""
     w = np.asarray(w, dtype=np.float32)
     n, k = w.shape
     if block not in BLOCKS or k % block:
@@ -58,10 +71,13 @@ def quantize_int4(w: np.ndarray, block: int, group: int = 1) -> tuple[np.ndarray
     blocks = w.reshape(n, k // block, block)
     extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=2)[..., None], axis=2)[..., 0]
     scale = (extreme / -8.0).astype(np.float32)
+    if half_scales:  # rounded first, so q is chosen against the scale that is stored
+        scale = np.clip(scale, -HALF_MAX, HALF_MAX).astype(np.float16).astype(np.float32)
     inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
     q = np.clip(np.rint(blocks * inverse[..., None]), -8, 7).astype(np.int16) + 8
     half = block // 2
     packed = (q[..., :half] | (q[..., half:] << 4)).astype(np.uint8)
+    scale = scale.astype(np.float16) if half_scales else scale
     return to_grouped(packed.reshape(n, k // 2), block, group), scale
 
 
@@ -95,6 +111,17 @@ def grouped_rows(packed: np.ndarray, index: np.ndarray, block: int, group: int) 
     return view[index // group, :, index % group, :].transpose(0, 2, 1).reshape(len(index), half_k)
 
 
+def quantize_activations(x: np.ndarray, block: int) -> np.ndarray:
+    """x [M, K] float32 as the int8-activation kernels see it: per block of ``block`` values,
+    d = max |x| / 127 and x -> round(x * 127 / max |x|) * d (gemv_jit's ``_quantize_x``)."""
+    m, k = x.shape
+    blocks = np.asarray(x, np.float32).reshape(m, k // block, block)
+    largest = np.abs(blocks).max(axis=2, keepdims=True)
+    inverse = np.divide(np.float32(127.0), largest, out=np.zeros_like(largest), where=largest > 0)
+    rounded = np.rint(blocks * inverse) * (largest / np.float32(127.0))
+    return rounded.reshape(m, k).astype(np.float32, copy=False)
+
+
 def dequantize_int4(packed: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
     """Rows of an int4 matrix as float32 [rows, K]."""
     rows, blocks = scale.shape
@@ -124,8 +151,18 @@ def gemm_int8(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return out
 
 
-def gemm_int4(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, block: int, group: int = 1) -> np.ndarray:
-    """x [M, K] float32 times the int4 matrix's transpose -> [M, N], a dequantized tile at a time."""
+def gemm_int4(
+    x: np.ndarray,
+    packed: np.ndarray,
+    scale: np.ndarray,
+    block: int,
+    group: int = 1,
+    activations: str = "float",
+) -> np.ndarray:
+    """x [M, K] float32 times the int4 matrix's transpose -> [M, N], a dequantized tile at a time
+    (x rounded to int8 per block first when ``activations`` is "int8")."""
+    if activations == "int8":
+        x = quantize_activations(x, block)
     n = scale.shape[0]
     k = scale.shape[1] * block
     out = np.empty((x.shape[0], n), np.float32)
@@ -158,9 +195,11 @@ def gemv_int8_numpy(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.
 
 def gemv_int4_numpy(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     """inputs: x [K] float32, packed [N, K/2] uint8, scale [N, K/B] float32; attrs: block, group
-    (1 when absent) -> [N]."""
+    (1 when absent), activations ("float" when absent) -> [N]."""
     x, packed, scale = inputs
-    return [gemm_int4(x[None, :], packed, scale, int(attrs["block"]), int(attrs.get("group", 1)))[0]]
+    block, group = int(attrs["block"]), int(attrs.get("group", 1))
+    activations = attrs.get("activations", "float")
+    return [gemm_int4(x[None, :], packed, scale, block, group, activations)[0]]
 
 
 def _decode_attention(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:

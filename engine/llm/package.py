@@ -72,6 +72,8 @@ def serialize(config: LlmConfig, weights: LlmWeights, precision: str, block: int
         matrices[name] = {"kind": matrix.kind, "shape": list(matrix.shape), "block": matrix.block}
         if matrix.group != 1:
             matrices[name]["group"] = matrix.group
+        if matrix.activations != "float":
+            matrices[name]["activations"] = matrix.activations
         for part, array in matrix.arrays.items():
             put(f"{name}.{part}", array)
     for name, vector in _vectors(weights):
@@ -139,6 +141,7 @@ def load_weights(directory: str | Path) -> tuple[LlmConfig, LlmWeights, dict[str
             arrays,
             block=spec.get("block", 0),
             group=spec.get("group", 1),
+            activations=spec.get("activations", "float"),
         )
         try:
             found.check(name, shapes[name])

@@ -45,6 +45,7 @@ class Matrix:
     arrays: dict[str, np.ndarray]
     block: int = 0
     group: int = 1  # int4 only: rows per group of the re-laid layout (gemv.py)
+    activations: str = "float"  # int4 only: "int8" multiplies x rounded per block (gemv.py)
     _op: Any = field(default=None, repr=False)
 
     @property
@@ -55,7 +56,7 @@ class Matrix:
         """Refuse stored arrays that do not make the [N, K] matrix ``shape`` at this kind: the JIT
         kernels index without bounds checks, so a malformed package must stop here."""
         n, k = shape
-        wanted: dict[str, tuple[tuple[int, ...], str]]
+        wanted: dict[str, tuple[tuple[int, ...], str]] = {}
         if self.kind in ("fp32", "fp16"):
             wanted = {"w": ((n, k), "<f4" if self.kind == "fp32" else "<f2")}
         elif self.kind == "int8":
@@ -66,12 +67,16 @@ class Matrix:
             and k % self.block == 0
             and self.group in gemv.GROUPS
             and n % self.group == 0
+            and self.activations in gemv.ACTIVATIONS
         ):
-            wanted = {"q": ((n, k // 2), "|u1"), "scale": ((n, k // self.block), "<f4")}
-        else:
+            half = self.activations == "int8"  # float16 scales beside int8 activations (gemv.py)
+            wanted = {"q": ((n, k // 2), "|u1"), "scale": ((n, k // self.block), "<f2" if half else "<f4")}
+        if self.activations != "float" and self.kind != "int4":
+            raise ValueError(f"matrix {name}: activations {self.activations!r} apply to int4 only")
+        if not wanted:
             raise ValueError(
-                f"matrix {name}: kind {self.kind!r} with block {self.block}, group {self.group} "
-                f"cannot hold {list(shape)}"
+                f"matrix {name}: kind {self.kind!r} with block {self.block}, group {self.group}, "
+                f"activations {self.activations!r} cannot hold {list(shape)}"
             )
         if tuple(self.shape) != shape or set(self.arrays) != set(wanted):
             raise ValueError(
@@ -90,7 +95,7 @@ class Matrix:
             return w @ x if w.dtype == np.float32 else gemv.gemm_float(x[None, :], w)[0]
         if self._op is None:
             self._op = gemv_kernel("LlmGemvInt4" if self.kind == "int4" else "LlmGemvInt8")
-        attrs = {"block": self.block, "group": self.group}
+        attrs = {"block": self.block, "group": self.group, "activations": self.activations}
         return self._op([x, self.arrays["q"], self.arrays["scale"]], attrs)[0]
 
     def gemm(self, x: np.ndarray) -> np.ndarray:
@@ -99,7 +104,8 @@ class Matrix:
             return gemv.gemm_float(x, self.arrays["w"])
         if self.kind == "int8":
             return gemv.gemm_int8(x, self.arrays["q"], self.arrays["scale"])
-        return gemv.gemm_int4(x, self.arrays["q"], self.arrays["scale"], self.block, self.group)
+        q, scale = self.arrays["q"], self.arrays["scale"]
+        return gemv.gemm_int4(x, q, scale, self.block, self.group, self.activations)
 
     def rows(self, index: np.ndarray) -> np.ndarray:
         """Rows of W as float32 [len(index), K] (an embedding lookup)."""
@@ -117,9 +123,12 @@ class Matrix:
         return self.rows(np.arange(self.shape[0]))
 
 
-def make_matrix(w: np.ndarray, kind: str, block: int = 32, group: int | None = None) -> Matrix:
+def make_matrix(
+    w: np.ndarray, kind: str, block: int = 32, group: int | None = None, activations: str = "float"
+) -> Matrix:
     """Store float weights [N, K] at ``kind``; int4 falls back to int8 for a K the block does not
-    divide, and is row-grouped (``gemv.GROUP``) when that divides N unless ``group`` says."""
+    divide, and is row-grouped (``gemv.GROUP``) when that divides N unless ``group`` says;
+    ``activations`` (int4 only, gemv.py) says how it multiplies x."""
     w = np.asarray(w)
     shape = (int(w.shape[0]), int(w.shape[1]))
     if kind == "fp32":
@@ -129,8 +138,9 @@ def make_matrix(w: np.ndarray, kind: str, block: int = 32, group: int | None = N
     if kind == "int4" and shape[1] % block == 0:
         if group is None:
             group = gemv.GROUP if shape[0] % gemv.GROUP == 0 else 1
-        q, scale = gemv.quantize_int4(w, block, group)
-        return Matrix("int4", shape, {"q": q, "scale": scale}, block=block, group=group)
+        q, scale = gemv.quantize_int4(w, block, group, half_scales=activations == "int8")
+        arrays = {"q": q, "scale": scale}
+        return Matrix("int4", shape, arrays, block=block, group=group, activations=activations)
     if kind in ("int4", "int8"):
         q, scale = gemv.quantize_int8(w)
         return Matrix("int8", shape, {"q": q, "scale": scale})

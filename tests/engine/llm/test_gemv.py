@@ -48,15 +48,26 @@ def test_the_row_grouped_int4_layout_holds_the_same_values() -> None:
     np.testing.assert_array_equal(matrix.rows(index), gemv.dequantize_int4(plain, scale, 32)[index])
 
 
-@pytest.mark.parametrize(("kind", "group"), [("int8", None), ("int4", 1), ("int4", 4)])
+@pytest.mark.parametrize(
+    ("kind", "group", "activations"),
+    [
+        ("int8", None, "float"),
+        ("int4", 1, "float"),
+        ("int4", 4, "float"),
+        ("int4", 1, "int8"),
+        ("int4", 4, "int8"),
+    ],
+)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_every_gemv_candidate_matches_the_dequantized_matrix(
-    kind: str, group: int | None, threads: int
+    kind: str, group: int | None, activations: str, threads: int
 ) -> None:
+    """With int8 activations every path multiplies the same rounded x: only float rounding differs."""
     rng = np.random.default_rng(2)
-    matrix = make_matrix(rng.standard_normal((300, 192)).astype(np.float32), kind, 64, group)
+    matrix = make_matrix(rng.standard_normal((300, 192)).astype(np.float32), kind, 64, group, activations)
     x = rng.standard_normal(192).astype(np.float32)
-    expected = matrix.dense().astype(np.float64) @ x
+    seen = gemv.quantize_activations(x[None, :], 64)[0] if activations == "int8" else x
+    expected = matrix.dense().astype(np.float64) @ seen
     op = "LlmGemvInt4" if kind == "int4" else "LlmGemvInt8"
     jit.load(ops=[op])
     found = kernels.candidates(op, {}, [])
@@ -64,7 +75,7 @@ def test_every_gemv_candidate_matches_the_dequantized_matrix(
     assert len(found) == (2 if jit.enabled() else 1)
     for kernel in found:
         with jit.thread_limit(threads):
-            attrs = {"block": 64, "group": matrix.group}
+            attrs = {"block": 64, "group": matrix.group, "activations": activations}
             out = kernel([x, matrix.arrays["q"], matrix.arrays["scale"]], attrs)[0]
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(
