@@ -1,8 +1,12 @@
-"""A reconnect storm against the trivial grpc.aio peer alone (no Django servicer, no database): how
-many of --streams WatchHints streams (one mutual-TLS connection each, --in-flight handshakes at
-once) are held, how many end and with which status, and the peer's RSS, in a few minutes.
+"""A reconnect storm against the trivial grpc.aio peer alone (no Django servicer, no database), or
+with --gateway against ``manage.py gateway`` (a scratch PostgreSQL database of enrolled devices):
+how many of --streams WatchHints streams (one mutual-TLS connection each, --in-flight handshakes
+at once) end before the report and with which status, what the server's own metrics counted
+(the gateway's ferry_gateway_rpcs_total for WatchHints: a status there was seen by its
+handler), and the server's RSS, in a few minutes.
 
     .venv/bin/python bench/fleet_storm.py --streams 10000 [--option grpc.some_arg=value ...]
+    FERRY_DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/fleet_storm.py --gateway
 
 It separates what grpc does to a storm from what the gateway does: bench/fleet_load.py's storm
 runs the same client (bench/fleet_clients.py --storm) against the real gateway.  Certificates
@@ -12,6 +16,7 @@ come from a device CA made in a temporary data directory; device ids are random.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -25,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
 from bench.fleet_load import _rss_mb, _settled_rss  # noqa: E402  (after the path setup)
+from bench.scratch_database import scratch_database  # noqa: E402
 
 CLIENTS = str(ROOT / "bench" / "fleet_clients.py")
 
@@ -61,13 +67,41 @@ def _start(command: list[str], spec: dict, marker: str) -> tuple[subprocess.Pope
     return process, line
 
 
-def run(args) -> dict:
+def _gateway(data_dir: str, identities_wanted: int) -> tuple[list, subprocess.Popen, str, int]:
+    """Enrolled devices in the scratch database and ``manage.py gateway`` serving them."""
+    from ferry_cloud.stack import free_port
+
+    from bench import checkin_load
+
+    identities = checkin_load._fleet(identities_wanted, identities_wanted)
+    metrics_port = free_port()
+    env = {**os.environ, "FERRY_LOG_LEVEL": "WARNING", "FERRY_DATA_DIR": data_dir}
+    env["FERRY_GATEWAY_WATCH_SECONDS"] = "3600"  # no stream reaches its lifetime in the run
+    command = checkin_load._gateway_command()[:-2] + ["--metrics-port", str(metrics_port)]
+    process, address = checkin_load._start(command, env, "listening on ")
+    return identities, process, address, metrics_port
+
+
+def _watch_counts(metrics_port: int) -> dict[str, float]:
+    """The gateway's WatchHints calls by status so far, from its Prometheus endpoint."""
+    import requests
+
+    text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=120).text
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("ferry_gateway_rpcs_total{") and 'method="AgentGateway/WatchHints"' in line:
+            code = line.split('code="', 1)[1].split('"', 1)[0]
+            counts[code] = float(line.split()[-1])
+    return counts
+
+
+def run(args, data_dir: str) -> dict:
     import django
 
     django.setup()
     from django.conf import settings
+    from django.db import connections
 
-    identities = _identities(args.streams)
     ca_pem = Path(settings.FERRY_DEVICE_CA_CERT_FILE).read_text()
     peer_spec = {
         "ca_pem": ca_pem,
@@ -76,10 +110,16 @@ def run(args) -> dict:
         "workers": 16,
         "options": [_option(o) for o in args.option],
     }
-    peer, line = _start([sys.executable, CLIENTS, "--trivial-streams"], peer_spec, "listening on ")
-    address = line.split("listening on ", 1)[1].split()[0]
+    metrics_port = 0
+    if args.gateway:
+        identities, server, address, metrics_port = _gateway(data_dir, args.streams)
+        connections.close_all()
+    else:
+        identities = _identities(args.streams)
+        server, line = _start([sys.executable, CLIENTS, "--trivial-streams"], peer_spec, "listening on ")
+        address = line.split("listening on ", 1)[1].split()[0]
     try:
-        idle = _rss_mb(peer.pid)
+        idle = _rss_mb(server.pid)
         storm_spec = {
             "ca_pem": ca_pem,
             "address": address,
@@ -89,21 +129,24 @@ def run(args) -> dict:
         }
         storm, called_line = _start([sys.executable, CLIENTS, "--storm"], storm_spec, "called")
         called = json.loads(called_line)
-        held = _settled_rss(peer.pid)
+        held = _settled_rss(server.pid)
         time.sleep(args.hold)
         storm.stdin.write(json.dumps({"waves": []}) + "\n")
         storm.stdin.flush()
         report = json.loads(storm.stdout.readline())
         storm.wait(timeout=120)
+        handled = _watch_counts(metrics_port) if metrics_port else {}
     finally:
-        peer.stdin.close()
-        peer.terminate()
-        peer.wait(timeout=60)
+        server.stdin.close()
+        server.terminate()
+        server.wait(timeout=60)
     return {
+        "server": "gateway" if args.gateway else "trivial grpc.aio",
         "streams": args.streams,
-        "options": peer_spec["options"],
+        "options": peer_spec["options"] if not args.gateway else "the gateway's",
         "calls_seconds": round(called["seconds"], 1),
         "ended_before_report": report["ended"],
+        "watch_calls_by_status_at_the_server": handled,
         "rss_idle_mb": round(idle, 1),
         "rss_mb": round(held, 1),
         "kb_per_stream": round(1024 * (held - idle) / args.streams, 1),
@@ -118,11 +161,16 @@ def main() -> int:
         "--hold", type=float, default=30.0, help="seconds to hold the streams after RSS settles"
     )
     parser.add_argument("--option", action="append", default=[], help="a grpc server option name=value")
+    parser.add_argument("--gateway", action="store_true", help="storm manage.py gateway instead of the peer")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")
-    with tempfile.TemporaryDirectory(prefix="ferry-storm-") as data_dir:
+    with contextlib.ExitStack() as stack:
+        data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="ferry-storm-"))
         os.environ["FERRY_DATA_DIR"] = data_dir
-        print(json.dumps(run(args)))
+        if args.gateway:
+            url = os.environ.get("FERRY_DATABASE_URL", "")
+            os.environ["FERRY_DATABASE_URL"] = stack.enter_context(scratch_database(url, "storm"))
+        print(json.dumps(run(args, data_dir)))
     return 0
 
 
