@@ -101,7 +101,9 @@ def run(args, data_dir: str) -> dict:
     django.setup()
     from django.conf import settings
     from django.db import connections
+    from ferry_cloud.device_ca import ensure_device_pki
 
+    ensure_device_pki()  # the CA and the server's certificate, before they are read
     ca_pem = Path(settings.FERRY_DEVICE_CA_CERT_FILE).read_text()
     peer_spec = {
         "ca_pem": ca_pem,
