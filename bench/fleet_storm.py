@@ -67,8 +67,9 @@ def _start(command: list[str], spec: dict, marker: str) -> tuple[subprocess.Pope
     return process, line
 
 
-def _gateway(data_dir: str, identities_wanted: int) -> tuple[list, subprocess.Popen, str, int]:
-    """Enrolled devices in the scratch database and ``manage.py gateway`` serving them."""
+def _gateway(data_dir: str, identities_wanted: int, tree: str) -> tuple[list, subprocess.Popen, str, int]:
+    """Enrolled devices in the scratch database and ``manage.py gateway`` (of ``tree``, default
+    this checkout) serving them."""
     from ferry_cloud.stack import free_port
 
     from bench import checkin_load
@@ -77,7 +78,9 @@ def _gateway(data_dir: str, identities_wanted: int) -> tuple[list, subprocess.Po
     metrics_port = free_port()
     env = {**os.environ, "FERRY_LOG_LEVEL": "WARNING", "FERRY_DATA_DIR": data_dir}
     env["FERRY_GATEWAY_WATCH_SECONDS"] = "3600"  # no stream reaches its lifetime in the run
-    command = checkin_load._gateway_command()[:-2] + ["--metrics-port", str(metrics_port)]
+    root = Path(tree).resolve() if tree else ROOT
+    env["PYTHONPATH"] = f"{root}{os.pathsep}{root / 'platform'}"
+    command = checkin_load._gateway_command(root)[:-2] + ["--metrics-port", str(metrics_port)]
     process, address = checkin_load._start(command, env, "listening on ")
     return identities, process, address, metrics_port
 
@@ -114,7 +117,7 @@ def run(args, data_dir: str) -> dict:
     }
     metrics_port = 0
     if args.gateway:
-        identities, server, address, metrics_port = _gateway(data_dir, args.streams)
+        identities, server, address, metrics_port = _gateway(data_dir, args.streams, args.tree)
         connections.close_all()
     else:
         identities = _identities(args.streams)
@@ -133,17 +136,18 @@ def run(args, data_dir: str) -> dict:
         called = json.loads(called_line)
         held = _settled_rss(server.pid)
         time.sleep(args.hold)
+        # before the storm ends: its teardown cancels every stream the handler is running
+        handled = _watch_counts(metrics_port) if metrics_port else {}
         storm.stdin.write(json.dumps({"waves": []}) + "\n")
         storm.stdin.flush()
         report = json.loads(storm.stdout.readline())
         storm.wait(timeout=120)
-        handled = _watch_counts(metrics_port) if metrics_port else {}
     finally:
         server.stdin.close()
         server.terminate()
         server.wait(timeout=60)
     return {
-        "server": "gateway" if args.gateway else "trivial grpc.aio",
+        "server": f"gateway {args.tree}".strip() if args.gateway else "trivial grpc.aio",
         "streams": args.streams,
         "options": peer_spec["options"] if not args.gateway else "the gateway's",
         "calls_seconds": round(called["seconds"], 1),
@@ -164,6 +168,9 @@ def main() -> int:
     )
     parser.add_argument("--option", action="append", default=[], help="a grpc server option name=value")
     parser.add_argument("--gateway", action="store_true", help="storm manage.py gateway instead of the peer")
+    parser.add_argument(
+        "--tree", default="", help="--gateway: the gateway of this checkout (e.g. before a change)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")
     with contextlib.ExitStack() as stack:
