@@ -12,7 +12,6 @@ kernel spreads new connections over them; hints reach every process through Redi
 from __future__ import annotations
 
 import asyncio
-import gc
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -85,11 +84,6 @@ class GatewayServer:
 
     def start(self) -> None:
         self._call(self._start())
-        # Django, the models and grpc make a heap of long-lived objects that every full garbage
-        # collection would walk again, and a busy gateway allocates enough per call to trigger
-        # them: collected once here, then left out of later collections (gc.freeze).
-        gc.collect()
-        gc.freeze()
 
     async def _start(self) -> None:
         self.hub.start(asyncio.get_running_loop())
