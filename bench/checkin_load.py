@@ -51,6 +51,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 from bench.scratch_database import scratch_database  # noqa: E402  (after the path setup)
 
 ATTRIBUTES = {"hardware": "bench", "os": "linux", "agent_version": "bench"}
+# the optional rows beside the trivial threaded server and the gateway (--only picks some)
+ROWS = ("trivial-aio", "uncached", "floor")
 
 
 def _pin(core: int) -> None:
@@ -158,8 +160,40 @@ def _trivial(spec: dict) -> None:
     server.stop(grace=None)
 
 
+def _trivial_aio(spec: dict) -> None:
+    """The trivial server on grpc.aio (the gateway's server kind): an async CheckIn returning a
+    constant, no interceptor: the ceiling of an event-loop gRPC server in Python."""
+    import asyncio
+
+    import grpc
+
+    from deploy.proto import agent_pb2, agent_pb2_grpc
+
+    _pin(0)
+
+    class Trivial(agent_pb2_grpc.AgentGatewayServicer):
+        async def CheckIn(self, request, context):  # noqa: N802 (gRPC's name)
+            return agent_pb2.CheckInResponse(checkin_interval_seconds=30)
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        agent_pb2_grpc.add_AgentGatewayServicer_to_server(Trivial(), server)
+        credentials = grpc.ssl_server_credentials(
+            [(spec["key_pem"].encode(), spec["cert_pem"].encode())],
+            root_certificates=spec["ca_pem"].encode(),
+            require_client_auth=True,
+        )
+        port = server.add_secure_port("127.0.0.1:0", credentials)
+        await server.start()
+        print(f"trivial-aio listening on 127.0.0.1:{port}", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await server.stop(grace=None)
+
+    asyncio.run(serve())
+
+
 def _floor(spec: dict) -> None:
-    """The gateway's own server (gateway.server.build_server: its thread pool, interceptors,
+    """The gateway's own server (gateway.server.build_server: its event loop, interceptors,
     enrolment port and health service) with a CheckIn that returns a constant: the floor a
     check-in of the real servicer stands on."""
     import django
@@ -167,15 +201,15 @@ def _floor(spec: dict) -> None:
     _pin(0)
     django.setup()
     from gateway import server as gateway_server
-    from gateway.servicer import AgentGatewayServicer
+    from gateway.watch import AioGatewayServicer
 
     from deploy.proto import agent_pb2
 
-    class Floor(AgentGatewayServicer):
-        def CheckIn(self, request, context):
+    class Floor(AioGatewayServicer):
+        async def CheckIn(self, request, context):  # noqa: N802 (gRPC's name)
             return agent_pb2.CheckInResponse(checkin_interval_seconds=30)
 
-    gateway_server.AgentGatewayServicer = Floor  # this process only: it serves nothing else
+    gateway_server.AioGatewayServicer = Floor  # this process only: it serves nothing else
     server, port = gateway_server.build_server("127.0.0.1:0")
     server.start()
     print(f"floor listening on 127.0.0.1:{port}", flush=True)
@@ -293,24 +327,32 @@ def _run(args, data_dir: str) -> list[dict]:
         "cert_pem": Path(settings.FERRY_GATEWAY_TLS_CERT_FILE).read_text(),
         "workers": 16,  # gateway.server.build_server's default
     }
+    only = set((getattr(args, "only", "") or ",".join(ROWS)).split(","))
     try:
         process, address = _start([sys.executable, __file__, "--trivial"], env, "listening on ", trivial_spec)
         servers["trivial"] = ("trivial gRPC (mTLS)", process, address)
-        # without REDIS_URL there is no fleet generation, so this one computes every answer
-        uncached_env = {k: v for k, v in env.items() if k != "REDIS_URL"}
-        process, address = _start(_gateway_command(), uncached_env, "listening on ")
-        servers["uncached"] = ("gateway, computed (no Redis)", process, address)
+        if "trivial-aio" in only:
+            command = [sys.executable, __file__, "--trivial-aio"]
+            process, address = _start(command, env, "listening on ", trivial_spec)
+            servers["trivial-aio"] = ("trivial grpc.aio (mTLS)", process, address)
+        if "uncached" in only:
+            # without REDIS_URL there is no fleet generation, so this one computes every answer
+            uncached_env = {k: v for k, v in env.items() if k != "REDIS_URL"}
+            process, address = _start(_gateway_command(), uncached_env, "listening on ")
+            servers["uncached"] = ("gateway, computed (no Redis)", process, address)
         before = getattr(args, "before_tree", "")
         if before:  # the same run, another checkout's gateway (e.g. main before this change)
             tree = Path(before).resolve()
             before_env = dict(env, PYTHONPATH=f"{tree}{os.pathsep}{tree / 'platform'}")
             process, address = _start(_gateway_command(tree), before_env, "listening on ")
             servers["before"] = (f"gateway at {tree.name} (before)", process, address)
-        if getattr(args, "floor", True):
+        if "floor" in only and getattr(args, "floor", True):
             process, address = _start([sys.executable, __file__, "--floor"], env, "listening on ", {})
             servers["floor"] = ("gateway server, constant CheckIn", process, address)
         process, address = _start(_gateway_command(), env, "listening on ")
         servers["gateway"] = ("gateway (mTLS, PG)", process, address)
+        if getattr(args, "pids", ""):  # for a profiler: which process is which
+            Path(args.pids).write_text(json.dumps({k: v[1].pid for k, v in servers.items()}))
         rows: dict[str, list[dict]] = {}
         for _ in range(args.rounds):  # alternate, so a neighbour's load hits all alike
             for key, (name, process, address) in servers.items():
@@ -341,6 +383,9 @@ def main() -> int:
     if sys.argv[1:] == ["--trivial"]:
         _trivial(json.loads(sys.stdin.readline()))
         return 0
+    if sys.argv[1:] == ["--trivial-aio"]:
+        _trivial_aio(json.loads(sys.stdin.readline()))
+        return 0
     if sys.argv[1:] == ["--floor"]:
         sys.stdin.readline()
         _floor({})
@@ -359,6 +404,10 @@ def main() -> int:
         "--rate", type=float, default=1000.0, help="offered check-ins/s of the latency rows (0: none)"
     )
     parser.add_argument("--before-tree", default="", help="also run the gateway of this checkout")
+    parser.add_argument(
+        "--only", default="", help=f"optional rows to run, comma-separated, of {','.join(ROWS)}"
+    )
+    parser.add_argument("--pids", default="", help="write the servers' process ids (JSON) to this file")
     parser.add_argument(
         "--correctness", action="store_true", help="a release and a rollback under load (PASS/FAIL)"
     )

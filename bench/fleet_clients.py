@@ -188,7 +188,10 @@ async def _trivial_streams(spec: dict) -> None:
             return
             yield  # an async generator, as the gateway's
 
-    server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(max_workers=spec["workers"]))
+    server = grpc.aio.server(
+        migration_thread_pool=futures.ThreadPoolExecutor(max_workers=spec["workers"]),
+        options=[tuple(option) for option in spec.get("options", ())],  # bench/fleet_storm.py varies them
+    )
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(Waiting(), server)
     credentials = grpc.ssl_server_credentials(
         [(spec["key_pem"].encode(), spec["cert_pem"].encode())],

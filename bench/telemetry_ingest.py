@@ -80,6 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=40_000, help="records per row of the table")
     parser.add_argument("--devices", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=1, help="gateway rows: measured this many times each")
+    parser.add_argument("--before-tree", default="", help="also measure the gateway of this checkout")
+    parser.add_argument("--gateway-only", action="store_true", help="only the gateway rows")
     args = parser.parse_args()
     url = os.environ.get("FERRY_DATABASE_URL", "")
     if not url:
@@ -153,14 +156,17 @@ def _run(args) -> list[dict]:
         ("service", service),
         ("validate+service", validated),
     ):
+        if args.gateway_only:
+            break
         seq_base["n"] += 10_000_000
         rows.append(_measure(name, args.records, run))
-    seq_base["n"] += 10_000_000
-    rows.append(_gateway_row(args, org, now, texts, seq_base["n"]))
+    rows += _gateway_rows(args, org, now, texts, seq_base)
+    stored_rows = len(rows)
     connection.close()
-    rows += _postgres_rows(args, devices, now, texts)
+    if not args.gateway_only:
+        rows += _postgres_rows(args, devices, now, texts)
     stored = TelemetryRecord.objects.count()
-    expected = sum(r["records"] + BATCH for r in rows[:4])
+    expected = sum(r["records"] + BATCH * r.get("runs", 1) for r in rows[:stored_rows])
     if stored != expected:
         print(f"warning: {stored} rows stored, expected {expected}", file=sys.stderr)
     return rows
@@ -196,8 +202,30 @@ def _process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _gateway_row(args, org, now: float, texts: list[str], seq_base: int) -> dict:
-    """The real gateway (manage.py gateway) in its own process; CPU is that process's alone."""
+def _gateway_rows(args, org, now: float, texts: list[str], seq_base: dict) -> list[dict]:
+    """This checkout's gateway, and --before-tree's when given, --rounds times each, alternating
+    (a neighbour's load hits both alike); per gateway the median round, runs counted."""
+    trees = [("gateway process (gRPC)", ROOT)]
+    if args.before_tree:
+        tree = Path(args.before_tree).resolve()
+        trees.append((f"gateway at {tree.name} (before)", tree))
+    runs: dict[str, list[dict]] = {}
+    for _ in range(args.rounds):
+        for name, tree in trees:
+            seq_base["n"] += 10_000_000
+            runs.setdefault(name, []).append(_gateway_row(args, org, now, texts, seq_base["n"], tree, name))
+    rows = []
+    for measured in runs.values():
+        median = sorted(measured, key=lambda r: r["cpu_us"])[len(measured) // 2]
+        records = sum(r["records"] for r in measured)
+        rows.append(dict(median, records=records, runs=len(measured)))
+    return rows
+
+
+def _gateway_row(
+    args, org, now: float, texts: list[str], seq_base: int, tree: Path = ROOT, name: str = ""
+) -> dict:
+    """The real gateway (manage.py gateway of ``tree``) in its own process; CPU is that process's."""
     import subprocess
 
     from django.conf import settings
@@ -211,15 +239,20 @@ def _gateway_row(args, org, now: float, texts: list[str], seq_base: int) -> dict
     gateway = subprocess.Popen(
         [
             sys.executable,
-            str(ROOT / "manage.py"),
+            str(tree / "manage.py"),
             "gateway",
             "--address",
             "127.0.0.1:0",
             "--metrics-port",
             "0",
         ],
-        cwd=ROOT,
-        env={**os.environ, "FERRY_LOG_LEVEL": "WARNING"},
+        cwd=tree,
+        env={
+            **os.environ,
+            "FERRY_LOG_LEVEL": "WARNING",
+            "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'platform'}",
+            "FERRY_DATA_DIR": str(settings.DATA_DIR),  # this checkout's device CA, for every tree
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -262,7 +295,7 @@ def _gateway_row(args, org, now: float, texts: list[str], seq_base: int) -> dict
         wall, cpu = time.perf_counter() - wall, _process_cpu_seconds(gateway.pid) - cpu
         records = batches * BATCH
         return {
-            "name": "gateway process (gRPC)",
+            "name": name or "gateway process (gRPC)",
             "records": records,
             "per_s": records / wall,
             "cpu_us": 1e6 * cpu / records,

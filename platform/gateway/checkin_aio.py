@@ -21,8 +21,8 @@ from ferry_cloud.errors import DomainError
 
 from deploy.proto import agent_pb2
 from gateway.errors import status_for
+from gateway.interceptors import call_device_id
 from gateway.servicer import add_key_rotations
-from gateway.tls import peer_device_id
 
 
 class Aborted(Exception):
@@ -66,14 +66,14 @@ async def check_in(
 ) -> agent_pb2.CheckInResponse:
     """``known.answer`` inline when it needs no I/O (not hinted: a hint makes it read Redis),
     else ``body`` (the synchronous check-in, key rotations included) in ``pool``."""
-    thread_context = ThreadContext(context.auth_context())
-    device_id = peer_device_id(thread_context)
-    if device_id is not None and not request.hinted:
-        response = known.answer(device_id, request)
+    if not request.hinted:
+        device_id = call_device_id(context)  # read once per call, by the interceptor
+        response = known.answer(device_id, request) if device_id is not None else None
         if response is not None:
             # a stat of the rotation file (cached by its identity), as the synchronous path does
             add_key_rotations(response, request.key_rotation_sequence)
             return response
+    thread_context = ThreadContext(context.auth_context())
     loop = asyncio.get_running_loop()
     try:
         return await loop.run_in_executor(pool, _in_thread, body, request, thread_context)

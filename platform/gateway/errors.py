@@ -36,7 +36,7 @@ def abort_with(context: grpc.ServicerContext, exc: DomainError) -> None:
 class DomainErrorInterceptor(grpc.ServerInterceptor):
     """Turns a DomainError raised anywhere in a call (streams included) into its status."""
 
-    cacheable = True  # the same wrapping for every call: wrapping.ForAio keeps it per method
+    cacheable = True  # the same wrapping for every call: wrapping.add_intercepted applies it once
 
     def intercept_service(self, continuation, handler_call_details):
         return wrap_handler(continuation(handler_call_details), _unary, _streaming)

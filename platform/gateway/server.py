@@ -27,7 +27,7 @@ from gateway.hints import HintHub
 from gateway.interceptors import ObservabilityInterceptor
 from gateway.tls import enrol_address_for, server_credentials
 from gateway.watch import AioGatewayServicer
-from gateway.wrapping import ForAio, wrap_handler
+from gateway.wrapping import add_intercepted, wrap_handler
 
 START_SECONDS = 30.0
 ORM_THREADS = 4
@@ -42,7 +42,7 @@ class ReleaseDatabaseConnections(grpc.ServerInterceptor):
     past CONN_MAX_AGE (or broken), so gateway threads do not pin database sessions.  Async
     behaviours run on the event loop, which holds no connection: they pass unwrapped."""
 
-    cacheable = True  # the same wrapping for every call: wrapping.ForAio keeps it per method
+    cacheable = True  # the same wrapping for every call: wrapping.add_intercepted applies it once
 
     def intercept_service(self, continuation, handler_call_details):
         return wrap_handler(continuation(handler_call_details), _unary, _streaming)
@@ -170,19 +170,16 @@ def build_server(
 async def _listen(gateway: GatewayServer, address: str, enrol_address: str, workers: int) -> tuple[int, int]:
     """Create the aio server on its loop (grpc.aio binds a server to the loop it is made on)."""
     gateway.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gateway")
-    server = grpc.aio.server(
-        migration_thread_pool=gateway.pool,
-        options=SERVER_OPTIONS,
-        # outermost first: the metrics and the log line cover the connection release too
-        # one aio interceptor for the three: one handler lookup and one await per call, not three
-        interceptors=[
-            ForAio(ObservabilityInterceptor(), DomainErrorInterceptor(), ReleaseDatabaseConnections()),
-        ],
-    )
+    server = grpc.aio.server(migration_thread_pool=gateway.pool, options=SERVER_OPTIONS)
     gateway.server = server
+    # wrapped once per method at registration, not as grpc.aio interceptors (a coroutine pipeline
+    # per call); outermost first: the metrics and the log line cover the connection release too
+    interceptors = (ObservabilityInterceptor(), DomainErrorInterceptor(), ReleaseDatabaseConnections())
     servicer = AioGatewayServicer(gateway.hub, pool=gateway.pool)
-    agent_pb2_grpc.add_AgentGatewayServicer_to_server(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(gateway.health.servicer, server)
+    add_intercepted(agent_pb2_grpc.add_AgentGatewayServicer_to_server, servicer, server, interceptors)
+    add_intercepted(
+        health_pb2_grpc.add_HealthServicer_to_server, gateway.health.servicer, server, interceptors
+    )
     port = server.add_secure_port(address, server_credentials(require_client_certificate=True))
     if port == 0:
         raise RuntimeError(f"cannot listen on {address}")

@@ -29,7 +29,7 @@ from registry import storage
 from registry.models import Artifact
 from releases.assignments import assignment_for, package_assigned_to
 from releases.device_status import device_status_record, update_report_from
-from telemetry.schema import RecordRefused, check_batch, validate_record
+from telemetry.schema import check_batch, validate_batch
 from telemetry.services import telemetry_ingest
 
 from deploy.proto import agent_pb2, agent_pb2_grpc
@@ -231,20 +231,8 @@ class AgentGatewayServicer(agent_pb2_grpc.AgentGatewayServicer):
         close_old_connections()
         device = _device(context)
         check_batch(records=len(request.records), message_bytes=request.ByteSize())  # Invalid: whole call
-        valid, rejected = [], []
-        for r in request.records:
-            try:
-                valid.append(
-                    validate_record(
-                        seq=r.seq,
-                        kind=r.kind,
-                        timestamp=r.timestamp,
-                        version_id=r.version_id,
-                        payload_json=r.payload_json,
-                    )
-                )
-            except RecordRefused as refusal:
-                rejected.append(agent_pb2.RejectedRecord(seq=r.seq, reason=str(refusal)))
+        valid, refused = validate_batch(request.records)
+        rejected = [agent_pb2.RejectedRecord(seq=seq, reason=reason) for seq, reason in refused]
         if rejected:
             log.info(
                 "device %s: %d telemetry records refused, e.g. %r",

@@ -11,7 +11,7 @@ gives none for passes through unwrapped.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -67,35 +67,67 @@ def _pick(behaviour: Callable, plain: Wrap, awaited: Wrap | None, async_stream: 
     return plain
 
 
-class ForAio(grpc.aio.ServerInterceptor):
-    """grpc.ServerInterceptors written in the wrap_handler style, installed on a grpc.aio server
-    (which accepts only grpc.aio.ServerInterceptor): the handler is resolved asynchronously once,
-    then the interceptors wrap it exactly as they would on a synchronous server, the first
-    outermost.  One ForAio for several costs one await per call instead of one each."""
+class _Details(grpc.HandlerCallDetails):
+    """What an interceptor is told of a method when it wraps it at registration: its name (no
+    call's metadata: a cacheable interceptor's wrapping does not depend on one)."""
 
-    def __init__(self, *interceptors: grpc.ServerInterceptor) -> None:
-        self.interceptors = interceptors[::-1]  # innermost wraps first
-        # interceptors whose wrapping depends on the handler and method name only (``cacheable``)
-        # wrap each method once: method name -> (the handler, wrapped)
-        self.cacheable = all(getattr(i, "cacheable", False) for i in interceptors)
-        self._wrapped: dict[str, tuple[object, object]] = {}
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.invocation_metadata = ()
 
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if not self.cacheable:
-            return self._wrap(handler, handler_call_details)
-        cached = self._wrapped.get(handler_call_details.method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler, handler_call_details)
-        if handler is not None:
-            self._wrapped[handler_call_details.method] = (handler, wrapped)
-        return wrapped
 
-    def _wrap(self, handler, handler_call_details):
-        for interceptor in self.interceptors:
-            handler = interceptor.intercept_service(_Resolved(handler), handler_call_details)
-        return handler
+class _Registrar:
+    """Stands in for the server while a generated add_*Servicer_to_server registers a servicer:
+    keeps its method handlers (the generic handler it also adds holds the same ones)."""
+
+    def __init__(self) -> None:
+        self.services: list[tuple[str, dict[str, grpc.RpcMethodHandler]]] = []
+
+    def add_generic_rpc_handlers(self, _handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.services.append((service, handlers))
+
+
+def add_intercepted(
+    add: Callable[[object, object], None],
+    servicer: object,
+    server: grpc.aio.Server,
+    interceptors: Sequence[grpc.ServerInterceptor],
+) -> None:
+    """Register ``servicer`` on ``server`` (``add`` is the generated add_*Servicer_to_server) with
+    each method's handler wrapped once, now, by ``interceptors`` (the first outermost), instead
+    of installing them as grpc.aio interceptors: those run per call (an interceptor pipeline of
+    coroutines and a handler lookup each time), these cost nothing per call but the wrappers.
+
+    Only interceptors whose wrapping depends on the handler and the method's name alone
+    (``cacheable = True``) can be applied this way."""
+    for interceptor in interceptors:
+        if not getattr(interceptor, "cacheable", False):
+            raise ValueError(
+                f"{type(interceptor).__name__} wraps per call: it cannot be applied at registration"
+            )
+    registrar = _Registrar()
+    add(servicer, registrar)
+    for service, handlers in registrar.services:
+        wrapped = {
+            name: _intercept(handler, f"/{service}/{name}", interceptors)
+            for name, handler in handlers.items()
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
+        server.add_registered_method_handlers(service, wrapped)
+
+
+def _intercept(
+    handler: grpc.RpcMethodHandler, method: str, interceptors: Sequence[grpc.ServerInterceptor]
+) -> grpc.RpcMethodHandler:
+    details = _Details(method)
+    for interceptor in reversed(interceptors):  # the innermost wraps first
+        handler = interceptor.intercept_service(_Resolved(handler), details)
+    return handler
 
 
 class _Resolved:

@@ -72,11 +72,29 @@ def _ingest_by_copy(device: Device, records: list[ValidRecord]) -> set[int]:
     with connection.cursor() as cursor:
         cursor.execute(_CREATE_STAGING)
         with cursor.cursor.copy(_COPY) as copy:
-            for r in records:
-                text = r.payload_json or json.dumps(r.payload)
-                copy.write_row((r.seq, r.kind, r.timestamp, r.version_id, text))
+            copy.write(copy_text(records))  # one buffer: psycopg's write_row costs more per row
         cursor.execute(_MOVE, [device.pk, timezone.now()])
         return {seq for (seq,) in cursor.fetchall()}
+
+
+def copy_text(records: list[ValidRecord]) -> str:
+    """The records as the rows of COPY's text format (tab-separated, a line each): the payload
+    is the JSON text as received, escaped only where it holds what the format reserves."""
+    return "".join(
+        [
+            f"{r.seq}\t{_escaped(r.kind)}\t{float(r.timestamp)!r}\t{_escaped(r.version_id)}\t"
+            f"{_escaped(r.payload_json or json.dumps(r.payload))}\n"
+            for r in records
+        ]
+    )
+
+
+def _escaped(text: str) -> str:
+    """A COPY text field: backslash, tab, newline and carriage return escaped (JSON may hold
+    backslashes in its strings and raw tabs and newlines between its tokens)."""
+    if "\\" in text or "\t" in text or "\n" in text or "\r" in text:
+        return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return text
 
 
 def _ingest_by_orm(device: Device, fresh: dict[int, ValidRecord]) -> set[int]:

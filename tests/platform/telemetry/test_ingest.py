@@ -150,3 +150,25 @@ def _as_floats(value):
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     return value
+
+
+def test_what_copy_text_reserves_is_stored_as_sent(org):
+    # the COPY rows are built as text: a backslash (JSON's escapes) and raw tabs, newlines and
+    # carriage returns (whitespace JSON allows between tokens) must reach PostgreSQL unharmed
+    device = _device(org, name="copy-text")
+    texts = [
+        '{"path": "C:\\\\temp\\\\x", "quote": "say \\"hi\\"", "nl": "a\\nb"}',
+        '{\t"a":\n1,\r\n"b"\t:\t[2,\n3]}',
+        '{"tab\\tkey": "\\\\t is not a tab", "backslash_n": "\\\\n"}',
+    ]
+    records = [
+        validate_record(
+            seq=seq, kind="event", timestamp=time.time(), version_id="v1.2_x:y", payload_json=text
+        )
+        for seq, text in enumerate(texts, start=1)
+    ]
+    assert telemetry_ingest(device=device, records=records).stored == [1, 2, 3]
+    for record, text in zip(records, texts, strict=True):
+        stored = TelemetryRecord.objects.get(device=device, seq=record.seq)
+        assert stored.payload == json.loads(text)
+        assert stored.version_id == "v1.2_x:y"

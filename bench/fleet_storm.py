@@ -1,0 +1,187 @@
+"""A reconnect storm against the trivial grpc.aio peer alone (no Django servicer, no database), or
+with --gateway against ``manage.py gateway`` (a scratch PostgreSQL database of enrolled devices):
+how many of --streams WatchHints streams (one mutual-TLS connection each, --in-flight handshakes
+at once) end before the report and with which status, what the server's own metrics counted
+(the gateway's ferry_gateway_rpcs_total for WatchHints: a status there was seen by its
+handler), and the server's RSS, in a few minutes.
+
+    .venv/bin/python bench/fleet_storm.py --streams 10000 [--option grpc.some_arg=value ...]
+    FERRY_DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/fleet_storm.py --gateway
+
+It separates what grpc does to a storm from what the gateway does: bench/fleet_load.py's storm
+runs the same client (bench/fleet_clients.py --storm) against the real gateway.  Certificates
+come from a device CA made in a temporary data directory; device ids are random.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
+
+from bench.fleet_load import _rss_mb, _settled_rss  # noqa: E402  (after the path setup)
+from bench.scratch_database import scratch_database  # noqa: E402
+
+CLIENTS = str(ROOT / "bench" / "fleet_clients.py")
+
+
+def _identities(count: int) -> list[tuple[str, str]]:
+    from ferry_cloud.device_ca import device_ca
+
+    from deploy.trust import certificates
+
+    ca = device_ca()
+    pems = []
+    for _ in range(count):
+        key = certificates.create_private_key()
+        issued = certificates.sign_client_certificate(
+            ca, certificates.create_csr(key), device_id=str(uuid.uuid4())
+        )
+        pems.append((key.decode(), issued.certificate_pem.decode()))
+    return pems
+
+
+def _option(text: str) -> list:
+    name, _, value = text.partition("=")
+    return [name, int(value) if value.lstrip("-").isdigit() else value]
+
+
+def _start(command: list[str], spec: dict, marker: str) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    process.stdin.write(json.dumps(spec) + "\n")
+    process.stdin.flush()
+    line = process.stdout.readline()
+    if marker not in line:
+        process.kill()
+        raise RuntimeError(f"did not start: {line!r}")
+    return process, line
+
+
+def _gateway(data_dir: str, identities_wanted: int, tree: str) -> tuple[list, subprocess.Popen, str, int]:
+    """Enrolled devices in the scratch database and ``manage.py gateway`` (of ``tree``, default
+    this checkout) serving them."""
+    from ferry_cloud.stack import free_port
+
+    from bench import checkin_load
+
+    identities = checkin_load._fleet(identities_wanted, identities_wanted)
+    metrics_port = free_port()
+    env = {**os.environ, "FERRY_LOG_LEVEL": "WARNING", "FERRY_DATA_DIR": data_dir}
+    env["FERRY_GATEWAY_WATCH_SECONDS"] = "3600"  # no stream reaches its lifetime in the run
+    root = Path(tree).resolve() if tree else ROOT
+    env["PYTHONPATH"] = f"{root}{os.pathsep}{root / 'platform'}"
+    command = checkin_load._gateway_command(root)[:-2] + ["--metrics-port", str(metrics_port)]
+    process, address = checkin_load._start(command, env, "listening on ")
+    return identities, process, address, metrics_port
+
+
+def _watch_counts(metrics_port: int) -> dict[str, float]:
+    """The gateway's WatchHints calls by status so far, from its Prometheus endpoint."""
+    import requests
+
+    text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=120).text
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("ferry_gateway_rpcs_total{") and 'method="AgentGateway/WatchHints"' in line:
+            code = line.split('code="', 1)[1].split('"', 1)[0]
+            counts[code] = float(line.split()[-1])
+    return counts
+
+
+def run(args, data_dir: str) -> dict:
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.db import connections
+    from ferry_cloud.device_ca import ensure_device_pki
+
+    ensure_device_pki()  # the CA and the server's certificate, before they are read
+    ca_pem = Path(settings.FERRY_DEVICE_CA_CERT_FILE).read_text()
+    peer_spec = {
+        "ca_pem": ca_pem,
+        "key_pem": Path(settings.FERRY_GATEWAY_TLS_KEY_FILE).read_text(),
+        "cert_pem": Path(settings.FERRY_GATEWAY_TLS_CERT_FILE).read_text(),
+        "workers": 16,
+        "options": [_option(o) for o in args.option],
+    }
+    metrics_port = 0
+    if args.gateway:
+        identities, server, address, metrics_port = _gateway(data_dir, args.streams, args.tree)
+        connections.close_all()
+    else:
+        identities = _identities(args.streams)
+        server, line = _start([sys.executable, CLIENTS, "--trivial-streams"], peer_spec, "listening on ")
+        address = line.split("listening on ", 1)[1].split()[0]
+    try:
+        idle = _rss_mb(server.pid)
+        storm_spec = {
+            "ca_pem": ca_pem,
+            "address": address,
+            "identities": identities,
+            "in_flight": args.in_flight,
+            "settle_seconds": 1.0,
+        }
+        storm, called_line = _start([sys.executable, CLIENTS, "--storm"], storm_spec, "called")
+        called = json.loads(called_line)
+        held = _settled_rss(server.pid)
+        time.sleep(args.hold)
+        # before the storm ends: its teardown cancels every stream the handler is running
+        handled = _watch_counts(metrics_port) if metrics_port else {}
+        storm.stdin.write(json.dumps({"waves": []}) + "\n")
+        storm.stdin.flush()
+        report = json.loads(storm.stdout.readline())
+        storm.wait(timeout=120)
+    finally:
+        server.stdin.close()
+        server.terminate()
+        server.wait(timeout=60)
+    return {
+        "server": f"gateway {args.tree}".strip() if args.gateway else "trivial grpc.aio",
+        "streams": args.streams,
+        "options": peer_spec["options"] if not args.gateway else "the gateway's",
+        "calls_seconds": round(called["seconds"], 1),
+        "ended_before_report": report["ended"],
+        "watch_calls_by_status_at_the_server": handled,
+        "rss_idle_mb": round(idle, 1),
+        "rss_mb": round(held, 1),
+        "kb_per_stream": round(1024 * (held - idle) / args.streams, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=10_000)
+    parser.add_argument("--in-flight", type=int, default=500, help="connections being set up at once")
+    parser.add_argument(
+        "--hold", type=float, default=30.0, help="seconds to hold the streams after RSS settles"
+    )
+    parser.add_argument("--option", action="append", default=[], help="a grpc server option name=value")
+    parser.add_argument("--gateway", action="store_true", help="storm manage.py gateway instead of the peer")
+    parser.add_argument(
+        "--tree", default="", help="--gateway: the gateway of this checkout (e.g. before a change)"
+    )
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")
+    with contextlib.ExitStack() as stack:
+        data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="ferry-storm-"))
+        os.environ["FERRY_DATA_DIR"] = data_dir
+        if args.gateway:
+            url = os.environ.get("FERRY_DATABASE_URL", "")
+            os.environ["FERRY_DATABASE_URL"] = stack.enter_context(scratch_database(url, "storm"))
+        print(json.dumps(run(args, data_dir)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
