@@ -68,8 +68,10 @@ class Session:
     """A loaded model.  Not thread-safe: use one Session per thread.
 
     ``threads`` caps the BLAS thread pool during runs (default: every core), and the JIT
-    kernels' threads.  ``jit`` (default: whether numba is installed and ``FERRY_JIT`` is not
-    0) lets the kernel search consider JIT kernels; ``jit=False`` runs numpy kernels only.
+    kernels' threads; planned runs use one thread instead where their recent runs found that
+    faster (a busy machine: ``engine.plan_threads``).  ``jit`` (default: whether numba is
+    installed and ``FERRY_JIT`` is not 0) lets the kernel search consider JIT kernels;
+    ``jit=False`` runs numpy kernels only.
     Creating a Session with the JIT tier compiles its kernels (or loads them from numba's
     on-disk cache, see ``engine.jit``), so no run pays for that.  ``verify`` as in
     ``engine.format.read_package`` (False for a graph inside a package already verified whole).
@@ -103,7 +105,8 @@ class Session:
         self._weights = package.weights
         self._check_specs_match_graph()
         self._plans = PlanCache()
-        self._thread_choice = ThreadChoice(threads)  # planned runs: ``threads``, or 1 where faster
+        # per plan (input shapes): each one's runs on ``threads`` and on 1, for the faster
+        self._thread_choices: dict[Signature, ThreadChoice] = {}
         self._records: dict[Signature, Record] = {}  # first runs awaiting their plan
         self.jit = jit_tier.enabled() if jit is None else bool(jit) and jit_tier.enabled()
         self._search = KernelSearch(_digest(package.manifest, package.graph), threads, self.jit)
@@ -200,12 +203,17 @@ class Session:
     def _run_plan(
         self, plan: Plan, arrays: dict[str, np.ndarray], feeds: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
-        """A planned run on the thread count ``ThreadChoice`` picks, timed for it."""
-        threads = self._thread_choice.pick()
+        """A planned run on the thread count its ``ThreadChoice`` picks, timed for it."""
+        choice = self._thread_choices.get(plan.signature)
+        if choice is None:
+            choice = self._thread_choices[plan.signature] = ThreadChoice(self.threads)
+            while len(self._thread_choices) > self._plans.capacity:  # as the plans: bounded
+                self._thread_choices.pop(next(iter(self._thread_choices)))
+        threads = choice.pick()
         start = time.perf_counter()
         with _threadpools().limit(limits=threads), jit_tier.thread_limit(threads):
             env = _execute_plan(plan, self._program.constants, arrays, None)
-        self._thread_choice.record(threads, time.perf_counter() - start)
+        choice.record(threads, time.perf_counter() - start)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}
 
     def _execute_program(

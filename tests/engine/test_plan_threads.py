@@ -62,4 +62,5 @@ def test_a_two_thread_session_gives_the_same_results_on_either_count(tmp_path):
     for _ in range(2 + 2 * pt.FIRST_SAMPLES + 2):  # record, plan, then the sampled runs
         got = next(iter(session.run(feeds).values()))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    assert all(len(session._thread_choice.times[n]) >= pt.FIRST_SAMPLES for n in (2, 1))
+    (choice,) = session._thread_choices.values()  # one plan: one input shape
+    assert all(len(choice.times[n]) >= pt.FIRST_SAMPLES for n in (2, 1))
