@@ -21,6 +21,7 @@ from engine.errors import EngineError, InputError, NodeExecutionError, PackageEr
 from engine.format import read_package, release_pages
 from engine.ops.registry import kernel_name
 from engine.plan import Plan, PlanCache, Signature
+from engine.plan_threads import ThreadChoice
 from engine.planner import PlannedStep, Record, Recorder
 from engine.program import Program, Step, compile_program
 from engine.search import KernelSearch
@@ -67,8 +68,10 @@ class Session:
     """A loaded model.  Not thread-safe: use one Session per thread.
 
     ``threads`` caps the BLAS thread pool during runs (default: every core), and the JIT
-    kernels' threads.  ``jit`` (default: whether numba is installed and ``FERRY_JIT`` is not
-    0) lets the kernel search consider JIT kernels; ``jit=False`` runs numpy kernels only.
+    kernels' threads; planned runs use one thread instead where their recent runs found that
+    faster (a busy machine: ``engine.plan_threads``).  ``jit`` (default: whether numba is
+    installed and ``FERRY_JIT`` is not 0) lets the kernel search consider JIT kernels;
+    ``jit=False`` runs numpy kernels only.
     Creating a Session with the JIT tier compiles its kernels (or loads them from numba's
     on-disk cache, see ``engine.jit``), so no run pays for that.  ``verify`` as in
     ``engine.format.read_package`` (False for a graph inside a package already verified whole).
@@ -102,6 +105,8 @@ class Session:
         self._weights = package.weights
         self._check_specs_match_graph()
         self._plans = PlanCache()
+        # per plan (input shapes): each one's runs on ``threads`` and on 1, for the faster
+        self._thread_choices: dict[Signature, ThreadChoice] = {}
         self._records: dict[Signature, Record] = {}  # first runs awaiting their plan
         self.jit = jit_tier.enabled() if jit is None else bool(jit) and jit_tier.enabled()
         self._search = KernelSearch(_digest(package.manifest, package.graph), threads, self.jit)
@@ -162,6 +167,8 @@ class Session:
         # buffers shared between values holds for every later run of the signature
         arrays = {name: _c_order(np.asarray(value)) for name, value in feeds.items()}
         plan = self._plans.get(signature)
+        if plan is not None and on_node is None and not debug.enabled():
+            return self._run_plan(plan, arrays, feeds)
         with _threadpools().limit(limits=self.threads), jit_tier.thread_limit(self.threads):
             if plan is None and signature in self._records and not debug.enabled():
                 # Second run of a signature: plan now (search, packing), so the first result
@@ -191,6 +198,22 @@ class Session:
                         self._records.pop(next(iter(self._records)))
             else:
                 env = _execute_plan(plan, self._program.constants, arrays, on_node)
+        return {name: _owned(env[name], feeds) for name in self._program.outputs}
+
+    def _run_plan(
+        self, plan: Plan, arrays: dict[str, np.ndarray], feeds: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """A planned run on the thread count its ``ThreadChoice`` picks, timed for it."""
+        choice = self._thread_choices.get(plan.signature)
+        if choice is None:
+            choice = self._thread_choices[plan.signature] = ThreadChoice(self.threads)
+            while len(self._thread_choices) > self._plans.capacity:  # as the plans: bounded
+                self._thread_choices.pop(next(iter(self._thread_choices)))
+        threads = choice.pick()
+        start = time.perf_counter()
+        with _threadpools().limit(limits=threads), jit_tier.thread_limit(threads):
+            env = _execute_plan(plan, self._program.constants, arrays, None)
+        choice.record(threads, time.perf_counter() - start)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}
 
     def _execute_program(
