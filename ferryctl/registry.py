@@ -113,17 +113,29 @@ def _timed_out(version: dict, timeout: float) -> int:
 @versions.command("upload")
 def versions_upload(
     model: Annotated[str, typer.Argument(help="The model's id or name.")],
-    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="An ONNX file.")],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            exists=True, dir_okay=False, readable=True, help="An ONNX file, or a tar/zip of a checkpoint."
+        ),
+    ],
     label: Annotated[str, typer.Option(help="The version's label, e.g. v1.2.")],
     quantize: Annotated[str | None, typer.Option(help="Weight precision (e.g. int8, int4).")] = None,
+    kind: Annotated[
+        str | None, typer.Option(help="onnx (default), llm, diffusion or llm_adapter (a PEFT tar/zip).")
+    ] = None,
+    base: Annotated[
+        str | None, typer.Option(help="With --kind llm_adapter: the id of the llm version it was trained on.")
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the conversion is done.")] = False,
     timeout: Annotated[float, typer.Option(help="--wait gives up after this many seconds.")] = 1800,
     interval: Annotated[float, typer.Option(help="--wait polls this often (seconds).")] = 1.0,
     as_json: JsonOption = False,
 ) -> None:
-    """Upload an ONNX model as a new version; the server converts it into a package."""
+    """Upload a model as a new version; the server converts it into a package."""
     ferry = connect()
-    version = _upload(ferry, model_id(ferry, model), file, label, {"quantize": quantize}, as_json)
+    options = {"quantize": quantize, "kind": kind, "base": base}
+    version = _upload(ferry, model_id(ferry, model), file, label, options, as_json)
     if wait:
         version = wait_converted(ferry, version, interval, timeout, as_json)
     show_record(version, VERSION_DETAIL, as_json)

@@ -165,3 +165,20 @@ def test_login_writes_a_private_config_that_later_commands_use(ferryctl, live_se
 def test_an_unreachable_server_exits_1(ferryctl):
     down = ferryctl("devices", "list", env={"FERRY_URL": "http://127.0.0.1:9"})
     assert down.code == 1 and "Cannot reach" in down.stderr
+
+
+@pytest.mark.slow
+def test_upload_passes_kind_and_base_to_the_server(ferryctl, conversion_worker, tmp_path, live_server, admin):
+    """--kind llm_adapter --base reach the server: an ONNX version is no adapter's base."""
+    assert ferryctl("models", "create", "chat", "--json").code == 0
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(onnx_bytes())
+    uploaded = ferryctl("versions", "upload", "chat", str(onnx), "--label", "v1", "--wait", "--json")
+    assert uploaded.code == 0, uploaded.stderr
+    onnx_version = uploaded.json()["id"]
+    adapter = ferryctl(
+        "versions", "upload", "chat", str(onnx), "--label", "pirate", "--kind", "llm_adapter",
+        "--base", onnx_version, "--json",
+    )  # fmt: skip
+    assert adapter.code != 0
+    assert "is a onnx version; an adapter's base is an llm version" in adapter.stderr
