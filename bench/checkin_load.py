@@ -135,6 +135,18 @@ def _load(spec: dict) -> dict:
 # --- the trivial server (its own process) ----------------------------------------------------
 
 
+def mtls_server_credentials(spec: dict):
+    """The trivial servers' mutual TLS: the gateway's key and certificate, client certificates
+    required and checked against the fleet's CA, as the gateway does."""
+    import grpc  # noqa: PLC0415
+
+    return grpc.ssl_server_credentials(
+        [(spec["key_pem"].encode(), spec["cert_pem"].encode())],
+        root_certificates=spec["ca_pem"].encode(),
+        require_client_auth=True,
+    )
+
+
 def _trivial(spec: dict) -> None:
     import grpc
 
@@ -148,11 +160,7 @@ def _trivial(spec: dict) -> None:
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=spec["workers"]))
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(Trivial(), server)
-    credentials = grpc.ssl_server_credentials(
-        [(spec["key_pem"].encode(), spec["cert_pem"].encode())],
-        root_certificates=spec["ca_pem"].encode(),
-        require_client_auth=True,
-    )
+    credentials = mtls_server_credentials(spec)
     port = server.add_secure_port("127.0.0.1:0", credentials)
     server.start()
     print(f"trivial listening on 127.0.0.1:{port}", flush=True)
@@ -178,11 +186,7 @@ def _trivial_aio(spec: dict) -> None:
     async def serve() -> None:
         server = grpc.aio.server()
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(Trivial(), server)
-        credentials = grpc.ssl_server_credentials(
-            [(spec["key_pem"].encode(), spec["cert_pem"].encode())],
-            root_certificates=spec["ca_pem"].encode(),
-            require_client_auth=True,
-        )
+        credentials = mtls_server_credentials(spec)
         port = server.add_secure_port("127.0.0.1:0", credentials)
         await server.start()
         print(f"trivial-aio listening on 127.0.0.1:{port}", flush=True)

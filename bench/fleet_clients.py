@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 
-from bench.checkin_load import _pin  # noqa: E402  (after the path setup)
+from bench.checkin_load import _pin, mtls_server_credentials  # noqa: E402  (after the path setup)
 from bench.telemetry_ingest import BATCH, _payload  # noqa: E402
 
 STREAM_TIMEOUT_SECONDS = 900.0
@@ -193,11 +193,7 @@ async def _trivial_streams(spec: dict) -> None:
         options=[tuple(option) for option in spec.get("options", ())],  # bench/fleet_storm.py varies them
     )
     agent_pb2_grpc.add_AgentGatewayServicer_to_server(Waiting(), server)
-    credentials = grpc.ssl_server_credentials(
-        [(spec["key_pem"].encode(), spec["cert_pem"].encode())],
-        root_certificates=spec["ca_pem"].encode(),
-        require_client_auth=True,
-    )
+    credentials = mtls_server_credentials(spec)
     port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
     print(f"trivial streams listening on 127.0.0.1:{port}", flush=True)
