@@ -20,20 +20,23 @@ HARDWARE = ("jetson", "generic", "generic")  # agent-0 takes a jetson-only versi
 
 @contextmanager
 def release_environment(
-    tmp_path: Path, database: str, *, checkin_seconds: int, gate_seconds: float = 1
+    tmp_path: Path, database: str, *, checkin_seconds: int, gate_seconds: float | None = 1
 ) -> Iterator[dict[str, str]]:
     """The control plane's environment: its own database (dropped after), data under tmp_path,
-    quick check-ins, the health gate evaluated every ``gate_seconds`` by beat."""
+    quick check-ins, the health gate evaluated every ``gate_seconds`` by beat (None: the
+    default interval)."""
     redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
     with own_database(database) as database_url:
-        yield {
+        environment = {
             "FERRY_DATA_DIR": str(tmp_path / "data"),
             "FERRY_DATABASE_URL": database_url,
             "FERRY_S3_BUCKET": "",
             "FERRY_CHECKIN_INTERVAL_SECONDS": str(checkin_seconds),
-            "FERRY_GATE_INTERVAL_SECONDS": str(gate_seconds),
             "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
         }
+        if gate_seconds is not None:
+            environment["FERRY_GATE_INTERVAL_SECONDS"] = str(gate_seconds)
+        yield environment
 
 
 def start_agents(

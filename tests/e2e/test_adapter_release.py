@@ -14,10 +14,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import redis
 from ferry_cloud.stack import RestClient, Stack, free_port
 
-from tests.e2e.helpers import bootstrap_admin, own_database, wait_until
+from tests.e2e.fleet_stack import release_environment
+from tests.e2e.helpers import bootstrap_admin, wait_until
 from tests.engine.llm.checkpoints import write_checkpoint, write_peft
 from tests.platform.registry.test_checkpoint_uploads import tar_of
 
@@ -28,15 +28,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.services]
 
 @pytest.fixture
 def environment(tmp_path: Path):
-    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
-    with own_database("ferry_adapter_e2e") as database_url:
-        yield {
-            "FERRY_DATA_DIR": str(tmp_path / "data"),
-            "FERRY_DATABASE_URL": database_url,
-            "FERRY_S3_BUCKET": "",
-            "FERRY_CHECKIN_INTERVAL_SECONDS": "2",
-            "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
-        }
+    with release_environment(
+        tmp_path, "ferry_adapter_e2e", checkin_seconds=2, gate_seconds=None
+    ) as environment:
+        yield environment
 
 
 def _upload(api: RestClient, name: str, archive: bytes, **fields: str) -> dict:

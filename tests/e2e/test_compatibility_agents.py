@@ -13,11 +13,11 @@ import os
 from pathlib import Path
 
 import pytest
-import redis
 from ferry_cloud.stack import RestClient, RestError, Stack, free_port
 
 from converter.samples import build_image_classifier
-from tests.e2e.helpers import bootstrap_admin, own_database, wait_until
+from tests.e2e.fleet_stack import release_environment
+from tests.e2e.helpers import bootstrap_admin, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = {"fleet": "compat"}
@@ -27,15 +27,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.services]
 
 @pytest.fixture
 def environment(tmp_path: Path):
-    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
-    with own_database("ferry_compat_e2e") as database_url:
-        yield {
-            "FERRY_DATA_DIR": str(tmp_path / "data"),
-            "FERRY_DATABASE_URL": database_url,
-            "FERRY_S3_BUCKET": "",
-            "FERRY_CHECKIN_INTERVAL_SECONDS": "2",
-            "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
-        }
+    with release_environment(
+        tmp_path, "ferry_compat_e2e", checkin_seconds=2, gate_seconds=None
+    ) as environment:
+        yield environment
 
 
 def _upload(api: RestClient, model_id: int, label: str, **shape) -> str:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import redis
 from ferry_cloud.stack import RestClient, Stack, free_port
 
 from converter.samples import build_image_classifier
 from deploy.rollout import bucket
-from tests.e2e.helpers import bootstrap_admin, own_database, wait_until
+from tests.e2e.fleet_stack import release_environment
+from tests.e2e.helpers import bootstrap_admin, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = {"fleet": "e2e"}
@@ -31,16 +31,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.services]
 @pytest.fixture
 def environment(tmp_path: Path):
     """A database and a Redis db of its own, local file storage, fast check-ins and gate evaluations."""
-    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
-    with own_database("ferry_rollout") as database_url:
-        yield {
-            "FERRY_DATA_DIR": str(tmp_path / "data"),
-            "FERRY_DATABASE_URL": database_url,
-            "FERRY_S3_BUCKET": "",
-            "FERRY_CHECKIN_INTERVAL_SECONDS": "2",
-            "FERRY_GATE_INTERVAL_SECONDS": "1",
-            "FERRY_RELEASE_KEY_FILE": str(tmp_path / "data" / "release.key"),
-        }
+    with release_environment(tmp_path, "ferry_rollout", checkin_seconds=2, gate_seconds=1) as environment:
+        yield environment
 
 
 def _upload(api: RestClient, model_id: int, label: str) -> str:
