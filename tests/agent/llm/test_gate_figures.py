@@ -6,23 +6,28 @@ HTTP from a real package whose chat template breaks on multi-turn chats: its hea
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import tarfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from agent.adapters import AdapterFigures
+from agent.adapters import AdapterFigures, AdapterMeter, InstalledAdapter
+from agent.llm_api.chat_request import ChatRequest
+from agent.llm_api.errors import ApiError
 from agent.llm_api.health import llm_health_check
 from agent.llm_api.images import Figures as ImageFigures
 from agent.llm_api.server import LlmApiServer
 from agent.llm_api.service import LlmService
 from converter.llm.convert import convert_llm
+from converter.llm.lora import convert_lora
 from deploy.package.signing import generate_keypair
 from deploy.package.verify import verify_and_unpack
 from deploy.package.writer import sign_package
-from tests.engine.llm.checkpoints import write_checkpoint
+from tests.engine.llm.checkpoints import write_checkpoint, write_peft
 
 # a template that renders one-turn chats and raises on longer ones (as a real template that
 # refuses a role order does): the package passes its health check and fails in service
@@ -44,9 +49,13 @@ def break_multi_turn(checkpoint: Path) -> None:
 @pytest.fixture(scope="module")
 def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("llm-gates")
-    write_checkpoint(root / "ckpt", "llama", max_position_embeddings=64)
+    config, _ = write_checkpoint(root / "ckpt", "llama", max_position_embeddings=64)
     break_multi_turn(root / "ckpt")
     convert_llm(root / "ckpt", root / "m.ferry", weights="int4")
+    write_peft(root / "pirate", config, seed=1, alpha=16.0)  # an adapter of this base, for the meter
+    convert_lora(root / "pirate", root / "m.ferry", root / "pirate.ferry")
+    with tarfile.open(root / "pirate.ferry") as tar:
+        tar.extractall(root / "pirate-unpacked", filter="data")
     keys = generate_keypair()
     sign_package(root / "m.ferry", root / "s.ferry", keys.private_key)
     verify_and_unpack(root / "s.ferry", root / "unpacked", keys.public_key)
@@ -109,6 +118,24 @@ def test_the_figures_reset_when_taken_and_fit_the_telemetry_schema(unpacked: Pat
     )
     assert record.payload["errors"] == 1 and record.payload["inferences"] == 0
     assert service.take_figures()["errors"] == 0
+
+
+def test_an_adapter_release_reads_its_own_requests_errors_and_latency(unpacked: Path) -> None:
+    service = LlmService(unpacked, name="m")
+    service.add_adapter("pirate", unpacked.parent / "pirate-unpacked")
+    installed = InstalledAdapter(name="pirate", version_id="v-pirate", base_digest="")
+    meter = AdapterMeter(service, {"pirate": installed})
+    ask = ChatRequest(messages=ONE_TURN, model="pirate", max_tokens=3, temperature=0)
+    assert meter.complete(ask).completion_tokens >= 1
+    with pytest.raises(ApiError) as failed:
+        meter.complete(dataclasses.replace(ask, messages=TWO_TURNS))
+    assert failed.value.status == 500
+    meter.complete(dataclasses.replace(ask, model="m"))  # the base's request: not the adapter's
+    [(adapter, figures)] = meter.take_adapter_figures()
+    assert adapter.version_id == "v-pirate" and figures["inferences"] == 1 and figures["errors"] == 1
+    assert figures["latency_ms_p95"] > 0 and sum(figures["latency_ms_histogram"].values()) == 1
+    base = service.take_figures()  # the service counts every request it served, adapters included
+    assert base["inferences"] == 2 and base["errors"] == 1
 
 
 def test_adapter_and_image_figures_carry_the_gate_fields() -> None:
