@@ -22,13 +22,14 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent.errors import ActivationError, IncompatibleModel
 from agent.files import read_json, write_json_atomic
 from agent.llm_api.host import LlmHost
+from agent.llm_api.service import gate_figures
 
 log = logging.getLogger(__name__)
 
@@ -181,9 +182,12 @@ class AdapterFigures:
     errors: int = 0
     prompt_tokens: int = 0
     tokens_generated: int = 0
+    ttft: list[float] = field(default_factory=list)  # seconds, one per served request
 
-    def summary(self) -> dict[str, int]:
+    def summary(self) -> dict[str, Any]:
         return {
+            # what the release gates read: the adapter's own release is gated on its own traffic
+            **gate_figures(self.requests, self.errors, self.ttft),
             "llm_requests": self.requests,
             "llm_errors": self.errors,
             "llm_prompt_tokens": self.prompt_tokens,
@@ -226,15 +230,18 @@ class AdapterMeter:
             prompt_tokens=completion.prompt_tokens,
             tokens_generated=completion.completion_tokens,
         )
+        if completion.time_to_first_token is not None:
+            with self._lock:
+                self._figures[request.model].ttft.append(completion.time_to_first_token)
         return completion
 
     def _count(self, name: str, **amounts: int) -> None:
         with self._lock:
             figures = self._figures[name]
-            for field, amount in amounts.items():
-                setattr(figures, field, getattr(figures, field) + amount)
+            for counter, amount in amounts.items():
+                setattr(figures, counter, getattr(figures, counter) + amount)
 
-    def take_adapter_figures(self) -> list[tuple[InstalledAdapter, dict[str, int]]]:
+    def take_adapter_figures(self) -> list[tuple[InstalledAdapter, dict[str, Any]]]:
         """Each served adapter and its figures since the last call."""
         with self._lock:
             taken, self._figures = self._figures, {name: AdapterFigures() for name in self._figures}
@@ -273,6 +280,6 @@ class AdapterHost(LlmHost):
         """The adapters served now, by model name."""
         return dict(self.service.installed) if isinstance(self.service, AdapterMeter) else {}
 
-    def take_adapter_figures(self) -> list[tuple[InstalledAdapter, dict[str, int]]]:
+    def take_adapter_figures(self) -> list[tuple[InstalledAdapter, dict[str, Any]]]:
         service = self.service
         return service.take_adapter_figures() if isinstance(service, AdapterMeter) else []

@@ -29,6 +29,7 @@ from typing import Any
 
 from agent.errors import ActivationError
 from agent.llm_api.errors import ApiError, ClientGone, invalid, json_object
+from agent.llm_api.service import gate_figures
 
 IMAGES_PATH = "/v1/images/generations"
 DEFAULT_QUEUE_BOUND = 4
@@ -163,6 +164,8 @@ class Figures:
 
     def summary(self) -> dict[str, Any]:
         return {
+            # the release gates' fields: an image is an inference, its latency the whole generation
+            **gate_figures(self.images, self.errors, self.total_seconds),
             "image_requests": self.images,
             "image_errors": self.errors,
             "image_seconds_per_step": round(self.step_seconds / self.steps, 4) if self.steps else None,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.inference import latency_histogram, percentile
 from agent.llm_api.chat_request import ChatRequest
 from agent.llm_api.errors import ApiError, ClientGone, invalid
 from agent.llm_api.template import ChatTemplate, TemplateError
@@ -62,6 +63,7 @@ class Figures:
     def summary(self) -> dict[str, Any]:
         ttft = sorted(self.ttft)
         return {
+            **gate_figures(self.requests, self.errors, self.ttft),
             "llm_requests": self.requests,
             "llm_errors": self.errors,
             "llm_prompt_tokens": self.prompt_tokens,
@@ -74,6 +76,22 @@ class Figures:
             ),
             "llm_decode_tokens_per_second": _rate(self.decode_steps, self.decode_seconds),
         }
+
+
+def gate_figures(served: int, failed: int, latencies_s: list[float]) -> dict[str, Any]:
+    """The fields a vision model's metrics record carries and the release gates read
+    (deploy/gates.py): ``inferences`` counts served requests only, ``errors`` the requests that
+    failed on the device's side, and the latency figures are of ``latencies_s`` (for a chat
+    model its time to first token, which does not grow with the answer's length)."""
+    latencies_ms = [1000 * s for s in latencies_s]
+    p50, p95 = percentile(latencies_ms, 50), percentile(latencies_ms, 95)
+    return {
+        "inferences": served,
+        "errors": failed,
+        "latency_ms_p50": None if p50 is None else round(p50, 4),
+        "latency_ms_p95": None if p95 is None else round(p95, 4),
+        "latency_ms_histogram": latency_histogram(latencies_ms),
+    }
 
 
 def _rate(count: int, seconds: float) -> float | None:
@@ -90,6 +108,7 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # leading prompt tokens reused from the last request's cache
+    time_to_first_token: float | None = None  # seconds; for the adapters' figures, not the body
 
     def body(self) -> dict[str, Any]:
         return {
@@ -208,6 +227,21 @@ class LlmService:
 
     def complete(self, request: ChatRequest, on_text: Callable[[str], None] | None = None) -> Completion:
         """Run ``request`` when its turn comes (429 at once when the queue is full)."""
+        try:
+            return self._complete(request, on_text)
+        except ClientGone:
+            raise  # the client left: nothing failed here
+        except ApiError as exc:
+            # 4xx (bad request, unknown model, context too long, queue full) are the client's or
+            # the load's, not the release's; a 5xx (the package's template fails) is an error
+            if exc.status >= 500:
+                self.count_error()
+            raise
+        except Exception:
+            self.count_error()  # the engine failed: the server answers 500
+            raise
+
+    def _complete(self, request: ChatRequest, on_text: Callable[[str], None] | None) -> Completion:
         adapter = self._adapter(request.model)
         prompt = self.prompt_tokens(request.messages)
         room = self.context_length - len(prompt)
@@ -262,11 +296,6 @@ class LlmService:
             )
         except ContextLimitError as exc:
             raise invalid(str(exc), "context_length_exceeded") from exc
-        except ClientGone:
-            raise
-        except Exception:
-            self.count_error()
-            raise
         with self._figures_lock:
             f = self._figures
             f.requests += 1
@@ -286,9 +315,11 @@ class LlmService:
             prompt_tokens=len(prompt),
             completion_tokens=len(result.tokens),
             cached_tokens=result.reused_tokens,
+            time_to_first_token=result.time_to_first_token,
         )
 
     def count_error(self) -> None:
+        """One request that failed on the device's side (the server answered 5xx)."""
         with self._figures_lock:
             self._figures.errors += 1
 
