@@ -11,8 +11,12 @@ each per token instead of three and two).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import numpy as np
+
+from engine import jit
 
 from engine.llm.cache import KVCache
 from engine.llm.checkpoint import Checkpoint
@@ -98,6 +102,7 @@ class LlmModel:
         self._inv_freq = config.inv_freq()
         self._scale = np.float32(1.0 / np.sqrt(config.head_dim))
         self._decode_attention = None
+        self._fused: DecodeBuffers | None | bool = None  # None: not tried yet; False: numpy only
 
     def new_cache(self, context: int | None = None, kind: str = "fp32") -> KVCache:
         """A cache of ``context`` positions (default: the model's), "fp32" or "int8" (cache.py)."""
@@ -119,6 +124,10 @@ class LlmModel:
                 f"token ids must be in [0, {self.config.vocab_size}); got {tokens.min()}..{tokens.max()}"
             )
         cache.reserve(tokens.size)
+        fused = self._decode_buffers() if tokens.size == 1 and adapter is None else None
+        if fused is not None:  # decode: the JIT layer kernels (engine/llm/layer_jit.py)
+            logits = self._decode(int(tokens[0]), cache, fused)
+            return logits[None, :] if all_logits else logits
         outputs = []
         for start in range(0, tokens.size, PREFILL_BLOCK):
             hidden = self._step(tokens[start : start + PREFILL_BLOCK], cache, adapter)
@@ -154,6 +163,37 @@ class LlmModel:
         cache.record(start, tokens)
         return x
 
+    def _decode_buffers(self) -> DecodeBuffers | None:
+        """The fused decode path's buffers, made once; None when the JIT tier is off."""
+        if self._fused is None:
+            self._fused = (
+                DecodeBuffers(self.config, jit.module("engine.llm.layer_jit")) if jit.enabled() else False
+            )
+        return self._fused or None
+
+    def _decode(self, token: int, cache: KVCache, fused: DecodeBuffers) -> np.ndarray:
+        """One token through every layer with the fused kernels (``_step``'s m == 1 twin); its logits."""
+        c, k, layers = self.config, fused.kernels, self.weights.layers
+        start = cache.length
+        angles = start * self._inv_freq
+        cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        x, a, q, attended, hidden = fused.x, fused.a, fused.q, fused.attended, fused.hidden
+        x[:] = self.weights.embed.rows(np.array([token]))[0]
+        k.add_norm(x, fused.empty, fused.empty, layers[0].input_norm, c.rms_norm_eps, a)
+        for index, layer in enumerate(layers):
+            qkv = layer.qkv.gemv(a)
+            bias = fused.empty if layer.qkv_bias is None else layer.qkv_bias
+            arrays = cache.decode_inputs(index)
+            attend = k.attend if len(arrays) == 2 else k.attend_int8
+            attend(qkv, bias, cos, sin, c.num_kv_heads, start, self._scale, q, *arrays, attended)
+            o_bias = fused.empty if layer.o_bias is None else layer.o_bias
+            k.add_norm(x, layer.o.gemv(attended), o_bias, layer.post_norm, c.rms_norm_eps, a)
+            k.swiglu(layer.gate_up.gemv(a), hidden)
+            after = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.norm
+            k.add_norm(x, layer.down.gemv(hidden), fused.empty, after, c.rms_norm_eps, a)
+        cache.record(start, np.array([token], np.int64))
+        return self.weights.lm_head.gemv(a)
+
     def _attention(self, q: np.ndarray, cache: KVCache, index: int, start: int, m: int) -> np.ndarray:
         """Causal grouped-query attention of m queries at positions start.. over the cache."""
         c = self.config
@@ -178,6 +218,20 @@ class LlmModel:
         scores /= scores.sum(axis=-1, keepdims=True)
         out = np.matmul(scores, values).reshape(c.num_kv_heads, group, m, c.head_dim)
         return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(m, c.num_heads * c.head_dim))
+
+
+class DecodeBuffers:
+    """Per-model scratch of the fused decode path, allocated once (not per step)."""
+
+    def __init__(self, config: LlmConfig, kernels: ModuleType) -> None:
+        hidden, d = config.hidden_size, config.head_dim
+        self.kernels: Any = kernels
+        self.x = np.empty(hidden, np.float32)  # the residual stream
+        self.a = np.empty(hidden, np.float32)  # its normalized form, the next GEMV's input
+        self.q = np.empty((config.num_heads, d), np.float32)
+        self.attended = np.empty(config.num_heads * d, np.float32)
+        self.hidden = np.empty(config.intermediate_size, np.float32)
+        self.empty = np.empty(0, np.float32)  # "no bias"
 
 
 def _project(matrix: Matrix, x: np.ndarray, bias: np.ndarray | None, delta: LowRank | None) -> np.ndarray:

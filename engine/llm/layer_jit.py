@@ -1,0 +1,135 @@
+"""A decode step's non-GEMV work per layer as three JIT kernels (numba), for engine/llm/model.py.
+
+In numpy a SmolLM2-135M decode step spent ~4.5 ms of ~14 outside its GEMVs (1 thread): RMSNorm,
+RoPE, the cache write, SwiGLU and residual adds are ~25 small array operations per layer whose
+call overhead and temporaries, not arithmetic, are the cost.  Here a layer is
+    qkv GEMV -> ``attend`` (bias, RoPE on q and k, cache write, attention)
+    -> o GEMV -> ``add_norm`` (x += o + bias; b = RMSNorm(x))
+    -> gate/up GEMV -> ``swiglu`` -> down GEMV -> ``add_norm`` (x += down; the next norm)
+with every buffer preallocated once per model (model.py's ``DecodeBuffers``); the last
+``add_norm`` applies the next layer's input norm, or after the last layer the final norm.
+The numpy twin is model.py's ``_step`` (FERRY_JIT=0, prefill, LoRA adapters); the int8 cache
+write rounds exactly as cache.py's ``_quantize`` (no fastmath there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numba
+from numba import types
+
+from engine import jit
+from engine.llm.attention_jit import _decode_attention, _decode_attention_int8
+
+_F32, _I64 = types.float32, types.int64
+_IN = jit.array(_F32, 1, "C", readonly=True)
+_OUT = jit.array(_F32, 1, "C")
+_CACHE = jit.array(_F32, 3, "C")
+_CACHE8 = jit.array(types.int8, 3, "C")
+_SCALES = jit.array(_F32, 2, "C")
+_ROPE = (_IN, _IN, _IN, _IN, _I64)  # qkv, bias (empty: none), cos, sin [d/2] at the position, kv heads
+_INT8_MAX = np.float32(127.0)
+
+
+@jit.njit([types.void(_OUT, _IN, _IN, _IN, types.float64, _OUT)])
+def add_norm(x, delta, bias, weight, eps, out):  # noqa: ANN001, ANN202
+    """x += delta (+ bias, when not empty), in place; out = RMSNorm(x) * weight.  An empty
+    ``delta`` only normalizes (the first layer's input)."""
+    total = 0.0  # float64: 576 squares summed without the order mattering
+    for i in range(x.size):
+        if delta.size:
+            x[i] += delta[i] + (bias[i] if bias.size else np.float32(0.0))
+        total += np.float64(x[i]) * x[i]
+    inverse = np.float32(1.0 / np.sqrt(np.float32(total / x.size) + eps))
+    for i in range(x.size):
+        out[i] = x[i] * inverse * weight[i]
+
+
+@jit.njit([types.void(_IN, _OUT)], fastmath={"nsz", "arcp", "contract", "afn", "reassoc"})
+def swiglu(gate_up, out):  # noqa: ANN001, ANN202
+    """gate_up = [gate, up] -> out = silu(gate) * up."""
+    n = out.size
+    for i in range(n):
+        g = gate_up[i]
+        out[i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[n + i]
+
+
+@numba.njit(inline="always", cache=True)
+def _rotate(qkv, bias, cos, sin, offset, out):  # noqa: ANN001, ANN202
+    """out[0:d] = RoPE(qkv[offset:offset+d] + bias) (rotate-half form, transformers')."""
+    half = cos.size
+    for i in range(half):
+        x1, x2 = qkv[offset + i], qkv[offset + half + i]
+        if bias.size:
+            x1 += bias[offset + i]
+            x2 += bias[offset + half + i]
+        out[i] = x1 * cos[i] - x2 * sin[i]
+        out[half + i] = x2 * cos[i] + x1 * sin[i]
+
+
+@numba.njit(inline="always", cache=True)
+def _rope_q(qkv, bias, cos, sin, q):  # noqa: ANN001, ANN202
+    d = q.shape[1]
+    for h in range(q.shape[0]):
+        _rotate(qkv, bias, cos, sin, h * d, q[h])
+
+
+@numba.njit(inline="always", cache=True)
+def _value(qkv, bias, index):  # noqa: ANN001, ANN202
+    return qkv[index] + bias[index] if bias.size else qkv[index]
+
+
+@jit.njit([types.void(*_ROPE, _I64, _F32, jit.array(_F32, 2, "C"), _CACHE, _CACHE, _OUT)])
+def attend(qkv, bias, cos, sin, kv_heads, position, scale, q, keys, values, out):  # noqa: ANN001, ANN202
+    """One decode position over a float32 cache: q [H, d] and the new key get RoPE, the key and
+    value are written at ``position`` of keys/values [KV, context, d], and out [H * d] is the
+    attention over positions 0..position (attention_jit's kernel)."""
+    heads, d = q.shape
+    _rope_q(qkv, bias, cos, sin, q)
+    base = heads * d
+    for g in range(kv_heads):
+        _rotate(qkv, bias, cos, sin, base + g * d, keys[g, position])
+        start = base + kv_heads * d + g * d
+        row = values[g, position]
+        for i in range(d):
+            row[i] = _value(qkv, bias, start + i)
+    _decode_attention(q, keys, values, position + 1, scale, out)
+
+
+@numba.njit(inline="always", cache=True)
+def _quantize_into(x, q, scales, g, position):  # noqa: ANN001, ANN202
+    """cache.py's ``_quantize`` for one vector: scale = max|x| / 127, q = rint(x * 127 / max)."""
+    largest = np.float32(0.0)
+    for i in range(x.size):
+        largest = max(largest, abs(x[i]))
+    scales[g, position] = largest / _INT8_MAX
+    inverse = _INT8_MAX / max(largest, np.float32(1e-30))
+    row = q[g, position]
+    for i in range(x.size):
+        row[i] = np.int8(np.rint(x[i] * inverse))
+
+
+_ATTEND8 = types.void(*_ROPE, _I64, _F32, jit.array(_F32, 2, "C"), _CACHE8, _SCALES, _CACHE8, _SCALES, _OUT)
+
+
+@jit.njit([_ATTEND8])
+def attend_int8(
+    qkv, bias, cos, sin, kv_heads, position, scale, q, keys, key_scales, values, value_scales, out
+):  # noqa: ANN001, ANN202, E501
+    """``attend`` over an int8 cache: the new key and value rounded per vector as cache.py does."""
+    heads, d = q.shape
+    _rope_q(qkv, bias, cos, sin, q)
+    vector = np.empty(d, np.float32)
+    base = heads * d
+    for g in range(kv_heads):
+        _rotate(qkv, bias, cos, sin, base + g * d, vector)
+        _quantize_into(vector, keys, key_scales, g, position)
+        start = base + kv_heads * d + g * d
+        for i in range(d):
+            vector[i] = _value(qkv, bias, start + i)
+        _quantize_into(vector, values, value_scales, g, position)
+    _decode_attention_int8(q, keys, key_scales, values, value_scales, position + 1, scale, out)
+
+
+# no kernel-layer op of its own: model.py calls these directly (``jit.module``)
+CANDIDATES: dict = {}
