@@ -14,8 +14,8 @@ write rounds exactly as cache.py's ``_quantize`` (no fastmath there).
 
 from __future__ import annotations
 
-import numpy as np
 import numba
+import numpy as np
 from numba import types
 
 from engine import jit

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from engine import jit
-
 from engine.llm.cache import KVCache
 from engine.llm.checkpoint import Checkpoint
 from engine.llm.config import LlmConfig
