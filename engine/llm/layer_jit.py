@@ -20,6 +20,7 @@ from numba import types
 
 from engine import jit
 from engine.llm.attention_jit import _decode_attention, _decode_attention_int8
+from engine.llm.gemv_jit import _int4_grouped_q8
 
 _F32, _I64 = types.float32, types.int64
 _IN = jit.array(_F32, 1, "C", readonly=True)
@@ -129,6 +130,136 @@ def attend_int8(
             vector[i] = _value(qkv, bias, start + i)
         _quantize_into(vector, values, value_scales, g, position)
     _decode_attention_int8(q, keys, key_scales, values, value_scales, position + 1, scale, out)
+
+
+# ---- a whole layer in one call, for the converter's int4 matrices (int8 activations, float16
+# scales, row-grouped: gemv_jit's ``_int4_grouped_q8``).  Python's per-GEMV dispatch (attrs,
+# reshapes of the package's memmaps, an output array each) was ~25 us per layer; here a layer is
+# one call on buffers made once.  Matrices as ``gemv_int4_jit`` hands them over: packed
+# [N/G, B/2, G * K/B] uint8, scales [N/G, G * K/B] as uint16 (float16 bits).
+_PACKED = jit.array(types.uint8, 3, "C", readonly=True)
+_HALVES = jit.array(types.uint16, 2, "C", readonly=True)
+_Q4 = (_PACKED, _HALVES)
+# x, a, (qkv, o, gate_up, down) matrices, block, group, qkv bias, o bias, post norm, next norm,
+# eps, cos, sin, kv heads, position, scale, q, then the cache's arrays, then scratch:
+# qkv out, attended, o out, gate_up out, hidden, down out, empty
+_HEAD = (_OUT, _OUT, *_Q4, *_Q4, *_Q4, *_Q4, _I64, _I64, _IN, _IN, _IN, _IN, types.float64, _IN, _IN)
+_MIDDLE = (_I64, _I64, _F32, jit.array(_F32, 2, "C"))
+_SCRATCH = (_OUT, _OUT, _OUT, _OUT, _OUT, _OUT, _IN)
+
+
+@numba.njit(inline="always", cache=True)
+def _mlp_q4(x, a, o_p, o_s, gu_p, gu_s, d_p, d_s, block, group, o_bias, post, after, eps, scratch):  # noqa: ANN001, ANN202, E501
+    """o GEMV, residual add + post norm, gate/up GEMV, SwiGLU, down GEMV, residual add + the
+    next norm: the layer after its attention."""
+    _, attended, o_out, gu_out, hidden, d_out, empty = scratch
+    _int4_grouped_q8(attended, o_p, o_s, block, group, o_out)
+    add_norm(x, o_out, o_bias, post, eps, a)
+    _int4_grouped_q8(a, gu_p, gu_s, block, group, gu_out)
+    swiglu(gu_out, hidden)
+    _int4_grouped_q8(hidden, d_p, d_s, block, group, d_out)
+    add_norm(x, d_out, empty, after, eps, a)
+
+
+@jit.njit([types.void(*_HEAD, *_MIDDLE, _CACHE, _CACHE, *_SCRATCH)])
+def layer_q4(
+    x,
+    a,
+    qkv_p,
+    qkv_s,
+    o_p,
+    o_s,
+    gu_p,
+    gu_s,
+    d_p,
+    d_s,
+    block,
+    group,
+    qkv_bias,
+    o_bias,
+    post,
+    after,
+    eps,
+    cos,
+    sin,
+    kv_heads,
+    position,
+    scale,
+    q,
+    keys,
+    values,
+    qkv_out,
+    attended,
+    o_out,
+    gu_out,
+    hidden,
+    d_out,
+    empty,
+):  # noqa: ANN001, ANN202, E501
+    """One decode layer over a float32 cache: x (the residual stream) is updated in place and a
+    becomes the next layer's normalized input (``after``: its input norm, or the final one)."""
+    _int4_grouped_q8(a, qkv_p, qkv_s, block, group, qkv_out)
+    attend(qkv_out, qkv_bias, cos, sin, kv_heads, position, scale, q, keys, values, attended)
+    scratch = (qkv_out, attended, o_out, gu_out, hidden, d_out, empty)
+    _mlp_q4(x, a, o_p, o_s, gu_p, gu_s, d_p, d_s, block, group, o_bias, post, after, eps, scratch)
+
+
+@jit.njit([types.void(*_HEAD, *_MIDDLE, _CACHE8, _SCALES, _CACHE8, _SCALES, *_SCRATCH)])
+def layer_q4_int8(
+    x,
+    a,
+    qkv_p,
+    qkv_s,
+    o_p,
+    o_s,
+    gu_p,
+    gu_s,
+    d_p,
+    d_s,
+    block,
+    group,
+    qkv_bias,
+    o_bias,
+    post,
+    after,
+    eps,
+    cos,
+    sin,
+    kv_heads,
+    position,
+    scale,
+    q,
+    keys,
+    key_scales,
+    values,
+    value_scales,
+    qkv_out,
+    attended,
+    o_out,
+    gu_out,
+    hidden,
+    d_out,
+    empty,
+):  # noqa: ANN001, ANN202, E501
+    """``layer_q4`` over an int8 cache."""
+    _int4_grouped_q8(a, qkv_p, qkv_s, block, group, qkv_out)
+    attend_int8(
+        qkv_out,
+        qkv_bias,
+        cos,
+        sin,
+        kv_heads,
+        position,
+        scale,
+        q,
+        keys,
+        key_scales,
+        values,
+        value_scales,
+        attended,
+    )
+    scratch = (qkv_out, attended, o_out, gu_out, hidden, d_out, empty)
+    _mlp_q4(x, a, o_p, o_s, gu_p, gu_s, d_p, d_s, block, group, o_bias, post, after, eps, scratch)
 
 
 # no kernel-layer op of its own: model.py calls these directly (``jit.module``)

@@ -165,9 +165,8 @@ class LlmModel:
     def _decode_buffers(self) -> DecodeBuffers | None:
         """The fused decode path's buffers, made once; None when the JIT tier is off."""
         if self._fused is None:
-            self._fused = (
-                DecodeBuffers(self.config, jit.module("engine.llm.layer_jit")) if jit.enabled() else False
-            )
+            kernels = jit.module("engine.llm.layer_jit") if jit.enabled() else None
+            self._fused = DecodeBuffers(self.config, self.weights, kernels) if kernels else False
         return self._fused or None
 
     def _decode(self, token: int, cache: KVCache, fused: DecodeBuffers) -> np.ndarray:
@@ -176,22 +175,35 @@ class LlmModel:
         start = cache.length
         angles = start * self._inv_freq
         cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-        x, a, q, attended, hidden = fused.x, fused.a, fused.q, fused.attended, fused.hidden
+        x, a, empty = fused.x, fused.a, fused.empty
         x[:] = self.weights.embed.rows(np.array([token]))[0]
-        k.add_norm(x, fused.empty, fused.empty, layers[0].input_norm, c.rms_norm_eps, a)
+        k.add_norm(x, empty, empty, layers[0].input_norm, c.rms_norm_eps, a)
+        rope = (cos, sin, c.num_kv_heads, start, self._scale, fused.q)
         for index, layer in enumerate(layers):
-            qkv = layer.qkv.gemv(a)
-            bias = fused.empty if layer.qkv_bias is None else layer.qkv_bias
-            arrays = cache.decode_inputs(index)
-            attend = k.attend if len(arrays) == 2 else k.attend_int8
-            attend(qkv, bias, cos, sin, c.num_kv_heads, start, self._scale, q, *arrays, attended)
-            o_bias = fused.empty if layer.o_bias is None else layer.o_bias
-            k.add_norm(x, layer.o.gemv(attended), o_bias, layer.post_norm, c.rms_norm_eps, a)
-            k.swiglu(layer.gate_up.gemv(a), hidden)
             after = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.norm
-            k.add_norm(x, layer.down.gemv(hidden), fused.empty, after, c.rms_norm_eps, a)
+            arrays = cache.decode_inputs(index)
+            if fused.q4 is not None:  # the whole layer in one call
+                kernel = k.layer_q4 if len(arrays) == 2 else k.layer_q4_int8
+                head = fused.q4[index]
+                kernel(x, a, *head, layer.post_norm, after, c.rms_norm_eps, *rope, *arrays, *fused.scratch)
+            else:
+                self._decode_layer(layer, after, arrays, rope, fused)
         cache.record(start, np.array([token], np.int64))
         return self.weights.lm_head.gemv(a)
+
+    def _decode_layer(
+        self, layer: Layer, after: np.ndarray, arrays: list[np.ndarray], rope: tuple, fused: DecodeBuffers
+    ) -> None:
+        """One layer, its GEMVs through ``Matrix.gemv`` (any precision) and the rest fused."""
+        k, eps, x, a, empty = fused.kernels, self.config.rms_norm_eps, fused.x, fused.a, fused.empty
+        qkv = layer.qkv.gemv(a)
+        bias = empty if layer.qkv_bias is None else layer.qkv_bias
+        attend = k.attend if len(arrays) == 2 else k.attend_int8
+        attend(qkv, bias, *rope, *arrays, fused.attended)
+        o_bias = empty if layer.o_bias is None else layer.o_bias
+        k.add_norm(x, layer.o.gemv(fused.attended), o_bias, layer.post_norm, eps, a)
+        k.swiglu(layer.gate_up.gemv(a), fused.hidden)
+        k.add_norm(x, layer.down.gemv(fused.hidden), empty, after, eps, a)
 
     def _attention(self, q: np.ndarray, cache: KVCache, index: int, start: int, m: int) -> np.ndarray:
         """Causal grouped-query attention of m queries at positions start.. over the cache."""
@@ -220,9 +232,11 @@ class LlmModel:
 
 
 class DecodeBuffers:
-    """Per-model scratch of the fused decode path, allocated once (not per step)."""
+    """Per-model scratch of the fused decode path, allocated once (not per step), and each
+    layer's matrices as layer_jit's one-call kernel takes them when every one is the
+    converter's int4 (``q4``; else None and the GEMVs go through ``Matrix.gemv``)."""
 
-    def __init__(self, config: LlmConfig, kernels: ModuleType) -> None:
+    def __init__(self, config: LlmConfig, weights: LlmWeights, kernels: ModuleType) -> None:
         hidden, d = config.hidden_size, config.head_dim
         self.kernels: Any = kernels
         self.x = np.empty(hidden, np.float32)  # the residual stream
@@ -231,6 +245,52 @@ class DecodeBuffers:
         self.attended = np.empty(config.num_heads * d, np.float32)
         self.hidden = np.empty(config.intermediate_size, np.float32)
         self.empty = np.empty(0, np.float32)  # "no bias"
+        qkv_size = (config.num_heads + 2 * config.num_kv_heads) * d
+        outputs = (qkv_size, 0, hidden, 2 * config.intermediate_size, 0, hidden)
+        scratch = [np.empty(n, np.float32) for n in outputs]
+        scratch[1], scratch[4] = self.attended, self.hidden
+        self.scratch = (*scratch, self.empty)
+        self.q4 = _q4_layers(weights, self.empty)
+
+
+def _q4_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple] | None:
+    """Per layer: (its four matrices as (packed, float16 bits), block, group, qkv bias, o bias),
+    or None unless every matrix is int4 with int8 activations, float16 scales and one block and
+    group (what convert_llm writes; gemv_jit's ``_int4_grouped_q8`` multiplies them)."""
+    found = []
+    for layer in weights.layers:
+        matrices = (layer.qkv, layer.o, layer.gate_up, layer.down)
+        first = matrices[0]
+        if not all(_is_q4(m, first.block, first.group) for m in matrices):
+            return None
+        arrays = [array for m in matrices for array in _q4_arrays(m)]
+        biases = tuple(empty if b is None else b for b in (layer.qkv_bias, layer.o_bias))
+        found.append((*arrays, first.block, first.group, biases[0], biases[1]))
+    return found
+
+
+def _is_q4(matrix: Matrix, block: int, group: int) -> bool:
+    return (
+        matrix.kind == "int4"
+        and matrix.activations == "int8"
+        and matrix.arrays["scale"].dtype == np.float16
+        and matrix.group > 1
+        and (matrix.block, matrix.group) == (block, group)
+    )
+
+
+def _q4_arrays(matrix: Matrix) -> tuple[np.ndarray, np.ndarray]:
+    """gemv_int4_jit's views of a grouped int4 matrix (plain ndarrays, made once: a reshape of a
+    package's memmap runs numpy's Python-level memmap hooks on every call)."""
+    n, half_k = matrix.arrays["q"].shape
+    lanes = matrix.group * half_k * 2 // matrix.block
+    packed = (
+        np.asarray(matrix.arrays["q"]).view(np.ndarray).reshape(n // matrix.group, matrix.block // 2, lanes)
+    )
+    halves = (
+        np.asarray(matrix.arrays["scale"]).view(np.uint16).view(np.ndarray).reshape(n // matrix.group, lanes)
+    )
+    return packed, halves
 
 
 def _project(matrix: Matrix, x: np.ndarray, bias: np.ndarray | None, delta: LowRank | None) -> np.ndarray:
