@@ -55,9 +55,11 @@ def test_fused_decode_gives_the_per_op_paths_logits_and_cache(
     plain, plain_cache = _decode(model, kind, False)
     # the one-call layer kernel serves exactly the converter's int4 (qwen2: with q/k/v biases)
     assert (buffers.q4 is not None) == (precision == "int4-q8")
-    scale = np.abs(plain[-1]).max()
+    # an int8 cache: a key an ulp apart (the fused norm sums in float64) may round to the next
+    # level, ~1/254 of its scale: the logits then move by ~1e-4 of their range
+    scale = np.abs(plain[-1]).max() * (2e-5 if kind == "fp32" else 5e-4)
     for a, b in zip(fused, plain, strict=True):
-        np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * scale)
+        np.testing.assert_allclose(a, b, rtol=0, atol=scale)
         assert int(np.argmax(a)) == int(np.argmax(b))
     length = fused_cache.length
     assert length == plain_cache.length == len(PROMPT) + STEPS
