@@ -20,7 +20,7 @@ from numba import types
 
 from engine import jit
 from engine.llm.attention_jit import _decode_attention, _decode_attention_int8
-from engine.llm.gemv_jit import _int4_grouped_q8
+from engine.llm.gemv_jit import _int4_grouped_q8, _int8_serial
 
 _F32, _I64 = types.float32, types.int64
 _IN = jit.array(_F32, 1, "C", readonly=True)
@@ -132,134 +132,71 @@ def attend_int8(
     _decode_attention_int8(q, keys, key_scales, values, value_scales, position + 1, scale, out)
 
 
-# ---- a whole layer in one call, for the converter's int4 matrices (int8 activations, float16
-# scales, row-grouped: gemv_jit's ``_int4_grouped_q8``).  Python's per-GEMV dispatch (attrs,
-# reshapes of the package's memmaps, an output array each) was ~25 us per layer; here a layer is
-# one call on buffers made once.  Matrices as ``gemv_int4_jit`` hands them over: packed
-# [N/G, B/2, G * K/B] uint8, scales [N/G, G * K/B] as uint16 (float16 bits).
-_PACKED = jit.array(types.uint8, 3, "C", readonly=True)
-_HALVES = jit.array(types.uint16, 2, "C", readonly=True)
-_Q4 = (_PACKED, _HALVES)
-# x, a, (qkv, o, gate_up, down) matrices, block, group, qkv bias, o bias, post norm, next norm,
-# eps, cos, sin, kv heads, position, scale, q, then the cache's arrays, then scratch:
-# qkv out, attended, o out, gate_up out, hidden, down out, empty
-_HEAD = (_OUT, _OUT, *_Q4, *_Q4, *_Q4, *_Q4, _I64, _I64, _IN, _IN, _IN, _IN, types.float64, _IN, _IN)
+# ---- a whole layer in one call, where its four matrices are the converter's int4 (int8
+# activations, float16 scales, row-grouped: gemv_jit's ``_int4_grouped_q8``) or int8 per-channel
+# (``_int8_serial``).  Python's per-GEMV dispatch (attrs, reshapes of the package's memmaps, an
+# output array each) was ~25 us per layer; here a layer is one call on buffers made once.
+# int4 matrices as ``gemv_int4_jit`` hands them over: packed [N/G, B/2, G * K/B] uint8, scales
+# [N/G, G * K/B] as uint16 (float16 bits); int8: q [N, K], scale [N] (block and group unused).
+_Q4 = (jit.array(types.uint8, 3, "C", readonly=True), jit.array(types.uint16, 2, "C", readonly=True))
+_I8 = (jit.array(types.int8, 2, "C", readonly=True), _IN)
 _MIDDLE = (_I64, _I64, _F32, jit.array(_F32, 2, "C"))
 _SCRATCH = (_OUT, _OUT, _OUT, _OUT, _OUT, _OUT, _IN)
 
 
+def _signatures(cache: tuple) -> list:
+    """x, a, (qkv, o, gate_up, down) matrices, block, group, qkv bias, o bias, post norm, next
+    norm, eps, cos, sin, kv heads, position, scale, q, the cache's arrays, then scratch: qkv out,
+    attended, o out, gate_up out, hidden, down out, empty; one signature per matrix kind."""
+    norms = (_IN, _IN, _IN, _IN, types.float64, _IN, _IN)
+    return [
+        types.void(_OUT, _OUT, *(kind * 4), _I64, _I64, *norms, *_MIDDLE, *cache, *_SCRATCH)
+        for kind in (_Q4, _I8)
+    ]
+
+
+def _gemv(x, w, s, block, group, out):  # noqa: ANN001, ANN202
+    """out = W x for either matrix kind above (typed by ``_gemv_for``)."""
+
+
+@numba.extending.overload(_gemv, inline="always")
+def _gemv_for(x, w, s, block, group, out):  # noqa: ANN001, ANN202
+    if w.ndim == 3:
+        return lambda x, w, s, block, group, out: _int4_grouped_q8(x, w, s, block, group, out)
+    return lambda x, w, s, block, group, out: _int8_serial(x, w, s, out)
+
+
 @numba.njit(inline="always", cache=True)
-def _mlp_q4(x, a, o_p, o_s, gu_p, gu_s, d_p, d_s, block, group, o_bias, post, after, eps, scratch):  # noqa: ANN001, ANN202, E501
+def _mlp(x, a, o_w, o_s, gu_w, gu_s, d_w, d_s, block, group, o_bias, post, after, eps, scratch):  # noqa: ANN001, ANN202, E501
     """o GEMV, residual add + post norm, gate/up GEMV, SwiGLU, down GEMV, residual add + the
     next norm: the layer after its attention."""
     _, attended, o_out, gu_out, hidden, d_out, empty = scratch
-    _int4_grouped_q8(attended, o_p, o_s, block, group, o_out)
+    _gemv(attended, o_w, o_s, block, group, o_out)
     add_norm(x, o_out, o_bias, post, eps, a)
-    _int4_grouped_q8(a, gu_p, gu_s, block, group, gu_out)
+    _gemv(a, gu_w, gu_s, block, group, gu_out)
     swiglu(gu_out, hidden)
-    _int4_grouped_q8(hidden, d_p, d_s, block, group, d_out)
+    _gemv(hidden, d_w, d_s, block, group, d_out)
     add_norm(x, d_out, empty, after, eps, a)
 
 
-@jit.njit([types.void(*_HEAD, *_MIDDLE, _CACHE, _CACHE, *_SCRATCH)])
-def layer_q4(
-    x,
-    a,
-    qkv_p,
-    qkv_s,
-    o_p,
-    o_s,
-    gu_p,
-    gu_s,
-    d_p,
-    d_s,
-    block,
-    group,
-    qkv_bias,
-    o_bias,
-    post,
-    after,
-    eps,
-    cos,
-    sin,
-    kv_heads,
-    position,
-    scale,
-    q,
-    keys,
-    values,
-    qkv_out,
-    attended,
-    o_out,
-    gu_out,
-    hidden,
-    d_out,
-    empty,
-):  # noqa: ANN001, ANN202, E501
+@jit.njit(_signatures((_CACHE, _CACHE)))
+def layer(x, a, qkv_w, qkv_s, o_w, o_s, gu_w, gu_s, d_w, d_s, block, group, qkv_bias, o_bias, post, after, eps, cos, sin, kv_heads, position, scale, q, keys, values, qkv_out, attended, o_out, gu_out, hidden, d_out, empty):  # noqa: ANN001, ANN202, E501  # fmt: skip
     """One decode layer over a float32 cache: x (the residual stream) is updated in place and a
     becomes the next layer's normalized input (``after``: its input norm, or the final one)."""
-    _int4_grouped_q8(a, qkv_p, qkv_s, block, group, qkv_out)
+    _gemv(a, qkv_w, qkv_s, block, group, qkv_out)
     attend(qkv_out, qkv_bias, cos, sin, kv_heads, position, scale, q, keys, values, attended)
     scratch = (qkv_out, attended, o_out, gu_out, hidden, d_out, empty)
-    _mlp_q4(x, a, o_p, o_s, gu_p, gu_s, d_p, d_s, block, group, o_bias, post, after, eps, scratch)
+    _mlp(x, a, o_w, o_s, gu_w, gu_s, d_w, d_s, block, group, o_bias, post, after, eps, scratch)
 
 
-@jit.njit([types.void(*_HEAD, *_MIDDLE, _CACHE8, _SCALES, _CACHE8, _SCALES, *_SCRATCH)])
-def layer_q4_int8(
-    x,
-    a,
-    qkv_p,
-    qkv_s,
-    o_p,
-    o_s,
-    gu_p,
-    gu_s,
-    d_p,
-    d_s,
-    block,
-    group,
-    qkv_bias,
-    o_bias,
-    post,
-    after,
-    eps,
-    cos,
-    sin,
-    kv_heads,
-    position,
-    scale,
-    q,
-    keys,
-    key_scales,
-    values,
-    value_scales,
-    qkv_out,
-    attended,
-    o_out,
-    gu_out,
-    hidden,
-    d_out,
-    empty,
-):  # noqa: ANN001, ANN202, E501
-    """``layer_q4`` over an int8 cache."""
-    _int4_grouped_q8(a, qkv_p, qkv_s, block, group, qkv_out)
-    attend_int8(
-        qkv_out,
-        qkv_bias,
-        cos,
-        sin,
-        kv_heads,
-        position,
-        scale,
-        q,
-        keys,
-        key_scales,
-        values,
-        value_scales,
-        attended,
-    )
+@jit.njit(_signatures((_CACHE8, _SCALES, _CACHE8, _SCALES)))
+def layer_int8_cache(x, a, qkv_w, qkv_s, o_w, o_s, gu_w, gu_s, d_w, d_s, block, group, qkv_bias, o_bias, post, after, eps, cos, sin, kv_heads, position, scale, q, keys, key_scales, values, value_scales, qkv_out, attended, o_out, gu_out, hidden, d_out, empty):  # noqa: ANN001, ANN202, E501  # fmt: skip
+    """``layer`` over an int8 cache."""
+    _gemv(a, qkv_w, qkv_s, block, group, qkv_out)
+    cache = (keys, key_scales, values, value_scales)
+    attend_int8(qkv_out, qkv_bias, cos, sin, kv_heads, position, scale, q, *cache, attended)
     scratch = (qkv_out, attended, o_out, gu_out, hidden, d_out, empty)
-    _mlp_q4(x, a, o_p, o_s, gu_p, gu_s, d_p, d_s, block, group, o_bias, post, after, eps, scratch)
+    _mlp(x, a, o_w, o_s, gu_w, gu_s, d_w, d_s, block, group, o_bias, post, after, eps, scratch)
 
 
 # no kernel-layer op of its own: model.py calls these directly (``jit.module``)

@@ -182,9 +182,9 @@ class LlmModel:
         for index, layer in enumerate(layers):
             after = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.norm
             arrays = cache.decode_inputs(index)
-            if fused.q4 is not None:  # the whole layer in one call
-                kernel = k.layer_q4 if len(arrays) == 2 else k.layer_q4_int8
-                head = fused.q4[index]
+            head = fused.one_call[index]
+            if head is not None:  # the whole layer in one call
+                kernel = k.layer if len(arrays) == 2 else k.layer_int8_cache
                 kernel(x, a, *head, layer.post_norm, after, c.rms_norm_eps, *rope, *arrays, *fused.scratch)
             else:
                 self._decode_layer(layer, after, arrays, rope, fused)
@@ -233,8 +233,8 @@ class LlmModel:
 
 class DecodeBuffers:
     """Per-model scratch of the fused decode path, allocated once (not per step), and each
-    layer's matrices as layer_jit's one-call kernel takes them when every one is the
-    converter's int4 (``q4``; else None and the GEMVs go through ``Matrix.gemv``)."""
+    layer's matrices as layer_jit's one-call kernel takes them (``one_call``; None for a layer
+    whose GEMVs go through ``Matrix.gemv``)."""
 
     def __init__(self, config: LlmConfig, weights: LlmWeights, kernels: ModuleType) -> None:
         hidden, d = config.hidden_size, config.head_dim
@@ -250,22 +250,28 @@ class DecodeBuffers:
         scratch = [np.empty(n, np.float32) for n in outputs]
         scratch[1], scratch[4] = self.attended, self.hidden
         self.scratch = (*scratch, self.empty)
-        self.q4 = _q4_layers(weights, self.empty)
+        self.one_call = _one_call_layers(weights, self.empty)
 
 
-def _q4_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple] | None:
-    """Per layer: (its four matrices as (packed, float16 bits), block, group, qkv bias, o bias),
-    or None unless every matrix is int4 with int8 activations, float16 scales and one block and
-    group (what convert_llm writes; gemv_jit's ``_int4_grouped_q8`` multiplies them)."""
-    found = []
+def _one_call_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple | None]:
+    """Per layer: (its four matrices as layer_jit's ``layer`` takes them, block, group, qkv bias,
+    o bias), or None for a layer whose matrices are not all the converter's int4 (int8
+    activations, float16 scales, one block and group) or all int8 per-channel."""
+    found: list[tuple | None] = []
     for layer in weights.layers:
         matrices = (layer.qkv, layer.o, layer.gate_up, layer.down)
         first = matrices[0]
-        if not all(_is_q4(m, first.block, first.group) for m in matrices):
-            return None
-        arrays = [array for m in matrices for array in _q4_arrays(m)]
         biases = tuple(empty if b is None else b for b in (layer.qkv_bias, layer.o_bias))
-        found.append((*arrays, first.block, first.group, biases[0], biases[1]))
+        if all(_is_q4(m, first.block, first.group) for m in matrices):
+            arrays = [array for m in matrices for array in _q4_arrays(m)]
+            found.append((*arrays, first.block, first.group, *biases))
+        elif all(m.kind == "int8" for m in matrices):
+            arrays = [
+                np.asarray(m.arrays[part]).view(np.ndarray) for m in matrices for part in ("q", "scale")
+            ]
+            found.append((*arrays, 0, 0, *biases))
+        else:
+            found.append(None)
     return found
 
 

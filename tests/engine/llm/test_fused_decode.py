@@ -53,8 +53,9 @@ def test_fused_decode_gives_the_per_op_paths_logits_and_cache(
     buffers = model._decode_buffers()
     fused, fused_cache = _decode(model, kind, True)
     plain, plain_cache = _decode(model, kind, False)
-    # the one-call layer kernel serves exactly the converter's int4 (qwen2: with q/k/v biases)
-    assert (buffers.q4 is not None) == (precision == "int4-q8")
+    # the one-call layer kernel serves the converter's int4 and int8 (qwen2: with q/k/v biases)
+    one_call = [layer is not None for layer in buffers.one_call]
+    assert one_call == [precision in ("int4-q8", "int8")] * len(one_call)
     # an int8 cache: a key an ulp apart (the fused norm sums in float64) may round to the next
     # level, ~1/254 of its scale: the logits then move by ~1e-4 of their range
     scale = np.abs(plain[-1]).max() * (2e-5 if kind == "fp32" else 5e-4)
