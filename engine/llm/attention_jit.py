@@ -3,8 +3,10 @@
 A decode step's attention in numpy is a dozen small array operations per layer (a grouped
 matmul, the scale, max, exp, sum, divide, a second matmul, transposes) whose call overhead,
 not arithmetic, is the cost at a few hundred cached positions: ~20% of a SmolLM2-135M decode
-step measured with cProfile.  Here it is one call per layer: per query head, the scores
-against its kv head's keys, a softmax, and the weighted sum of the values.  The numpy twin
+step measured with cProfile.  Here it is one call per layer: per kv head, the scores of the
+query heads sharing it against its keys (each key read once for the group), a softmax each,
+and the weighted sums of the values (each value read once): SmolLM2-135M's 30 layers at 290
+positions took 1.41-1.44 ms CPU per query head, 0.98-1.07 ms blocked by kv head.  The numpy twin
 is ``decode_attention_numpy`` (the runtime's own m == 1 path, engine/llm/model.py).
 
 An int8 cache (engine/llm/cache.py) has its own kernel: the int8 keys and values are read as
