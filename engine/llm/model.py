@@ -10,6 +10,7 @@ each per token instead of three and two).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -101,7 +102,10 @@ class LlmModel:
         self._inv_freq = config.inv_freq()
         self._scale = np.float32(1.0 / np.sqrt(config.head_dim))
         self._decode_attention = None
-        self._fused: DecodeBuffers | None | bool = None  # None: not tried yet; False: numpy only
+        # decode through layer_jit's fused kernels when the JIT tier is on (False: the per-op
+        # path, for comparisons); their scratch is per thread, so threads may share a model
+        self.fused_decode = True
+        self._local = threading.local()
 
     def new_cache(self, context: int | None = None, kind: str = "fp32") -> KVCache:
         """A cache of ``context`` positions (default: the model's), "fp32" or "int8" (cache.py)."""
@@ -163,11 +167,14 @@ class LlmModel:
         return x
 
     def _decode_buffers(self) -> DecodeBuffers | None:
-        """The fused decode path's buffers, made once; None when the JIT tier is off."""
-        if self._fused is None:
-            kernels = jit.module("engine.llm.layer_jit") if jit.enabled() else None
-            self._fused = DecodeBuffers(self.config, self.weights, kernels) if kernels else False
-        return self._fused or None
+        """This thread's buffers for the fused decode path, made once; None when it is off."""
+        if not (self.fused_decode and jit.enabled()):
+            return None
+        found = getattr(self._local, "fused", None)
+        if found is None:
+            kernels = jit.module("engine.llm.layer_jit")
+            found = self._local.fused = DecodeBuffers(self.config, self.weights, kernels)
+        return found
 
     def _decode(self, token: int, cache: KVCache, fused: DecodeBuffers) -> np.ndarray:
         """One token through every layer with the fused kernels (``_step``'s m == 1 twin); its logits."""

@@ -3,6 +3,7 @@ same logits and the same cache contents, at every weight precision and both cach
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ def _model(precision: str, model_type: str = "llama", **extra: object) -> tuple[
 
 def _decode(model: LlmModel, kind: str, fused: bool) -> tuple[list[np.ndarray], object]:
     """Prefill, then STEPS greedy decode steps with the fused path on or off; (logits, cache)."""
-    model._fused = None if fused else False  # None: made again on first use
+    model.fused_decode = fused
     cache = model.new_cache(kind=kind)
     logits = [model.forward(PROMPT, cache)]
     for _ in range(STEPS):
@@ -51,6 +52,7 @@ def test_fused_decode_gives_the_per_op_paths_logits_and_cache(
 ) -> None:
     model, _, _ = _model(precision, model_type, **extra)
     buffers = model._decode_buffers()
+    assert buffers is not None
     fused, fused_cache = _decode(model, kind, True)
     plain, plain_cache = _decode(model, kind, False)
     # the one-call layer kernel serves the converter's int4 and int8 (qwen2: with q/k/v biases)
@@ -95,3 +97,16 @@ def test_without_jit_decode_takes_the_numpy_path(monkeypatch: pytest.MonkeyPatch
     step = model.forward([9], cache)
     assert model._decode_buffers() is None
     np.testing.assert_allclose(step, reference_logits(hf, tensors, [*PROMPT, 9])[-1], atol=1e-4, rtol=0)
+
+
+@needs_jit
+def test_threads_sharing_a_model_decode_with_their_own_buffers() -> None:
+    """Two threads decode the same model over their own caches at once: each gets what a
+    decode alone gets (the fused path's scratch is per thread)."""
+    model, _, _ = _model("int4-q8")
+    alone = _decode(model, "fp32", True)[0]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: _decode(model, "fp32", True)[0], range(4)))
+    for logits in results:
+        for a, b in zip(logits, alone, strict=True):
+            np.testing.assert_array_equal(a, b)
