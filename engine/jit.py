@@ -46,6 +46,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.attention_jit": ("FusedAttention",),
     "engine.llm.gemv_jit": ("LlmGemvInt4", "LlmGemvInt8"),
     "engine.llm.attention_jit": ("LlmDecodeAttention",),
+    # decode's fused layers (model.py), loaded with the GEMVs so no decode step pays for them
+    "engine.llm.layer_jit": ("LlmDecodeLayer", "LlmGemvInt4", "LlmGemvInt8"),
     "engine.ops.group_norm_jit": ("GroupNormalization", "FusedGroupNorm"),
     # a UNet's long, narrow-headed attention; rides along once a norm has brought numba in
     "engine.diffusion.attention_jit": ("FusedAttention",),

@@ -10,10 +10,14 @@ each per token instead of three and two).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
+from engine import jit
 from engine.llm.cache import KVCache
 from engine.llm.checkpoint import Checkpoint
 from engine.llm.config import LlmConfig
@@ -98,6 +102,10 @@ class LlmModel:
         self._inv_freq = config.inv_freq()
         self._scale = np.float32(1.0 / np.sqrt(config.head_dim))
         self._decode_attention = None
+        # decode through layer_jit's fused kernels when the JIT tier is on (False: the per-op
+        # path, for comparisons); their scratch is per thread, so threads may share a model
+        self.fused_decode = True
+        self._local = threading.local()
 
     def new_cache(self, context: int | None = None, kind: str = "fp32") -> KVCache:
         """A cache of ``context`` positions (default: the model's), "fp32" or "int8" (cache.py)."""
@@ -119,6 +127,10 @@ class LlmModel:
                 f"token ids must be in [0, {self.config.vocab_size}); got {tokens.min()}..{tokens.max()}"
             )
         cache.reserve(tokens.size)
+        fused = self._decode_buffers() if tokens.size == 1 and adapter is None else None
+        if fused is not None:  # decode: the JIT layer kernels (engine/llm/layer_jit.py)
+            logits = self._decode(int(tokens[0]), cache, fused)
+            return logits[None, :] if all_logits else logits
         outputs = []
         for start in range(0, tokens.size, PREFILL_BLOCK):
             hidden = self._step(tokens[start : start + PREFILL_BLOCK], cache, adapter)
@@ -154,6 +166,52 @@ class LlmModel:
         cache.record(start, tokens)
         return x
 
+    def _decode_buffers(self) -> DecodeBuffers | None:
+        """This thread's buffers for the fused decode path, made once; None when it is off."""
+        if not (self.fused_decode and jit.enabled()):
+            return None
+        found = getattr(self._local, "fused", None)
+        if found is None:
+            kernels = jit.module("engine.llm.layer_jit")
+            found = self._local.fused = DecodeBuffers(self.config, self.weights, kernels)
+        return found
+
+    def _decode(self, token: int, cache: KVCache, fused: DecodeBuffers) -> np.ndarray:
+        """One token through every layer with the fused kernels (``_step``'s m == 1 twin); its logits."""
+        c, k, layers = self.config, fused.kernels, self.weights.layers
+        start = cache.length
+        angles = start * self._inv_freq
+        cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        x, a, empty = fused.x, fused.a, fused.empty
+        x[:] = self.weights.embed.rows(np.array([token]))[0]
+        k.add_norm(x, empty, empty, layers[0].input_norm, c.rms_norm_eps, a)
+        rope = (cos, sin, c.num_kv_heads, start, self._scale, fused.q)
+        for index, layer in enumerate(layers):
+            after = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.norm
+            arrays = cache.decode_inputs(index)
+            head = fused.one_call[index]
+            if head is not None:  # the whole layer in one call
+                kernel = k.layer if len(arrays) == 2 else k.layer_int8_cache
+                kernel(x, a, *head, layer.post_norm, after, c.rms_norm_eps, *rope, *arrays, *fused.scratch)
+            else:
+                self._decode_layer(layer, after, arrays, rope, fused)
+        cache.record(start, np.array([token], np.int64))
+        return self.weights.lm_head.gemv(a)
+
+    def _decode_layer(
+        self, layer: Layer, after: np.ndarray, arrays: list[np.ndarray], rope: tuple, fused: DecodeBuffers
+    ) -> None:
+        """One layer, its GEMVs through ``Matrix.gemv`` (any precision) and the rest fused."""
+        k, eps, x, a, empty = fused.kernels, self.config.rms_norm_eps, fused.x, fused.a, fused.empty
+        qkv = layer.qkv.gemv(a)
+        bias = empty if layer.qkv_bias is None else layer.qkv_bias
+        attend = k.attend if len(arrays) == 2 else k.attend_int8
+        attend(qkv, bias, *rope, *arrays, fused.attended)
+        o_bias = empty if layer.o_bias is None else layer.o_bias
+        k.add_norm(x, layer.o.gemv(fused.attended), o_bias, layer.post_norm, eps, a)
+        k.swiglu(layer.gate_up.gemv(a), fused.hidden)
+        k.add_norm(x, layer.down.gemv(fused.hidden), empty, after, eps, a)
+
     def _attention(self, q: np.ndarray, cache: KVCache, index: int, start: int, m: int) -> np.ndarray:
         """Causal grouped-query attention of m queries at positions start.. over the cache."""
         c = self.config
@@ -178,6 +236,74 @@ class LlmModel:
         scores /= scores.sum(axis=-1, keepdims=True)
         out = np.matmul(scores, values).reshape(c.num_kv_heads, group, m, c.head_dim)
         return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(m, c.num_heads * c.head_dim))
+
+
+class DecodeBuffers:
+    """Per-model scratch of the fused decode path, allocated once (not per step), and each
+    layer's matrices as layer_jit's one-call kernel takes them (``one_call``; None for a layer
+    whose GEMVs go through ``Matrix.gemv``)."""
+
+    def __init__(self, config: LlmConfig, weights: LlmWeights, kernels: ModuleType) -> None:
+        hidden, d = config.hidden_size, config.head_dim
+        self.kernels: Any = kernels
+        self.x = np.empty(hidden, np.float32)  # the residual stream
+        self.a = np.empty(hidden, np.float32)  # its normalized form, the next GEMV's input
+        self.q = np.empty((config.num_heads, d), np.float32)
+        self.attended = np.empty(config.num_heads * d, np.float32)
+        self.hidden = np.empty(config.intermediate_size, np.float32)
+        self.empty = np.empty(0, np.float32)  # "no bias"
+        qkv_size = (config.num_heads + 2 * config.num_kv_heads) * d
+        outputs = (qkv_size, 0, hidden, 2 * config.intermediate_size, 0, hidden)
+        scratch = [np.empty(n, np.float32) for n in outputs]
+        scratch[1], scratch[4] = self.attended, self.hidden
+        self.scratch = (*scratch, self.empty)
+        self.one_call = _one_call_layers(weights, self.empty)
+
+
+def _one_call_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple | None]:
+    """Per layer: (its four matrices as layer_jit's ``layer`` takes them, block, group, qkv bias,
+    o bias), or None for a layer whose matrices are not all the converter's int4 (int8
+    activations, float16 scales, one block and group) or all int8 per-channel."""
+    found: list[tuple | None] = []
+    for layer in weights.layers:
+        matrices = (layer.qkv, layer.o, layer.gate_up, layer.down)
+        first = matrices[0]
+        biases = tuple(empty if b is None else b for b in (layer.qkv_bias, layer.o_bias))
+        if all(_is_q4(m, first.block, first.group) for m in matrices):
+            arrays = [array for m in matrices for array in _q4_arrays(m)]
+            found.append((*arrays, first.block, first.group, *biases))
+        elif all(m.kind == "int8" for m in matrices):
+            arrays = [
+                np.asarray(m.arrays[part]).view(np.ndarray) for m in matrices for part in ("q", "scale")
+            ]
+            found.append((*arrays, 0, 0, *biases))
+        else:
+            found.append(None)
+    return found
+
+
+def _is_q4(matrix: Matrix, block: int, group: int) -> bool:
+    return (
+        matrix.kind == "int4"
+        and matrix.activations == "int8"
+        and matrix.arrays["scale"].dtype == np.float16
+        and matrix.group > 1
+        and (matrix.block, matrix.group) == (block, group)
+    )
+
+
+def _q4_arrays(matrix: Matrix) -> tuple[np.ndarray, np.ndarray]:
+    """gemv_int4_jit's views of a grouped int4 matrix (plain ndarrays, made once: a reshape of a
+    package's memmap runs numpy's Python-level memmap hooks on every call)."""
+    n, half_k = matrix.arrays["q"].shape
+    lanes = matrix.group * half_k * 2 // matrix.block
+    packed = (
+        np.asarray(matrix.arrays["q"]).view(np.ndarray).reshape(n // matrix.group, matrix.block // 2, lanes)
+    )
+    halves = (
+        np.asarray(matrix.arrays["scale"]).view(np.uint16).view(np.ndarray).reshape(n // matrix.group, lanes)
+    )
+    return packed, halves
 
 
 def _project(matrix: Matrix, x: np.ndarray, bias: np.ndarray | None, delta: LowRank | None) -> np.ndarray:
