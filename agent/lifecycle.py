@@ -281,9 +281,7 @@ class Lifecycle:
         running = self.running()
         before = running.get("version_id", "")
         if offer.rollback and before != offer.version_id:
-            gone = self.adapters.remove_version(before)
-            if gone is not None:
-                log.info("adapter %s (%s) removed by the rollback", gone.name, before)
+            self._drop_rolled_back_adapter(before)
         self._commit_running(offer, offer.counter)
         self.on_version_change(self.installer.current_version())
         # the report's outcome reads the offer in hand (not saved: the state stays idle)
@@ -293,6 +291,13 @@ class Lifecycle:
         finally:
             self.update.offer, self.update.counter = None, 0
         log.info("now running %s:%s (already on the device)", offer.model_name, offer.version_label)
+
+    def _drop_rolled_back_adapter(self, version_id: str) -> None:
+        """A rollback away from an adapter removes it, whether its base was already active (no
+        download) or is switched to again (an offer that came while the adapter was in probation)."""
+        gone = self.adapters.remove_version(version_id) if version_id else None
+        if gone is not None:
+            log.info("adapter %s (%s) removed by the rollback", gone.name, version_id)
 
     def _commit_running(self, offer: Offer, counter: int) -> None:
         """running.json names the offer's version (and what ran before, for a rollback)."""
@@ -431,6 +436,8 @@ class Lifecycle:
             self._roll_back(str(exc), "health")
             return
         running = self.running()
+        if offer.rollback and running.get("version_id") != offer.version_id:
+            self._drop_rolled_back_adapter(running.get("version_id", ""))
         previous = (
             {k: running.get(k) for k in ("version_id", "package_digest", "counter")}
             if running.get("version_id") == self.update.previous

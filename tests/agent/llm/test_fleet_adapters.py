@@ -167,3 +167,29 @@ def test_adapters_install_beside_the_base_and_are_served_by_name(tmp_path: Path,
     finally:
         agent.stop()
         server.stop(grace=None)
+
+
+def test_a_rollback_while_the_adapter_is_in_probation_removes_it(tmp_path: Path, packages) -> None:
+    """The rollback reaches the device before the adapter's probation ends: the base is switched
+    to again through the whole update path, and the adapter still goes."""
+    double = GatewayDouble(KEYS)
+    server, port = serve(double)
+    llm_port = free_port()
+    state_dir = tmp_path / "state"
+    extra = ["--llm-port", str(llm_port), "--probation-seconds", "600"]  # the last one counts
+    agent = AgentProcess(state_dir, port, extra=extra)
+    try:
+        double.publish(packages["base"], "v-base")
+        wait_for(lambda: read_state(state_dir)["running"] == "v-base", 90, "the base running", agent)
+        double.publish(packages["pirate"], "v-pirate")
+        wait_for(lambda: "pirate" in _served(llm_port), 90, "pirate served", agent)
+        wait_for(lambda: read_state(state_dir)["update"] == "probation", 30, "pirate in probation", agent)
+
+        double.publish(packages["base"], "v-base", rollback=True)
+        wait_for(lambda: read_state(state_dir)["running"] == "v-base", 60, "back on the base", agent)
+        wait_for(lambda: "pirate" not in _served(llm_port), 30, "pirate removed", agent)
+        assert json.loads((state_dir / "adapters.json").read_text()) == {}
+        assert _chat(llm_port, "v-base")[0] == 200  # the base still answers
+    finally:
+        agent.stop()
+        server.stop(grace=None)
