@@ -7,15 +7,13 @@ the adapter's version; rolling the adapter's release back leaves the base alone.
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 from ferry_cloud.stack import RestClient, Stack, free_port
 
+from tests.agent.llm.http import request_json
 from tests.e2e.fleet_stack import release_environment
 from tests.e2e.helpers import bootstrap_admin, wait_until
 from tests.engine.llm.checkpoints import write_checkpoint, write_peft
@@ -63,17 +61,9 @@ def _chat(port: int, model: str) -> tuple[int, dict]:
         "max_tokens": 3,
         "temperature": 0,
     }
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-    except OSError:
+        return request_json(f"http://127.0.0.1:{port}/v1/chat/completions", body)
+    except OSError:  # not listening (yet, or any more)
         return 0, {}
 
 

@@ -31,6 +31,7 @@ from engine.llm.lora import AdapterError, load_adapter
 from engine.llm.package import load_model
 from engine.llm.sampler import SamplingOptions
 from engine.llm.tokenizer import LlmTokenizer
+from tests.agent.llm.http import request_json
 from tests.engine.llm.checkpoints import write_checkpoint, write_peft
 
 pytestmark = pytest.mark.slow
@@ -117,16 +118,7 @@ def server(packages: dict[str, Path]) -> Iterator[str]:
 
 def _chat(base: str, model: str, tokens: int = 10) -> tuple[int, dict]:
     body = {"model": model, "messages": MESSAGES, "max_tokens": tokens, "temperature": 0}
-    request = urllib.request.Request(
-        base + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return request_json(base + "/v1/chat/completions", body)
 
 
 def test_the_base_and_each_adapter_answer_by_model_name(server: str, packages: dict[str, Path]) -> None:

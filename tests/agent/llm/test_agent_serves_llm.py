@@ -4,10 +4,7 @@ activating a non-LLM version (or none) answers 503 instead of serving a stale mo
 
 from __future__ import annotations
 
-import json
 import socket
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from converter.llm.convert import convert_llm
 from deploy.package.signing import generate_keypair
 from deploy.package.verify import verify_and_unpack
 from deploy.package.writer import sign_package
+from tests.agent.llm.http import request_json
 from tests.engine.llm.checkpoints import write_checkpoint
 
 
@@ -38,17 +36,6 @@ def state_dir(tmp_path: Path) -> Path:
     return state
 
 
-def _post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 def test_the_active_llm_version_is_served_and_measured(state_dir: Path) -> None:
     port = _free_port()
     agent = Agent(AgentConfig(gateway="", state_dir=state_dir, llm_port=port))
@@ -58,7 +45,7 @@ def test_the_active_llm_version_is_served_and_measured(state_dir: Path) -> None:
     try:
         agent._load_version("v-llm")
         assert agent.running_version == "v-llm" and agent.inference.version == ""
-        status, body = _post(url, ask)
+        status, body = request_json(url, ask)
         assert status == 200 and body["usage"]["completion_tokens"] >= 1
         agent.record_metrics()
         [record] = [r for r in agent.outbox.batch() if r.kind == "metrics"]
@@ -66,7 +53,7 @@ def test_the_active_llm_version_is_served_and_measured(state_dir: Path) -> None:
         assert record.payload["llm_requests"] == 1
         assert record.payload["llm_tokens_generated"] == body["usage"]["completion_tokens"]
         agent._load_version("")  # nothing active: the API says so instead of answering
-        status, body = _post(url, ask)
+        status, body = request_json(url, ask)
         assert status == 503 and body["error"]["code"] == "no_model"
         assert agent.running_version == ""
     finally:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import tarfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from deploy.package import SignedClaims, generate_keypair, sign_package
 from deploy.package.manifest import canonical_json
 from deploy.package.writer import write_archive
 from tests.agent.double import ORGANISATION_ID, AgentProcess, GatewayDouble, read_state, serve, wait_for
+from tests.agent.llm.http import request_json
 from tests.agent.llm.test_agent_serves_llm import _free_port as free_port
 from tests.engine.llm.checkpoints import write_checkpoint, write_peft
 
@@ -59,16 +58,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _request(port: int, path: str, body: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return request_json(f"http://127.0.0.1:{port}{path}", body)
 
 
 def _chat(port: int, model: str) -> tuple[int, dict]:
