@@ -70,7 +70,7 @@ def role_required(**roles: str) -> Callable:
                 request.membership = membership_for_user(user=request.user)
                 role_require(membership=request.membership, role=role)
             except DomainError as exc:
-                return _error_page(request, exc)
+                return error_page(request, exc)
             return view(request, *args, **kwargs)
 
         guarded = login_required_or_401(guarded)
@@ -80,11 +80,11 @@ def role_required(**roles: str) -> Callable:
     return decorate
 
 
-def _organisation(request):
+def organisation_of(request):
     return request.membership.organisation
 
 
-def _can(request) -> dict[str, bool]:
+def permissions_of(request) -> dict[str, bool]:
     """What the templates may offer this member: viewers get no action buttons at all."""
     membership = request.membership
     return {
@@ -93,7 +93,7 @@ def _can(request) -> dict[str, bool]:
     }
 
 
-def _error_page(request, exc: DomainError):
+def error_page(request, exc: DomainError):
     """The console's mapping of a refusal that leaves nothing to show (the others become
     messages on the page the person came from): 404 for what is not found, 403 otherwise."""
     status = 404 if isinstance(exc, NotFound) else 403
@@ -103,12 +103,12 @@ def _error_page(request, exc: DomainError):
 def dashboard_live_context(request) -> dict:
     """The dashboard's changing part (fleet, releases with health, refusals, conversions); the
     page and its 2 s poll share it. A fixed number of queries whatever the fleet's size."""
-    org = _organisation(request)
+    org = organisation_of(request)
     releases = list(release_list(organisation=org)[:DASHBOARD_RELEASES])
     states = release_state_counts(release_ids=[r.pk for r in releases])
     return {
         "organisation": org,
-        "can": _can(request),
+        "can": permissions_of(request),
         "releases": [{"release": r, "health": _health(r, states[str(r.pk)])} for r in releases],
         "device_count": device_count(organisation=org),
         "device_states": device_state_counts(organisation=org, online_within=ONLINE_WITHIN),
@@ -139,10 +139,10 @@ def _health(release, states: dict[str, int]) -> dict:
 
 @role_required(get=Role.VIEWER)
 def dashboard(request):
-    org = _organisation(request)
+    org = organisation_of(request)
     context = {
         **dashboard_live_context(request),
-        "versions": _ready_versions(org),
+        "versions": ready_versions(org),
         "models": model_list(organisation=org),
         # a glance, not the fleet: the list with filters and pages is the Devices page
         "devices": devices_recently_seen(organisation=org, limit=DASHBOARD_DEVICES),
@@ -199,11 +199,11 @@ def redoc_bundle(request):
 def release_new(request):
     """The New release form; static/console/release_preview.js shows, while one types, how many
     devices the target matches and whether the version fits them (release_preview below)."""
-    org = _organisation(request)
+    org = organisation_of(request)
     groups = device_group_list(organisation=org)
     # "Release this version" links here with ?version=<id>: that version is chosen already
     initial = {"version": request.GET.get("version", "")[:64]}
-    form = ReleaseForm(request.POST or None, versions=_ready_versions(org), groups=groups, initial=initial)
+    form = ReleaseForm(request.POST or None, versions=ready_versions(org), groups=groups, initial=initial)
     if request.method == "POST" and form.is_valid():
         try:
             arguments = form.service_arguments()
@@ -223,9 +223,9 @@ def release_new(request):
 @role_required(get=Role.RELEASE_MANAGER)
 def release_preview(request):
     """JSON for the New release form: {"matching": n, "compatibility": {...}} or {"error": ...}."""
-    org = _organisation(request)
+    org = organisation_of(request)
     form = TargetPreviewForm(
-        request.GET, versions=_ready_versions(org), groups=device_group_list(organisation=org)
+        request.GET, versions=ready_versions(org), groups=device_group_list(organisation=org)
     )
     if not form.is_valid():
         errors = "; ".join(f"{field}: {' '.join(e)}" for field, e in form.errors.items())
@@ -240,7 +240,7 @@ def release_preview(request):
 
 @role_required(get=Role.VIEWER, post=Role.RELEASE_MANAGER)
 def groups(request):
-    org = _organisation(request)
+    org = organisation_of(request)
     form = GroupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -264,15 +264,15 @@ def groups(request):
     ]
     context = {
         "organisation": org,
-        "can": _can(request),
+        "can": permissions_of(request),
         "form": form,
         "rows": rows,
-        "versions": _ready_versions(org),
+        "versions": ready_versions(org),
     }
     return render(request, "console/groups.html", context)
 
 
-def _ready_versions(org):
+def ready_versions(org):
     return ModelVersion.objects.filter(
         model__organisation=org, status=ModelVersion.Status.READY, package__isnull=False
     ).select_related("model")
@@ -282,9 +282,9 @@ def _ready_versions(org):
 def group_pin(request, group_id: str):
     """Pin a group's devices to a version (empty: unpin)."""
     try:
-        group = device_group_get(organisation=_organisation(request), group_id=group_id)
+        group = device_group_get(organisation=organisation_of(request), group_id=group_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     try:
         device_group_update(group=group, pinned_version_id=request.POST.get("version") or None)
         messages.success(request, f"Group {group.name}: pin saved.")
@@ -297,9 +297,9 @@ def group_pin(request, group_id: str):
 def device_pin_view(request, device_id: str):
     """Pin one device to a version (empty: unpin)."""
     try:
-        device = device_get(organisation=_organisation(request), device_id=device_id)
+        device = device_get(organisation=organisation_of(request), device_id=device_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     try:
         device_pin(device=device, version_id=request.POST.get("version") or None)
         messages.success(request, f"Device {device.name}: pin saved.")

@@ -27,7 +27,7 @@ from releases.selectors import device_release_statuses
 from telemetry.selectors import device_recent_records
 
 from console.pages.charts import HEIGHT, WIDTH, line
-from console.views import Role, _can, _error_page, _organisation, _ready_versions, role_required
+from console.views import Role, error_page, organisation_of, permissions_of, ready_versions, role_required
 from deploy.errors import PolicyError
 
 PAGE_SIZE = 50
@@ -75,7 +75,7 @@ def device_state(device: Device, now=None) -> str:
 
 @role_required(get=Role.VIEWER)
 def devices_list(request):
-    org = _organisation(request)
+    org = organisation_of(request)
     query = _query_from(request.GET)
     page, problem = None, ""
     try:
@@ -90,7 +90,7 @@ def devices_list(request):
     more = page.next_cursor if page else None
     context = {
         "organisation": org,
-        "can": _can(request),
+        "can": permissions_of(request),
         "query": query,
         "rows": rows,
         "page": page,
@@ -99,10 +99,12 @@ def devices_list(request):
         "next_url": "?" + urlencode({**params, "after": more}) if more else "",
         "paged": bool(request.GET.get("after")),
         "groups": device_group_list(organisation=org),
-        "versions": _ready_versions(org),
+        "versions": ready_versions(org),
         "states": DEVICE_STATES,
         "last_seen": LAST_SEEN_NAMES,
-        "actions": {k: v for k, v in BULK_ACTIONS.items() if k != "revoke" or _can(request)["administer"]},
+        "actions": {
+            k: v for k, v in BULK_ACTIONS.items() if k != "revoke" or permissions_of(request)["administer"]
+        },
     }
     return render(request, "console/pages/devices.html", context)
 
@@ -110,7 +112,7 @@ def devices_list(request):
 @role_required(post=Role.RELEASE_MANAGER)
 def devices_bulk(request):
     """A bulk action: the first POST shows what would happen, the second (confirmed) does it."""
-    org = _organisation(request)
+    org = organisation_of(request)
     action = request.POST.get("action", "")
     if action not in BULK_ACTIONS:
         choices = ", ".join(BULK_ACTIONS)
@@ -120,7 +122,7 @@ def devices_bulk(request):
         try:  # revoking is an admin's, as in the REST API
             role_require(membership=request.membership, role=Role.ADMIN)
         except DomainError as exc:
-            return _error_page(request, exc)
+            return error_page(request, exc)
     ids = request.POST.getlist("device")[: MAX_BULK + 1]
     if len(ids) > MAX_BULK:
         messages.error(request, f"At most {MAX_BULK} devices at once; use a device group for more.")
@@ -156,7 +158,7 @@ def devices_bulk(request):
 def _bulk_target(org, action: str, data):
     """The version (pin) or group (add-to-group) the action needs; NotFound/Invalid otherwise."""
     if action == "pin":
-        version = _ready_versions(org).filter(pk=data.get("version") or None).first()
+        version = ready_versions(org).filter(pk=data.get("version") or None).first()
         if version is None:
             raise InvalidPin("Choose a converted version to pin the devices to.")
         return version
@@ -180,8 +182,8 @@ def _bulk_do(action: str, devices: list[Device], target) -> None:
 
 def _live_context(request, device: Device) -> dict:
     return {
-        "organisation": _organisation(request),
-        "can": _can(request),
+        "organisation": organisation_of(request),
+        "can": permissions_of(request),
         "device": device,
         "state": device_state(device),
         "groups": device.groups.order_by("name"),
@@ -193,11 +195,11 @@ def _live_context(request, device: Device) -> dict:
 
 @role_required(get=Role.VIEWER)
 def device_detail(request, device_id: str):
-    org = _organisation(request)
+    org = organisation_of(request)
     try:
         device = device_get(organisation=org, device_id=device_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     telemetry = device_recent_records(device=device, limit=60)
     metrics = [r for r in reversed(telemetry) if r["kind"] == "metrics"]
     charts = [line(name, [r[key] for r in metrics]) for name, key in CHARTS]
@@ -205,7 +207,7 @@ def device_detail(request, device_id: str):
         **_live_context(request, device),
         "charts": [c for c in charts if c is not None],
         "telemetry": telemetry[:20],
-        "versions": _ready_versions(org),
+        "versions": ready_versions(org),
         "chart_box": f"0 0 {WIDTH} {HEIGHT}",
         "chart_records": len(metrics),
     }
@@ -216,7 +218,7 @@ def device_detail(request, device_id: str):
 def device_live(request, device_id: str):
     """The device page's live part: state, running version, version history, release reports."""
     try:
-        device = device_get(organisation=_organisation(request), device_id=device_id)
+        device = device_get(organisation=organisation_of(request), device_id=device_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     return render(request, "console/live/device.html", _live_context(request, device))

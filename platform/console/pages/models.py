@@ -15,7 +15,8 @@ from registry.services import model_create, version_upload
 from releases.selectors import releases_by_version
 
 from console.forms import ModelForm, VersionUploadForm
-from console.views import Role, _can, _error_page, _organisation, role_required
+from console.pages.reports import report_context, sizes
+from console.views import Role, error_page, organisation_of, permissions_of, role_required
 
 MODELS_PER_PAGE = 25
 FINISHED_JOBS = (ConversionJob.Status.SUCCEEDED, ConversionJob.Status.FAILED)
@@ -24,7 +25,7 @@ STOP_POLLING = 286  # htmx stops an "every 2s" trigger when the answer has this 
 
 @role_required(get=Role.VIEWER, post=Role.RELEASE_MANAGER)
 def models_list(request):
-    org = _organisation(request)
+    org = organisation_of(request)
     form = ModelForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -37,7 +38,13 @@ def models_list(request):
     page = Paginator(model_search(organisation=org, query=query), MODELS_PER_PAGE).get_page(
         request.GET.get("page")
     )
-    context = {"organisation": org, "can": _can(request), "query": query, "page": page, "form": form}
+    context = {
+        "organisation": org,
+        "can": permissions_of(request),
+        "query": query,
+        "page": page,
+        "form": form,
+    }
     return render(request, "console/pages/models.html", context)
 
 
@@ -47,8 +54,8 @@ def _versions_context(request, model) -> dict[str, Any]:
     rows = [{"version": v, "sizes": sizes(v), "releases": shipped[str(v.pk)]} for v in versions]
     converting = any(v.status == ModelVersion.Status.CONVERTING for v in versions)
     return {
-        "organisation": _organisation(request),
-        "can": _can(request),
+        "organisation": organisation_of(request),
+        "can": permissions_of(request),
         "model": model,
         "rows": rows,
         "converting": converting,
@@ -58,11 +65,11 @@ def _versions_context(request, model) -> dict[str, Any]:
 @role_required(get=Role.VIEWER, post=Role.RELEASE_MANAGER)
 def model_detail(request, model_id: int):
     """A model's versions; an operator uploads a new one here (it converts while one watches)."""
-    org = _organisation(request)
+    org = organisation_of(request)
     try:
         model = model_get(organisation=org, model_id=model_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     form = VersionUploadForm(request.POST or None, request.FILES or None)
     if request.method == "POST" and form.is_valid():
         upload = form.cleaned_data["file"]
@@ -86,9 +93,9 @@ def model_detail(request, model_id: int):
 def model_live(request, model_id: int):
     """The model page's versions table while one converts; once none does, htmx stops asking."""
     try:
-        model = model_get(organisation=_organisation(request), model_id=model_id)
+        model = model_get(organisation=organisation_of(request), model_id=model_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     context = _versions_context(request, model)
     status = 200 if context["converting"] else STOP_POLLING
     return render(request, "console/live/model_versions.html", context, status=status)
@@ -99,9 +106,9 @@ def version_job(request, version_id: str):
     """A version's conversion job (status, progress, log lines) while it converts; when it has
     finished, htmx is told to reload the page once, which then shows the report."""
     try:
-        version = version_get(organisation=_organisation(request), version_id=version_id)
+        version = version_get(organisation=organisation_of(request), version_id=version_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     job = getattr(version, "job", None)
     if (job is None or job.status in FINISHED_JOBS) and request.headers.get("HX-Request"):
         response = HttpResponse(status=STOP_POLLING)
@@ -112,89 +119,20 @@ def version_job(request, version_id: str):
 
 @role_required(get=Role.VIEWER)
 def version_detail(request, version_id: str):
-    org = _organisation(request)
+    org = organisation_of(request)
     try:
         version = version_get(organisation=org, version_id=version_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     report = version.report or {}
     context = {
         "organisation": org,
-        "can": _can(request),
+        "can": permissions_of(request),
         "version": version,
         "report": report,
-        "sizes": sizes(version),
-        "accuracy": accuracy_rows(report),
-        "passes": passes_that_changed(report),
+        **report_context(version),
         "job": getattr(version, "job", None),
         "releases": releases_by_version(version_ids=[version.pk])[str(version.pk)],
         "releasable": version.status == ModelVersion.Status.READY and version.package_id is not None,
     }
     return render(request, "console/pages/version.html", context)
-
-
-def precision(report: dict[str, Any]) -> str:
-    return str(report.get("quantize") or "float32")
-
-
-def sizes(version: ModelVersion) -> list[dict[str, Any]]:
-    """[{"precision", "bytes"}]: the float32 graph, the converted one if reduced, the package."""
-    report = version.report or {}
-    rows = []
-    if report.get("fp32_package_size"):
-        rows.append({"precision": "float32", "bytes": report["fp32_package_size"]})
-    if report.get("quantize") and report.get("converted_size"):
-        rows.append(
-            {
-                "precision": precision(report),
-                "bytes": report["converted_size"],
-                "ratio": report.get("size_ratio"),
-            }
-        )
-    if version.package_id:
-        rows.append({"precision": f"package ({precision(report)}, signed)", "bytes": version.package.size})
-    return rows
-
-
-def passes_that_changed(report: dict[str, Any]) -> list[str]:
-    """The optimisation passes that removed nodes, as "name: nodes before → after"."""
-    lines, nodes = [], report.get("nodes_before")
-    for step in report.get("passes") or []:
-        if isinstance(step, dict) and step.get("nodes") != nodes:
-            lines.append(f"{step.get('pass')}: {nodes} → {step.get('nodes')} nodes")
-            nodes = step.get("nodes")
-    return lines
-
-
-def accuracy_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (precision, output): the metric each precision is judged by, against float32."""
-    rows = []
-    if report.get("fp16_cosine_similarity") is not None:
-        rows.append(
-            {
-                "precision": "fp16",
-                "output": "all outputs",
-                "metric": "cosine similarity",
-                "cosine": report["fp16_cosine_similarity"],
-                "max_abs_error": report.get("fp16_max_abs_error"),
-                "top1": None,
-            }
-        )
-    accuracy = report.get("accuracy") or {}
-    for name, figures in sorted((accuracy.get("outputs") or {}).items()):
-        if not isinstance(figures, dict):
-            continue
-        rows.append(
-            {
-                "precision": precision(report),
-                "output": name,
-                "metric": "top-1 agreement"
-                if figures.get("top1_agreement") is not None
-                else "cosine similarity",
-                "cosine": figures.get("cosine_similarity"),
-                "max_abs_error": figures.get("max_abs_error"),
-                "top1": figures.get("top1_agreement"),
-                "samples": f"{accuracy.get('samples')} {accuracy.get('inputs')}",
-            }
-        )
-    return rows

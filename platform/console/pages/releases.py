@@ -26,7 +26,7 @@ from releases.services import release_gate_evaluate, release_transition
 from telemetry.series import CanarySeries, version_vs_fleet_hourly
 
 from console.pages.charts import HEIGHT, WIDTH, comparison
-from console.views import Role, _can, _error_page, _organisation, role_required
+from console.views import Role, error_page, organisation_of, permissions_of, role_required
 from deploy.errors import PolicyError
 from deploy.gates import GateThresholds
 
@@ -147,8 +147,8 @@ def live_context(request, release: Release) -> dict[str, Any]:
     params = {"state": state} if state else {}
     more = len(shown) > start + STATUS_PAGE
     return {
-        "organisation": _organisation(request),
-        "can": _can(request),
+        "organisation": organisation_of(request),
+        "can": permissions_of(request),
         "release": release,
         "phases": phase_rows(release, progress),
         "progress": progress,
@@ -173,7 +173,7 @@ def live_context(request, release: Release) -> dict[str, Any]:
 
 
 def _release_or_404(request, release_id: str) -> Release:
-    return release_get(organisation=_organisation(request), release_id=release_id)
+    return release_get(organisation=organisation_of(request), release_id=release_id)
 
 
 @role_required(get=Role.VIEWER)
@@ -181,7 +181,7 @@ def release_detail(request, release_id: str):
     try:
         release = _release_or_404(request, release_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     context = {
         **live_context(request, release),
         **chart_context(release),
@@ -196,7 +196,7 @@ def release_live(request, release_id: str):
     try:
         release = _release_or_404(request, release_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     return render(request, "console/live/release.html", live_context(request, release))
 
 
@@ -236,7 +236,7 @@ def release_canary_chart(request, release_id: str):
     try:
         release = _release_or_404(request, release_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     return render(request, "console/live/canary.html", {"release": release, **chart_context(release)})
 
 
@@ -281,7 +281,7 @@ def release_action(request, release_id: str, action: str):
     try:
         release = _release_or_404(request, release_id)
     except DomainError as exc:  # nothing by that id here (another tenant's included): 404
-        return _error_page(request, exc)
+        return error_page(request, exc)
     try:
         if request.POST.get("next") == "detail":
             back = redirect("console:release", release_id=release.pk)
@@ -308,7 +308,7 @@ def release_gate(request, release_id: str):
     try:
         release = _release_or_404(request, release_id)
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     try:
         status = release_gate_evaluate(release_id=release.pk)
         messages.success(request, f"Gate evaluated: {status['step']} ({status['reason']}).")

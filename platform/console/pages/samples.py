@@ -21,7 +21,7 @@ from ferry_cloud.errors import DomainError, NotFound
 from registry.models import Artifact, ModelVersion
 from registry.selectors import version_get
 
-from console.views import Role, _error_page, _organisation, role_required
+from console.views import Role, error_page, organisation_of, role_required
 from converter.diffusion.sample import NoSample, sample_png
 
 log = logging.getLogger(__name__)
@@ -95,11 +95,11 @@ def _cached_png(artifact: Artifact) -> bytes:
 def version_sample(request, version_id: str):
     """The PNG of a ready diffusion version's sample image."""
     try:
-        version = version_get(organisation=_organisation(request), version_id=version_id)
+        version = version_get(organisation=organisation_of(request), version_id=version_id)
         if version.kind != ModelVersion.Kind.DIFFUSION or version.package is None:
             raise NotFound("This version has no sample image: only converted diffusion versions do.")
     except DomainError as exc:
-        return _error_page(request, exc)
+        return error_page(request, exc)
     etag = f'"{version.package.sha256}"'
     unchanged = get_conditional_response(request, etag=etag)
     if unchanged is not None:
@@ -109,7 +109,7 @@ def version_sample(request, version_id: str):
         png = _cached_png(version.package)
     except NoSample as exc:
         log.warning("version %s: no sample image: %s", version.pk, exc)
-        return _error_page(request, NotFound("This version's package holds no readable sample image."))
+        return error_page(request, NotFound("This version's package holds no readable sample image."))
     response = HttpResponse(png, content_type="image/png")
     response["ETag"] = etag
     response["Cache-Control"] = "private, max-age=3600"  # private: the page is permission-checked
