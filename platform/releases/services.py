@@ -279,6 +279,25 @@ def _activate(release: Release, *, actor, reason: str, expected_revision: int | 
 STEP_ACTIONS = {Step.ADVANCE: "advance", Step.COMPLETE: "advance", Step.PAUSE: "pause", Step.ABORT: "abort"}
 
 
+# Kinds whose telemetry measures the same thing: `latency` is one inference for a model, the
+# time to first token for a chat (base or adapter), a whole image for a diffusion pipeline.
+COMPARABLE_KINDS = {
+    ModelVersion.Kind.ONNX: (ModelVersion.Kind.ONNX,),
+    ModelVersion.Kind.LLM: (ModelVersion.Kind.LLM, ModelVersion.Kind.LLM_ADAPTER),
+    ModelVersion.Kind.LLM_ADAPTER: (ModelVersion.Kind.LLM, ModelVersion.Kind.LLM_ADAPTER),
+    ModelVersion.Kind.DIFFUSION: (ModelVersion.Kind.DIFFUSION,),
+}
+
+
+def comparable_version_ids(version: ModelVersion) -> set[str]:
+    """The organisation's versions whose devices can be the gate's baseline for ``version``:
+    those of a kind whose figures mean the same (a first LLM release onto a fleet of
+    classifiers has no baseline, so its latency ratio waits instead of failing)."""
+    kinds = COMPARABLE_KINDS.get(version.kind, (version.kind,))
+    ids = ModelVersion.objects.filter(model__organisation_id=version.model.organisation_id, kind__in=kinds)
+    return {str(pk) for pk in ids.values_list("pk", flat=True)}
+
+
 def release_gate_evaluate(*, release_id, now=None) -> dict:
     """Evaluate an active release's gate once and act on it (advance, complete, pause, abort).
 
@@ -286,7 +305,7 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
     worker evaluating the same release at the same time changes nothing twice.
     """
     now = now or timezone.now()
-    release = Release.objects.select_related("version").get(pk=release_id)
+    release = Release.objects.select_related("version__model").get(pk=release_id)
     if release.state != State.ACTIVE:
         return {"step": "wait", "reason": f"release is {release.state}"}
     phases = release_phases(release)
@@ -305,6 +324,7 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
         since=since,
         device_ids=set(cohort),
         baseline_ids=set(selection.matching) - away,
+        baseline_version_ids=comparable_version_ids(release.version),
     )
     treated = _with_refusals(release, cohort, treated)
     result = evaluate_gate(thresholds, treated, baseline)

@@ -93,6 +93,7 @@ def release_cohort_figures(
     since: datetime,
     device_ids: set[str] | None = None,
     baseline_ids: set[str] | None = None,
+    baseline_version_ids: set[str] | None = None,
 ) -> tuple[CohortFigures, CohortFigures]:
     """Telemetry received since `since`: the release's devices on version_id, and the baseline.
 
@@ -100,7 +101,9 @@ def release_cohort_figures(
     release, and selected devices without a metrics record are pending; without it every
     device on version_id counts (the older, organisation-wide reading). The baseline is the
     devices on any other version (the previous version); with `baseline_ids` only theirs (the
-    release's own population, so a device pinned elsewhere is no one's yardstick). A record
+    release's own population, so a device pinned elsewhere is no one's yardstick); with
+    `baseline_version_ids` only devices on those versions (the ones whose figures measure the
+    same thing: a chat's time to first token is no yardstick for a classifier's latency). A record
     whose figures are not numbers is skipped and counted (records_skipped), never raised: one
     device's bad telemetry must not stop the evaluation.
     """
@@ -123,7 +126,11 @@ def release_cohort_figures(
         elif record_version == version_id:
             if mine:
                 treated.append((device, payload))
-        elif record_version and (baseline_ids is None or device in baseline_ids):
+        elif (
+            record_version
+            and (baseline_ids is None or device in baseline_ids)
+            and (baseline_version_ids is None or str(record_version) in baseline_version_ids)
+        ):
             baseline.append((device, payload))
     selected = None if device_ids is None else len(device_ids)
     return _cohort(treated, activations, selected=selected, skipped=skipped), _cohort(baseline, [])

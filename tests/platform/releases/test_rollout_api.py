@@ -390,3 +390,29 @@ def test_periodic_task_evaluates_every_active_release(api, org, ready_version, s
     assert Release.objects.get(pk=active["id"]).state == "completed"
     assert Release.objects.get(pk=draft["id"]).gate_status == {}
     assert evaluate_release_gates.apply().get() == 0  # nothing active is left: idempotent
+
+
+def test_a_baseline_of_another_model_kind_is_no_yardstick(api, org, ready_version, second_version):
+    """A first LLM release onto devices that run a classifier: the chat's time to first token is
+    not compared with the classifier's latency (the ratio waits for a baseline of its kind)."""
+    devices = _devices(org, 5, ready_version)
+    ModelVersion.objects.filter(pk=second_version.pk).update(kind=ModelVersion.Kind.LLM)
+    phases = [{"percentage": 100, "min_reporting_devices": 3}]  # waits: one device reports
+    release = _create(
+        api, second_version, phases=phases, gate={"max_latency_p95_ratio": 1.5}, start=True
+    ).json()
+    _install(devices, second_version)
+    _metrics(devices[0], second_version, p95=400.0)
+    other = _devices(org, 1, ready_version)[0]
+    _metrics(other, ready_version, p95=10.0)
+    status = api.post(f"/api/v1/releases/{release['id']}/gate/").json()
+    figures = status["figures"]
+    assert figures["latency_p95_ratio"] is None and figures["baseline_devices_reporting"] == 0
+    assert status["step"] == "wait" and Release.objects.get().state == "active"
+
+    ModelVersion.objects.filter(pk=ready_version.pk).update(kind=ModelVersion.Kind.LLM_ADAPTER)
+    status = api.post(f"/api/v1/releases/{release['id']}/gate/").json()  # a chat baseline: compared
+    assert (
+        status["figures"]["latency_p95_ratio"] == 40.0
+        and status["figures"]["baseline_devices_reporting"] == 1
+    )
