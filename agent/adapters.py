@@ -102,6 +102,13 @@ def try_load(adapter_directory: Path, base_directory: Path) -> None:
     load_adapter(adapter_directory, model.config, expected_base=llm_base_digest(base_directory))
 
 
+def can_serve_again(adapter: InstalledAdapter, versions_dir: Path, base_directory: Path | None) -> bool:
+    """An adapter replaced during probation can serve again: files kept, bound to the active base."""
+    return (versions_dir / adapter.version_id).is_dir() and adapter.base_digest == llm_base_digest(
+        base_directory
+    )
+
+
 @dataclass(frozen=True)
 class InstalledAdapter:
     name: str
@@ -129,34 +136,75 @@ def install(
 
 
 class AdapterBook:
-    """``adapters.json``: the adapters installed beside a base, by name (atomic writes)."""
+    """``adapters.json``: the adapters installed beside a base, by name (atomic writes).
+
+    A newer version of a name keeps the one it replaced (``replaces``) until its probation ends
+    (``settle``), so a version that fails there gives the name back to the one before it."""
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / BOOK
 
-    def all(self) -> dict[str, InstalledAdapter]:
-        data = read_json(self.path, {}) or {}
-        return {name: InstalledAdapter(**entry) for name, entry in data.items()}
+    def _entries(self) -> dict[str, dict[str, Any]]:
+        return read_json(self.path, {}) or {}
 
-    def _write(self, adapters: dict[str, InstalledAdapter]) -> None:
-        write_json_atomic(self.path, {name: asdict(a) for name, a in sorted(adapters.items())})
+    @staticmethod
+    def _adapter(entry: dict[str, Any]) -> InstalledAdapter:
+        return InstalledAdapter(**{k: v for k, v in entry.items() if k != "replaces"})
+
+    def all(self) -> dict[str, InstalledAdapter]:
+        return {name: self._adapter(entry) for name, entry in self._entries().items()}
+
+    def _write(self, entries: dict[str, dict[str, Any]]) -> None:
+        write_json_atomic(self.path, dict(sorted(entries.items())))
 
     def install(self, adapter: InstalledAdapter) -> InstalledAdapter | None:
         """Add the adapter (replacing an older version of the same name, which is returned)."""
-        adapters = self.all()
-        replaced = adapters.get(adapter.name)
-        adapters[adapter.name] = adapter
-        self._write(adapters)
+        entries = self._entries()
+        old = entries.get(adapter.name)
+        replaced = self._adapter(old) if old else None
+        entry: dict[str, Any] = asdict(adapter)
+        if replaced is not None and replaced.version_id != adapter.version_id:
+            entry["replaces"] = asdict(replaced)
+        elif old and old.get("replaces"):  # the same version again keeps what it replaced
+            entry["replaces"] = old["replaces"]
+        entries[adapter.name] = entry
+        self._write(entries)
         return replaced
 
     def remove_version(self, version_id: str) -> InstalledAdapter | None:
-        adapters = self.all()
-        gone = next((a for a in adapters.values() if a.version_id == version_id), None)
-        if gone is not None:
-            del adapters[gone.name]
-            self._write(adapters)
+        entries = self._entries()
+        name = next((n for n, e in entries.items() if e.get("version_id") == version_id), None)
+        if name is None:
+            return None
+        gone = self._adapter(entries.pop(name))
+        self._write(entries)
         return gone
+
+    def replaced_by(self, version_id: str) -> InstalledAdapter | None:
+        """The adapter that ``version_id`` replaced and still keeps (until it settles)."""
+        entry = next((e for e in self._entries().values() if e.get("version_id") == version_id), None)
+        return self._adapter(entry["replaces"]) if entry and entry.get("replaces") else None
+
+    def roll_back(
+        self, version_id: str, restorable: Callable[[InstalledAdapter], bool]
+    ) -> InstalledAdapter | None:
+        """Remove the failed ``version_id``; give its name back to the adapter it replaced when
+        ``restorable`` says that one can still run (its files kept, bound to the active base).
+        Returns the restored adapter, or None."""
+        before = self.replaced_by(version_id)
+        if self.remove_version(version_id) is None or before is None or not restorable(before):
+            return None
+        entries = self._entries()
+        entries[before.name] = asdict(before)
+        self._write(entries)
+        return before
+
+    def settle(self) -> None:
+        """The newer versions passed probation: forget what they replaced (its files may go)."""
+        entries = self._entries()
+        if any("replaces" in e for e in entries.values()):
+            self._write({n: {k: v for k, v in e.items() if k != "replaces"} for n, e in entries.items()})
 
     def by_version(self, version_id: str) -> InstalledAdapter | None:
         return next((a for a in self.all().values() if a.version_id == version_id), None)
@@ -166,14 +214,20 @@ class AdapterBook:
 
     def forget_other_bases(self, digest: str) -> list[str]:
         """Drop adapters bound to another base (after a base upgrade settles); their names."""
-        adapters = self.all()
-        kept = {name: a for name, a in adapters.items() if a.base_digest == digest}
-        if len(kept) != len(adapters):
+        entries = self._entries()
+        kept = {name: e for name, e in entries.items() if e.get("base_digest") == digest}
+        if len(kept) != len(entries):
             self._write(kept)
-        return sorted(set(adapters) - set(kept))
+        return sorted(set(entries) - set(kept))
 
     def version_ids(self) -> set[str]:
-        return {a.version_id for a in self.all().values()}
+        """Every version whose files must stay: installed ones and those they may give back to."""
+        ids = set()
+        for entry in self._entries().values():
+            ids.add(entry["version_id"])
+            if entry.get("replaces"):
+                ids.add(entry["replaces"]["version_id"])
+        return ids
 
 
 @dataclass

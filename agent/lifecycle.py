@@ -29,7 +29,8 @@ an adapter goes through the same states, but at switching it joins ``adapters.js
 moving `current`, and one bound to another base is refused at verifying (``incompatible``).  An
 offer of what is already on disk and active (the base under an adapter, an installed adapter:
 a rollback or a pin) is taken at once, without a download; a rollback away from an adapter
-removes that adapter.  Refusals are reported with ``stage``, ``reason`` and a
+removes that adapter, and one that fails in probation gives its name back to the version it
+replaced.  Refusals are reported with ``stage``, ``reason`` and a
 machine-readable ``code``.
 """
 
@@ -500,6 +501,7 @@ class Lifecycle:
             )
             return
         if time.time() >= self.update.probation_until:
+            self.adapters.settle()
             forgotten = self.adapters.forget_other_bases(lora.llm_base_digest(self._current_dir()))
             if forgotten:
                 log.info("adapters %s dropped: bound to another base", ", ".join(forgotten))
@@ -513,20 +515,26 @@ class Lifecycle:
         previous = self.update.previous
         self.installer.switch_back(previous)
         running = self.running()
+        restored = self.adapters.roll_back(offer.version_id, self._adapter_restorable)
         if running.get("version_id") == offer.version_id:  # it was committed (probation): un-commit it
             before = running.get("previous") or {}
+            back_to = restored.version_id if restored else previous
             write_json_atomic(
                 self.running_file,
                 {
-                    "version_id": previous,
+                    "version_id": back_to,
                     "package_digest": before.get("package_digest", "")
-                    if before.get("version_id") == previous
+                    if before.get("version_id") == back_to
                     else "",
                     "counter": before.get("counter", 0),
                     "previous": {},
                 },
             )
-        if self.adapters.remove_version(offer.version_id) is not None:
+        if restored is not None:
+            log.error(
+                "adapter %s: %s failed, %s serves again", restored.name, offer.version_id, restored.version_id
+            )
+        elif self.adapters.remove_version(offer.version_id) is not None:
             log.error("adapter %s removed: it failed after it was installed", offer.version_id)
         self.on_version_change(previous)
         self.installer.discard(offer)
@@ -534,6 +542,14 @@ class Lifecycle:
         self.installer.prune(keep=self.adapters.version_ids())
         self._transition("rolled_back")
         log.error("rolled back to %s after %s failed", previous or "nothing", offer.version_id)
+
+    def _adapter_restorable(self, adapter: lora.InstalledAdapter) -> bool:
+        return lora.can_serve_again(adapter, self.state_dir / "versions", self._current_dir())
+
+    def _rollback_target(self, offer: Offer) -> str:
+        """What a failed offer goes back to: the adapter it replaced, else the previous version."""
+        before = self.adapters.replaced_by(offer.version_id)
+        return before.version_id if before and self._adapter_restorable(before) else self.update.previous
 
     # --- failures ---------------------------------------------------------------------------
     def _roll_back(self, reason: str, stage: str, code: str = "health_check_failed") -> None:
@@ -547,7 +563,7 @@ class Lifecycle:
                 "reason": reason,
                 "stage": stage,
                 "code": code,
-                "rolled_back_to": self.update.previous,
+                "rolled_back_to": self._rollback_target(offer),
             },
             self.update.previous,
         )

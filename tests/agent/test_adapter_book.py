@@ -63,10 +63,33 @@ def test_the_book_keeps_one_version_per_name_and_forgets_other_bases(tmp_path: P
     replaced = book.install(InstalledAdapter("pirate", "v3", "a" * 64))
     assert replaced is not None and replaced.version_id == "v1"
     assert book.install(InstalledAdapter("sailor", "v4", "b" * 64)) is None
-    assert book.version_ids() == {"v2", "v3", "v4"}
+    assert book.version_ids() == {"v1", "v2", "v3", "v4"}  # v1 stays until v3 settles
     assert sorted(book.for_base("a" * 64)) == ["pirate", "poet"] and book.for_base("") == {}
     assert AdapterBook(tmp_path).by_version("v3").name == "pirate"  # it is on disk, not in memory
     gone = book.remove_version("v2")
     assert gone is not None and gone.name == "poet" and book.remove_version("v2") is None
     assert book.forget_other_bases("a" * 64) == ["sailor"]
     assert sorted(json.loads((tmp_path / "adapters.json").read_text())) == ["pirate"]
+
+
+def test_a_newer_version_keeps_what_it_replaced_until_it_settles(tmp_path: Path) -> None:
+    book = AdapterBook(tmp_path)
+    book.install(InstalledAdapter("pirate", "v1", "a" * 64))
+    book.install(InstalledAdapter("pirate", "v2", "a" * 64))
+    assert book.replaced_by("v2") == InstalledAdapter("pirate", "v1", "a" * 64)
+    assert book.version_ids() == {"v1", "v2"}  # v1's files stay while v2 is on probation
+    assert book.all() == {"pirate": InstalledAdapter("pirate", "v2", "a" * 64)}
+
+    # v2 fails in probation: the name goes back to v1 when v1 can still run, else away
+    assert book.roll_back("v2", lambda before: True) == InstalledAdapter("pirate", "v1", "a" * 64)
+    assert book.all() == {"pirate": InstalledAdapter("pirate", "v1", "a" * 64)} and book.version_ids() == {
+        "v1"
+    }
+    book.install(InstalledAdapter("pirate", "v3", "a" * 64))
+    assert book.roll_back("v3", lambda before: False) is None and book.all() == {}
+
+    book.install(InstalledAdapter("poet", "v4", "a" * 64))
+    book.install(InstalledAdapter("poet", "v5", "a" * 64))
+    book.settle()  # v5 passed probation: v4 is forgotten and its files may go
+    assert book.replaced_by("v5") is None and book.version_ids() == {"v5"}
+    assert book.roll_back("v5", lambda before: True) is None and book.all() == {}

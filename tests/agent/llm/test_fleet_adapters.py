@@ -54,6 +54,8 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         write_peft(root / f"peft-{name}", config, seed=seed)
         convert_lora(root / f"peft-{name}", root / f"{base}.ferry", root / f"{name}.ferry")
         found[name] = _signed(root / f"{name}.ferry", root / f"{name}-signed.ferry", name=name)
+    # a newer version of the pirate adapter (other weights, the same name)
+    found["pirate-2"] = _signed(root / "poet.ferry", root / "pirate-2-signed.ferry", name="pirate")
     return found
 
 
@@ -180,6 +182,52 @@ def test_a_rollback_while_the_adapter_is_in_probation_removes_it(tmp_path: Path,
         wait_for(lambda: "pirate" not in _served(llm_port), 30, "pirate removed", agent)
         assert json.loads((state_dir / "adapters.json").read_text()) == {}
         assert _chat(llm_port, "v-base")[0] == 200  # the base still answers
+    finally:
+        agent.stop()
+        server.stop(grace=None)
+
+
+def test_an_adapter_that_crash_loops_in_probation_gives_its_name_back(tmp_path: Path, packages) -> None:
+    """pirate v2 replaces pirate v1, then the agent dies three times within v2's probation: the
+    device rolls back to v1 (kept on disk until v2 settles), serves it again without a download
+    and reports the rollback to v1, not to the bare base."""
+    double = GatewayDouble(KEYS)
+    server, port = serve(double)
+    llm_port = free_port()
+    state_dir = tmp_path / "state"
+    extra = ["--llm-port", str(llm_port), "--probation-seconds", "600"]
+    agent = AgentProcess(state_dir, port, extra=extra)
+    try:
+        double.publish(packages["base"], "v-base")
+        wait_for(lambda: read_state(state_dir)["running"] == "v-base", 90, "the base running", agent)
+        double.publish(packages["pirate"], "v-pirate")
+        wait_for(lambda: "pirate" in _served(llm_port), 90, "pirate v1 served", agent)
+        v1_answer = _chat(llm_port, "pirate")[1]["choices"][0]["message"]["content"]
+
+        double.publish(packages["pirate-2"], "v-pirate-2")
+        wait_for(lambda: read_state(state_dir)["running"] == "v-pirate-2", 90, "pirate v2 running", agent)
+
+        def v2_answers() -> bool:  # the service reloads its adapters just after the switch
+            status, body = _chat(llm_port, "pirate") if _served(llm_port) else (0, {})
+            return status == 200 and body["choices"][0]["message"]["content"] != v1_answer
+
+        wait_for(v2_answers, 60, "pirate v2 answering", agent)
+        wait_for(lambda: read_state(state_dir)["update"] == "probation", 30, "v2 in probation", agent)
+        downloads = len(double.download_offsets)
+        for death in (1, 2, 3):  # three unclean deaths within v2's probation
+            agent.kill()
+            agent = AgentProcess(state_dir, port, extra=extra)
+            agent.wait_log(f"resuming in probation after an unclean stop ({death})")
+
+        wait_for(lambda: read_state(state_dir)["running"] == "v-pirate", 60, "back on pirate v1", agent)
+        wait_for(lambda: "pirate" in _served(llm_port), 90, "pirate served again", agent)
+        assert _chat(llm_port, "pirate")[1]["choices"][0]["message"]["content"] == v1_answer
+        installed = json.loads((state_dir / "adapters.json").read_text())
+        assert installed["pirate"]["version_id"] == "v-pirate" and "replaces" not in installed["pirate"]
+        assert read_state(state_dir)["current"] == "v-base" and len(double.download_offsets) == downloads
+        failed = [a for a in double.activations() if a["version_id"] == "v-pirate-2" and not a["ok"]]
+        assert failed and "crash loop" in failed[-1]["reason"] and failed[-1]["rolled_back_to"] == "v-pirate"
+        assert not (state_dir / "versions" / "v-pirate-2").exists()  # the failed version's files go
     finally:
         agent.stop()
         server.stop(grace=None)
