@@ -182,7 +182,7 @@ def _measure(args, fleet, port: int, scratch_url: str) -> list[dict]:
     connections.close_all()  # the server's worker and the plain connection below only
     rows = {name: {"http": [], "pg": [], "bytes": 0, "results": 0} for name, _ in endpoints}
     with psycopg.connect(scratch_url, autocommit=True) as pg:
-        for name, path in endpoints:  # warm both sides: the worker's imports, PostgreSQL's cache
+        for _name, path in endpoints:  # warm both sides: the worker's imports, PostgreSQL's cache
             for _ in range(2):
                 client.get(path)
                 _pg_alone(pg, sql[path])
@@ -233,7 +233,8 @@ def _print(rows: list[dict], args, fill_seconds: float) -> None:
     for r in rows:
         print(
             f"| {r['name']:<34} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['queries']} | "
-            f"{r['pg_p50_ms']:.2f} | {r['pg_p99_ms']:.2f} | {r['ratio']:.1f}x | {r['rows']} | {r['kib']:.0f} |"
+            f"{r['pg_p50_ms']:.2f} | {r['pg_p99_ms']:.2f} | {r['ratio']:.1f}x | "
+            f"{r['rows']} | {r['kib']:.0f} |"
         )
 
 
