@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from accounts.models import Organisation
 from django.core.exceptions import ValidationError
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 from ferry_cloud.errors import NotFound
 
@@ -20,11 +20,16 @@ from fleet.models import Device, DeviceGroup, DeviceVersionChange, EnrolmentToke
 
 def device_list(*, organisation: Organisation) -> QuerySet[Device]:
     """The organisation's devices with their versions and, as ``telemetry_count``, how many
-    telemetry records each has stored (counted in the same query)."""
+    telemetry records each has stored (counted in the same query).
+
+    The count is a correlated subquery, not a join with GROUP BY: PostgreSQL then counts only
+    the rows a page returns (it evaluates the subquery after ORDER BY ... LIMIT), where the
+    grouped join counted every record of the whole fleet before taking a page."""
+    stored = Device.objects.filter(pk=OuterRef("pk")).annotate(n=Count("telemetry")).values("n")
     return (
         Device.objects.filter(organisation=organisation)
         .select_related("running_version__model", "pinned_version__model")
-        .annotate(telemetry_count=Count("telemetry"))
+        .annotate(telemetry_count=Subquery(stored))
     )
 
 
@@ -147,7 +152,10 @@ def device_list_filtered(
         )
     if group_id is not None:
         group = device_group_get(organisation=organisation, group_id=group_id)
-        devices = devices.filter(pk__in=device_group_member_ids(group=group))
+        if group.kind == DeviceGroup.Kind.STATIC:  # a join in the page's query, not a list of ids
+            devices = devices.filter(groups=group)
+        else:
+            devices = devices.filter(pk__in=device_group_member_ids(group=group))
     if version_id is not None:
         devices = devices.filter(running_version_id=version_id)
     if last_seen_after is not None:
