@@ -21,6 +21,7 @@ from deploy.phases import ACTIONS
 from deploy.windows import MAX_DURATION_SECONDS
 from releases import drafts, selectors, services
 from releases.models import DeviceReleaseStatus, Release, ReleaseEvent
+from releases.status_counts import release_device_summary
 
 # Integers are range-checked where they land: the database column holds 32 bits.
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -137,7 +138,7 @@ class ReleaseOutput(serializers.ModelSerializer):
         # the target's live matching devices, as of the last start, advance or gate evaluation
         devices = {**counts, "matching": obj.matching_devices}
         if self.context.get("detail"):  # per-device states cost a selection: the detail view only
-            devices["by_state"] = selectors.release_device_summary(release=obj)
+            devices["by_state"] = release_device_summary(release=obj, spread=self.context["spread"])
         return devices
 
     def get_percentage(self, obj: Release) -> float:
@@ -317,7 +318,9 @@ class ReleaseDetailApi(OrganisationApi):
 
     @extend_schema(responses=ReleaseOutput)
     def get(self, request, release_id):
-        release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        release = selectors.release_get(
+            organisation=self.organisation, release_id=release_id, with_events=True
+        )
         return tagged(Response(ReleaseOutput(release, context={"detail": True}).data), release_etag(release))
 
     @extend_schema(request=ReleaseEditInput, responses=ReleaseOutput, parameters=[IF_MATCH])
