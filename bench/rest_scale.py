@@ -15,7 +15,9 @@ Django's test client, connection.queries): that count is the "queries" column, a
 statements, with their literals, are then run on a plain psycopg connection (execute and
 fetch every row) as the "PostgreSQL alone" column. The HTTP request and the PostgreSQL-alone
 run alternate, endpoint after endpoint, --requests times, so the host's noise hits both
-alike. Prints p50/p99 of each, the queries per request and Ferry's overhead (p50 ratio).
+alike. Prints p50/p99 of each, the gunicorn worker's CPU per request (user + system, from
+/proc: the figure the host's load does not inflate), the queries per request and Ferry's
+overhead (p50 over PostgreSQL alone's p50).
 """
 
 from __future__ import annotations
@@ -128,6 +130,23 @@ class Client:
         raise AssertionError("unreachable")
 
 
+def _worker_pid(master: int) -> int:
+    """gunicorn's one worker: the master's child."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.1)
+    raise RuntimeError("gunicorn started no worker")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (the worker's, whatever the host's load)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # --- the SQL of each request, and PostgreSQL alone ---------------------------------------
 
 
@@ -169,7 +188,7 @@ def _next(client: Client, path: str) -> str:
     return f"{parsed.path}?{parsed.query}"
 
 
-def _measure(args, fleet, port: int, scratch_url: str) -> list[dict]:
+def _measure(args, fleet, port: int, scratch_url: str, worker: int) -> list[dict]:
     import psycopg
 
     client = Client(port, fleet.token)
@@ -180,7 +199,7 @@ def _measure(args, fleet, port: int, scratch_url: str) -> list[dict]:
     from django.db import connections
 
     connections.close_all()  # the server's worker and the plain connection below only
-    rows = {name: {"http": [], "pg": [], "bytes": 0, "results": 0} for name, _ in endpoints}
+    rows = {name: {"http": [], "pg": [], "cpu": 0.0, "bytes": 0, "results": 0} for name, _ in endpoints}
     with psycopg.connect(scratch_url, autocommit=True) as pg:
         for _name, path in endpoints:  # warm both sides: the worker's imports, PostgreSQL's cache
             for _ in range(2):
@@ -188,9 +207,10 @@ def _measure(args, fleet, port: int, scratch_url: str) -> list[dict]:
                 _pg_alone(pg, sql[path])
         for _ in range(args.requests):
             for name, path in endpoints:
-                start = time.perf_counter()
+                cpu, start = _cpu_seconds(worker), time.perf_counter()
                 status, body = client.get(path)
                 rows[name]["http"].append(time.perf_counter() - start)
+                rows[name]["cpu"] += _cpu_seconds(worker) - cpu
                 if status != 200:
                     raise RuntimeError(f"{path}: {status} {body[:300]!r}")
                 rows[name]["bytes"] = len(body)
@@ -211,6 +231,7 @@ def _summary(name: str, row: dict, statements: list[str]) -> dict:
         "name": name,
         "p50_ms": http_p50,
         "p99_ms": _quantile(row["http"], 0.99) * 1000,
+        "cpu_ms": row["cpu"] / len(row["http"]) * 1000,
         "queries": len(statements),
         "pg_p50_ms": pg_p50,
         "pg_p99_ms": _quantile(row["pg"], 0.99) * 1000,
@@ -226,13 +247,14 @@ def _print(rows: list[dict], args, fill_seconds: float) -> None:
         f"{args.requests} requests per row, one gunicorn worker, PostgreSQL; fill {fill_seconds:.0f} s"
     )
     print(
-        f"| {'endpoint':<34} | p50 ms | p99 ms | queries | PG alone p50 ms | PG alone p99 ms "
-        "| Ferry / PG | rows | KiB |"
+        f"| {'endpoint':<34} | p50 ms | p99 ms | worker CPU ms | queries | PG alone p50 ms "
+        "| PG alone p99 ms | Ferry / PG | rows | KiB |"
     )
-    print(f"| {'-' * 34} | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| {'-' * 34} | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(
-            f"| {r['name']:<34} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['queries']} | "
+            f"| {r['name']:<34} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['cpu_ms']:.1f} | "
+            f"{r['queries']} | "
             f"{r['pg_p50_ms']:.2f} | {r['pg_p99_ms']:.2f} | {r['ratio']:.1f}x | "
             f"{r['rows']} | {r['kib']:.0f} |"
         )
@@ -258,7 +280,7 @@ def _run(args, url: str) -> None:
         try:
             if args.pid_file:  # for a profiler: the worker is the master's child
                 Path(args.pid_file).write_text(str(server.pid))
-            rows = _measure(args, fleet, port, scratch)
+            rows = _measure(args, fleet, port, scratch, _worker_pid(server.pid))
         finally:
             server.terminate()
             server.wait(timeout=30)
