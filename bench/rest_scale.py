@@ -87,7 +87,7 @@ def _start_gunicorn(data_dir: str, log: Path) -> tuple[subprocess.Popen, int]:
         "FERRY_WEB_THREADS": "2",
         "FERRY_WEB_KEEPALIVE": "60",
         "FERRY_API_RATE": "off",
-        "FERRY_LOG_LEVEL": "info",  # production's: one structured line per request
+        "FERRY_LOG_LEVEL": "INFO",  # production's: one structured line per request
         "FERRY_DATA_DIR": data_dir,
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the config makes one of its own
@@ -95,7 +95,7 @@ def _start_gunicorn(data_dir: str, log: Path) -> tuple[subprocess.Popen, int]:
     process = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-c", GUNICORN_CONF], cwd=ROOT, env=env, stdout=out, stderr=out
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # a loaded host imports slowly
     while time.monotonic() < deadline:
         try:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
@@ -103,9 +103,11 @@ def _start_gunicorn(data_dir: str, log: Path) -> tuple[subprocess.Popen, int]:
             if connection.getresponse().status == 200:
                 return process, port
         except OSError:
+            if process.poll() is not None:
+                break
             time.sleep(0.2)
     process.kill()
-    raise RuntimeError(f"gunicorn did not start; see {log}")
+    raise RuntimeError("gunicorn did not start:\n" + "\n".join(log.read_text().splitlines()[-15:]))
 
 
 class Client:
