@@ -15,6 +15,7 @@ from django.utils import timezone
 from ferry_cloud.errors import NotFound
 
 from deploy.filters import Filter
+from fleet import filter_sql
 from fleet.models import Device, DeviceGroup, DeviceVersionChange, EnrolmentToken
 
 
@@ -147,15 +148,13 @@ def device_list_filtered(
     """
     devices = device_list(organisation=organisation)
     if filter_text:
-        devices = devices.filter(
-            pk__in=devices_matching(organisation_id=organisation.pk, filter_text=filter_text)
-        )
+        devices = _selected_by(devices, organisation, filter_text)
     if group_id is not None:
         group = device_group_get(organisation=organisation, group_id=group_id)
         if group.kind == DeviceGroup.Kind.STATIC:  # a join in the page's query, not a list of ids
             devices = devices.filter(groups=group)
         else:
-            devices = devices.filter(pk__in=device_group_member_ids(group=group))
+            devices = _selected_by(devices, organisation, group.filter)
     if version_id is not None:
         devices = devices.filter(running_version_id=version_id)
     if last_seen_after is not None:
@@ -165,6 +164,18 @@ def device_list_filtered(
     if revoked is not None:
         devices = devices.filter(revoked_at__isnull=not revoked)
     return devices
+
+
+def _selected_by(devices: QuerySet[Device], organisation: Organisation, filter_text: str) -> QuerySet[Device]:
+    """The live devices among ``devices`` the filter selects: a condition in the query itself
+    when fleet.filter_sql translates it (the database stops at a full page), else the ids
+    deploy/filters' own evaluation picks from every live device."""
+    translated = filter_sql.condition(filter_text)
+    if translated is None:
+        return devices.filter(
+            pk__in=devices_matching(organisation_id=organisation.pk, filter_text=filter_text)
+        )
+    return devices.filter(translated, revoked_at__isnull=True)
 
 
 # --- the console's device list: filters and keyset pages over a large fleet ------------------
