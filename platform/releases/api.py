@@ -21,7 +21,11 @@ from deploy.phases import ACTIONS
 from deploy.windows import MAX_DURATION_SECONDS
 from releases import drafts, selectors, services
 from releases.models import DeviceReleaseStatus, Release, ReleaseEvent
-from releases.status_counts import release_device_summary
+from releases.status_counts import (
+    REPORTED_ONLY_STATES,
+    release_device_statuses_in,
+    release_device_summary,
+)
 
 # Integers are range-checked where they land: the database column holds 32 bits.
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -369,7 +373,10 @@ class ReleaseDevicesApi(OrganisationApi):
                 f"Unknown state {state[:40]!r}; use one of {', '.join(DeviceReleaseStatus.State.values)}.",
                 fields={"state": ["unknown state"]},
             )
-        rows = selectors.release_device_statuses(release=release, state=state)
+        if state in REPORTED_ONLY_STATES:  # stored reports only: paged in the database
+            rows = release_device_statuses_in(release=release, state=state)
+        else:
+            rows = selectors.release_device_statuses(release=release, state=state)
         paginator = LimitOffsetPagination()
         page = paginator.paginate_queryset(rows, request, view=self)
         return paginator.get_paginated_response(DeviceStatusOutput(page, many=True).data)

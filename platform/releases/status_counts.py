@@ -20,7 +20,8 @@ else pending), without building those rows: at 100,000 devices that list costs s
 from __future__ import annotations
 
 from django.core.cache import cache
-from django.db.models import Count
+from django.db.models import CharField, Count, F, QuerySet
+from django.db.models.functions import Cast, Collate
 
 from releases.models import DeviceReleaseStatus, Release
 from releases.selectors import release_selection
@@ -81,3 +82,50 @@ def _unreported_now(release: Release) -> dict[str, int]:
     missing = selection.selected - reported
     running = len(missing & selection.running)
     return {"running": running, "pending": len(missing) - running, "reported": len(reported)}
+
+
+# States only a stored report gives: a device without one is running or pending.
+REPORTED_ONLY_STATES = frozenset(DeviceReleaseStatus.State.values) - {"running", "pending"}
+
+
+class StatusRows:
+    """A query's rows as release_device_statuses' dicts; counted and sliced in the database
+    (what LimitOffsetPagination asks of a list)."""
+
+    def __init__(self, rows: QuerySet) -> None:
+        self._rows = rows
+
+    def count(self) -> int:
+        return self._rows.count()
+
+    def __getitem__(self, index: slice) -> list[dict]:
+        return [_status_row(row) for row in self._rows[index]]
+
+    def __iter__(self):
+        return (_status_row(row) for row in self._rows)
+
+
+def _status_row(row: dict) -> dict:
+    return {"device_id": row.pop("device_key"), "device_name": row.pop("name"), **row}
+
+
+def release_device_statuses_in(*, release: Release, state: str) -> StatusRows:
+    """release_device_statuses(state=...) for a state in REPORTED_ONLY_STATES, as a query: the
+    same rows in the same order (device name in code-point order, as Python sorts, then id),
+    so a page of them is one indexed read, not the whole release's rows built and sorted."""
+    if state not in REPORTED_ONLY_STATES:
+        raise ValueError(f"{state!r} is also given to devices without a report")
+    rows = DeviceReleaseStatus.objects.filter(release=release, state=state)
+    ordered = rows.order_by(Collate("device__name", "C"), "device_id")
+    return StatusRows(
+        ordered.values(
+            "state",
+            "reason_code",
+            "message",
+            "assignment_counter",
+            "reported_at",
+            "updated_at",
+            name=F("device__name"),
+            device_key=Cast("device_id", output_field=CharField()),
+        )
+    )

@@ -12,7 +12,11 @@ from fleet.models import Device
 from releases.models import DeviceReleaseStatus
 from releases.selectors import fleet_version_spread, release_device_statuses, release_selection
 from releases.services import release_create, release_transition
-from releases.status_counts import release_device_summary
+from releases.status_counts import (
+    REPORTED_ONLY_STATES,
+    release_device_statuses_in,
+    release_device_summary,
+)
 
 STATES = ("downloading", "installed", "running", "refused", "failed")
 
@@ -114,3 +118,26 @@ def test_releases_that_select_nobody_count_their_reports_only(org, ready_version
     DeviceReleaseStatus.objects.create(release=release, device=Device.objects.first(), state="refused")
     release_transition(release_id=release.pk, action="abort")
     assert _summary(release) == _by_rows(release) == {"refused": 1}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("seed", range(3))
+def test_a_reported_only_state_pages_the_same_rows_in_the_same_order(org, ready_version, seed):
+    rng = random.Random(seed)
+    names = ["Zeta", "alpha", "Ärger", "b_1", "b-1", "B1", "zz", "a"]
+    for i in range(16):
+        name = rng.choice(names)  # repeated names: the id breaks the tie
+        Device.objects.create(organisation=org, name=name, attributes={"hw": "pi", "i": str(i)})
+    release = release_create(
+        organisation=org, version=ready_version, name="r", target={"filter": "hw == pi"}, start=True
+    )
+    for device in Device.objects.all():
+        state = rng.choice([*REPORTED_ONLY_STATES, "running"])
+        DeviceReleaseStatus.objects.create(
+            release=release, device=device, state=state, reason_code=rng.choice(["", "x"]), message="m"
+        )
+    for state in sorted(REPORTED_ONLY_STATES):
+        expected = release_device_statuses(release=release, state=state)
+        assert list(release_device_statuses_in(release=release, state=state)) == expected, state
+    with pytest.raises(ValueError):
+        release_device_statuses_in(release=release, state="pending")
