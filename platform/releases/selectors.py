@@ -458,28 +458,26 @@ def release_device_statuses(*, release: Release, state: str | None = None) -> li
 
     ``state`` keeps only the devices in that state (the REST door checks it is one).
     """
-    rows = {
-        str(s.device_id): s
-        for s in DeviceReleaseStatus.objects.filter(release=release).select_related("device")
-    }
+    # plain values, not model rows: a release's reports are as many as its devices
+    fields = (
+        "device_name",
+        "state",
+        "reason_code",
+        "message",
+        "assignment_counter",
+        "reported_at",
+        "updated_at",
+    )
+    reports = DeviceReleaseStatus.objects.filter(release=release).values_list(
+        "device_id", "device__name", *fields[1:]
+    )
+    rows = {str(device_id): dict(zip(fields, values, strict=True)) for device_id, *values in reports}
     selected: set[str] = set()
     if release.state in ("active", "paused", "completed"):
         selected = set(release_selection(release).selected)
     missing = selected - set(rows)
     unreported = Device.objects.filter(pk__in=missing).values_list("pk", "name", "running_version_id")
-    result = [
-        {
-            "device_id": device_id,
-            "device_name": row.device.name,
-            "state": row.state,
-            "reason_code": row.reason_code,
-            "message": row.message,
-            "assignment_counter": row.assignment_counter,
-            "reported_at": row.reported_at,
-            "updated_at": row.updated_at,
-        }
-        for device_id, row in rows.items()
-    ]
+    result = [{"device_id": device_id, **row} for device_id, row in rows.items()]
     result += [
         {
             "device_id": str(pk),
