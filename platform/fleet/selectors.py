@@ -10,21 +10,27 @@ from datetime import timedelta
 
 from accounts.models import Organisation
 from django.core.exceptions import ValidationError
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 from ferry_cloud.errors import NotFound
 
 from deploy.filters import Filter
+from fleet import filter_sql
 from fleet.models import Device, DeviceGroup, DeviceVersionChange, EnrolmentToken
 
 
 def device_list(*, organisation: Organisation) -> QuerySet[Device]:
     """The organisation's devices with their versions and, as ``telemetry_count``, how many
-    telemetry records each has stored (counted in the same query)."""
+    telemetry records each has stored (counted in the same query).
+
+    The count is a correlated subquery, not a join with GROUP BY: PostgreSQL then counts only
+    the rows a page returns (it evaluates the subquery after ORDER BY ... LIMIT), where the
+    grouped join counted every record of the whole fleet before taking a page."""
+    stored = Device.objects.filter(pk=OuterRef("pk")).annotate(n=Count("telemetry")).values("n")
     return (
         Device.objects.filter(organisation=organisation)
         .select_related("running_version__model", "pinned_version__model")
-        .annotate(telemetry_count=Count("telemetry"))
+        .annotate(telemetry_count=Subquery(stored))
     )
 
 
@@ -142,12 +148,13 @@ def device_list_filtered(
     """
     devices = device_list(organisation=organisation)
     if filter_text:
-        devices = devices.filter(
-            pk__in=devices_matching(organisation_id=organisation.pk, filter_text=filter_text)
-        )
+        devices = _selected_by(devices, organisation, filter_text)
     if group_id is not None:
         group = device_group_get(organisation=organisation, group_id=group_id)
-        devices = devices.filter(pk__in=device_group_member_ids(group=group))
+        if group.kind == DeviceGroup.Kind.STATIC:  # a join in the page's query, not a list of ids
+            devices = devices.filter(groups=group)
+        else:
+            devices = _selected_by(devices, organisation, group.filter)
     if version_id is not None:
         devices = devices.filter(running_version_id=version_id)
     if last_seen_after is not None:
@@ -157,6 +164,18 @@ def device_list_filtered(
     if revoked is not None:
         devices = devices.filter(revoked_at__isnull=not revoked)
     return devices
+
+
+def _selected_by(devices: QuerySet[Device], organisation: Organisation, filter_text: str) -> QuerySet[Device]:
+    """The live devices among ``devices`` the filter selects: a condition in the query itself
+    when fleet.filter_sql translates it (the database stops at a full page), else the ids
+    deploy/filters' own evaluation picks from every live device."""
+    translated = filter_sql.condition(filter_text)
+    if translated is None:
+        return devices.filter(
+            pk__in=devices_matching(organisation_id=organisation.pk, filter_text=filter_text)
+        )
+    return devices.filter(translated, revoked_at__isnull=True)
 
 
 # --- the console's device list: filters and keyset pages over a large fleet ------------------

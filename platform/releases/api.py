@@ -21,6 +21,11 @@ from deploy.phases import ACTIONS
 from deploy.windows import MAX_DURATION_SECONDS
 from releases import drafts, selectors, services
 from releases.models import DeviceReleaseStatus, Release, ReleaseEvent
+from releases.status_counts import (
+    REPORTED_ONLY_STATES,
+    release_device_statuses_in,
+    release_device_summary,
+)
 
 # Integers are range-checked where they land: the database column holds 32 bits.
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -137,7 +142,7 @@ class ReleaseOutput(serializers.ModelSerializer):
         # the target's live matching devices, as of the last start, advance or gate evaluation
         devices = {**counts, "matching": obj.matching_devices}
         if self.context.get("detail"):  # per-device states cost a selection: the detail view only
-            devices["by_state"] = selectors.release_device_summary(release=obj)
+            devices["by_state"] = release_device_summary(release=obj, spread=self.context["spread"])
         return devices
 
     def get_percentage(self, obj: Release) -> float:
@@ -317,7 +322,9 @@ class ReleaseDetailApi(OrganisationApi):
 
     @extend_schema(responses=ReleaseOutput)
     def get(self, request, release_id):
-        release = selectors.release_get(organisation=self.organisation, release_id=release_id)
+        release = selectors.release_get(
+            organisation=self.organisation, release_id=release_id, with_events=True
+        )
         return tagged(Response(ReleaseOutput(release, context={"detail": True}).data), release_etag(release))
 
     @extend_schema(request=ReleaseEditInput, responses=ReleaseOutput, parameters=[IF_MATCH])
@@ -366,7 +373,10 @@ class ReleaseDevicesApi(OrganisationApi):
                 f"Unknown state {state[:40]!r}; use one of {', '.join(DeviceReleaseStatus.State.values)}.",
                 fields={"state": ["unknown state"]},
             )
-        rows = selectors.release_device_statuses(release=release, state=state)
+        if state in REPORTED_ONLY_STATES:  # stored reports only: paged in the database
+            rows = release_device_statuses_in(release=release, state=state)
+        else:
+            rows = selectors.release_device_statuses(release=release, state=state)
         paginator = LimitOffsetPagination()
         page = paginator.paginate_queryset(rows, request, view=self)
         return paginator.get_paginated_response(DeviceStatusOutput(page, many=True).data)

@@ -108,9 +108,14 @@ def releases_by_version(*, version_ids: list) -> dict[str, list[Release]]:
     return shipped
 
 
-def release_get(*, organisation: Organisation, release_id) -> Release:
+def release_get(*, organisation: Organisation, release_id, with_events: bool = False) -> Release:
+    """The release; ``with_events``: its events and their actors too, in two more queries
+    whatever their number (the detail answer lists them)."""
+    releases = release_list(organisation=organisation)
+    if with_events:
+        releases = releases.prefetch_related("events__actor")
     try:
-        return release_list(organisation=organisation).get(pk=release_id)
+        return releases.get(pk=release_id)
     except (Release.DoesNotExist, ValueError, ValidationError):
         raise NotFound(f"No release {release_id} in this organisation.") from None
 
@@ -278,6 +283,7 @@ class Selection:
     matching: dict[str, float]  # {device id: bucket} of the live devices the target matches
     threshold: float | None  # deploy.rollout.selection_threshold for the current phase
     selected: frozenset[str]  # the matching devices at or below the threshold
+    running: frozenset[str] = frozenset()  # the matching devices running the release's version
 
     @property
     def describe(self) -> dict[str, int]:
@@ -328,7 +334,8 @@ def release_selection(release: Release, groups: dict[str, DeviceGroup] | None = 
     threshold = selection_threshold(percentage, matching.values(), keep=reached)
     target = Target(percentage=percentage, threshold=threshold)
     selected = frozenset(d for d, b in matching.items() if percentage > 0 and target.in_phase(b))
-    return Selection(matching, threshold, selected)
+    running = frozenset(d for d, (_, on_version) in found.items() if on_version)
+    return Selection(matching, threshold, selected, running)
 
 
 def pinned_away(release: Release, device_ids: frozenset[str] | set[str]) -> frozenset[str]:
@@ -451,28 +458,26 @@ def release_device_statuses(*, release: Release, state: str | None = None) -> li
 
     ``state`` keeps only the devices in that state (the REST door checks it is one).
     """
-    rows = {
-        str(s.device_id): s
-        for s in DeviceReleaseStatus.objects.filter(release=release).select_related("device")
-    }
+    # plain values, not model rows: a release's reports are as many as its devices
+    fields = (
+        "device_name",
+        "state",
+        "reason_code",
+        "message",
+        "assignment_counter",
+        "reported_at",
+        "updated_at",
+    )
+    reports = DeviceReleaseStatus.objects.filter(release=release).values_list(
+        "device_id", "device__name", *fields[1:]
+    )
+    rows = {str(device_id): dict(zip(fields, values, strict=True)) for device_id, *values in reports}
     selected: set[str] = set()
     if release.state in ("active", "paused", "completed"):
         selected = set(release_selection(release).selected)
     missing = selected - set(rows)
     unreported = Device.objects.filter(pk__in=missing).values_list("pk", "name", "running_version_id")
-    result = [
-        {
-            "device_id": device_id,
-            "device_name": row.device.name,
-            "state": row.state,
-            "reason_code": row.reason_code,
-            "message": row.message,
-            "assignment_counter": row.assignment_counter,
-            "reported_at": row.reported_at,
-            "updated_at": row.updated_at,
-        }
-        for device_id, row in rows.items()
-    ]
+    result = [{"device_id": device_id, **row} for device_id, row in rows.items()]
     result += [
         {
             "device_id": str(pk),
@@ -491,14 +496,6 @@ def release_device_statuses(*, release: Release, state: str | None = None) -> li
     order = {s: i for i, s in enumerate(FAILED_DEVICE_STATES)}
     result.sort(key=lambda r: (order.get(r["state"], len(order)), r["device_name"], r["device_id"]))
     return result
-
-
-def release_device_summary(*, release: Release) -> dict[str, int]:
-    """{state: devices} over release_device_statuses (pending included)."""
-    summary: dict[str, int] = {}
-    for row in release_device_statuses(release=release):
-        summary[row["state"]] = summary.get(row["state"], 0) + 1
-    return summary
 
 
 def release_state_counts(*, release_ids: list) -> dict[str, dict[str, int]]:

@@ -16,7 +16,11 @@ class TelemetryRecord(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["device", "seq"], name="one_record_per_device_seq")]
-        indexes = [models.Index(fields=["kind", "timestamp"])]
+        indexes = [
+            models.Index(fields=["kind", "timestamp"]),
+            # one device's records newest first, as the REST list pages them (the key breaks ties)
+            models.Index(fields=["device", "received_at", "id"], name="telemetry_device_received"),
+        ]
 
 
 class TelemetryRollup(models.Model):

@@ -1,0 +1,131 @@
+"""How many devices stand where with a release, for its detail answer, at fleet scale.
+
+The same figures as counting releases.selectors.release_device_statuses row by row (every
+stored report, plus each selected device with none: running if it runs the release's version,
+else pending), without building those rows: at 100,000 devices that list costs seconds.
+
+- The stored reports are counted by state in the database, on every call (one GROUP BY on the
+  (release, state) index).
+- The selected devices without a report need the selection, which reads every matching
+  device. Their running/pending split is kept UNREPORTED_SECONDS per release, and computed
+  again as soon as the release's revision, phase, state or threshold, the live fleet's size or
+  its devices on the release's version change (the fleet spread the answer reads anyway), so an
+  install, an enrolment, a revocation or a transition is seen at once; a device whose
+  attributes move it in or out of the target is seen within UNREPORTED_SECONDS, as the
+  console's release page sees it. A device that sent its first
+  report since the split was kept leaves it at once (its stored row is counted; it is taken
+  off pending, then running).
+"""
+
+from __future__ import annotations
+
+from django.core.cache import cache
+from django.db.models import CharField, Count, F, QuerySet
+from django.db.models.functions import Cast, Collate
+
+from releases.models import DeviceReleaseStatus, Release
+from releases.selectors import release_selection
+
+UNREPORTED_SECONDS = 15
+SELECTING_STATES = ("active", "paused", "completed")  # the others select no device
+
+
+def release_device_summary(*, release: Release, spread: dict | None = None) -> dict[str, int]:
+    """{state: devices}: stored reports by state, plus the selected devices with none.
+
+    ``spread`` is releases.selectors.fleet_version_spread of the organisation, when the
+    caller has it (the key of the kept split reads it)."""
+    stored = dict(
+        DeviceReleaseStatus.objects.filter(release=release)
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    summary = {state: n for state, n in stored.items() if n}
+    if release.state not in SELECTING_STATES:
+        return summary
+    unreported = _unreported(release, reported=sum(stored.values()), spread=spread)
+    for state in ("running", "pending"):
+        if unreported[state]:
+            summary[state] = summary.get(state, 0) + unreported[state]
+    return summary
+
+
+def _fingerprint(release: Release, spread: dict | None) -> str:
+    fleet = "-" if spread is None else f"{sum(spread.values())}:{spread.get(release.version_id, 0)}"
+    return f"{release.revision}:{release.current_phase}:{release.state}:{release.bucket_threshold}:{fleet}"
+
+
+def _unreported(release: Release, *, reported: int, spread: dict | None) -> dict[str, int]:
+    """{"running", "pending"}: the selected devices without a stored report."""
+    # one entry per release, replaced when its fingerprint changes: figures that come back to
+    # an earlier value (an enrolment, then a revocation) must not bring back an older split
+    key, fingerprint = f"releases:unreported:{release.pk}", _fingerprint(release, spread)
+    entry = cache.get(key) if spread is not None else None
+    if entry is None or entry.get("fingerprint") != fingerprint:
+        entry = {**_unreported_now(release), "fingerprint": fingerprint}
+        if spread is not None:
+            cache.set(key, entry, UNREPORTED_SECONDS)
+    # reports that arrived since: each was (as good as always) a pending selected device's first
+    new = max(0, reported - entry["reported"])
+    pending = max(0, entry["pending"] - new)
+    running = max(0, entry["running"] - (new - (entry["pending"] - pending)))
+    return {"running": running, "pending": pending}
+
+
+def _unreported_now(release: Release) -> dict[str, int]:
+    selection = release_selection(release)
+    reported = {
+        str(d)
+        for d in DeviceReleaseStatus.objects.filter(release=release).values_list("device_id", flat=True)
+    }
+    missing = selection.selected - reported
+    running = len(missing & selection.running)
+    return {"running": running, "pending": len(missing) - running, "reported": len(reported)}
+
+
+# States only a stored report gives: a device without one is running or pending.
+REPORTED_ONLY_STATES = frozenset(DeviceReleaseStatus.State.values) - {"running", "pending"}
+
+
+class StatusRows:
+    """A query's rows as release_device_statuses' dicts; counted and sliced in the database
+    (what LimitOffsetPagination asks of a list)."""
+
+    def __init__(self, rows: QuerySet) -> None:
+        self._rows = rows
+
+    def count(self) -> int:
+        return self._rows.count()
+
+    def __getitem__(self, index: slice) -> list[dict]:
+        return [_status_row(row) for row in self._rows[index]]
+
+    def __iter__(self):
+        return (_status_row(row) for row in self._rows)
+
+
+def _status_row(row: dict) -> dict:
+    return {"device_id": row.pop("device_key"), "device_name": row.pop("name"), **row}
+
+
+def release_device_statuses_in(*, release: Release, state: str) -> StatusRows:
+    """release_device_statuses(state=...) for a state in REPORTED_ONLY_STATES, as a query: the
+    same rows in the same order (device name in code-point order, as Python sorts, then id),
+    so a page of them is one indexed read, not the whole release's rows built and sorted."""
+    if state not in REPORTED_ONLY_STATES:
+        raise ValueError(f"{state!r} is also given to devices without a report")
+    rows = DeviceReleaseStatus.objects.filter(release=release, state=state)
+    ordered = rows.order_by(Collate("device__name", "C"), "device_id")
+    return StatusRows(
+        ordered.values(
+            "state",
+            "reason_code",
+            "message",
+            "assignment_counter",
+            "reported_at",
+            "updated_at",
+            name=F("device__name"),
+            device_key=Cast("device_id", output_field=CharField()),
+        )
+    )
