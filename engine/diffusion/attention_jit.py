@@ -41,7 +41,7 @@ _BITS = jit.array(types.int32, 1, "C")
 _SIGNATURE = types.void(_IN4, _IN3, _IN3, _OUT3)
 
 
-@jit.njit([types.void(_IN4, _IN3, _IN3, _OUT3, types.int64, _ROW, _ROW, _BITS, _ROW)])
+@jit.njit([types.void(_IN4, _IN3, _IN3, _OUT3, types.int64, _ROW, _ROW, _BITS, _ROW)], error_model="numpy")
 def _item(q, k, v, out, item, scores, weights, bits, small):  # noqa: ANN001, ANN202
     """One (head, block of BLOCK query rows).  Every inner loop runs over the block's rows, so
     LLVM's loop vectoriser takes it (the scores are key-major, [T, BLOCK]): the max, the sums
@@ -84,7 +84,7 @@ def _item(q, k, v, out, item, scores, weights, bits, small):  # noqa: ANN001, AN
             out[h, b * BLOCK + r, j] = acc[j * BLOCK + r] * inverse
 
 
-@jit.njit([_SIGNATURE])
+@jit.njit([_SIGNATURE], error_model="numpy")
 def _serial(q, k, v, out):  # noqa: ANN001, ANN202
     size = k.shape[1] * BLOCK
     scores, weights, bits = np.empty(size, np.float32), np.empty(size, np.float32), np.empty(size, np.int32)
@@ -93,7 +93,7 @@ def _serial(q, k, v, out):  # noqa: ANN001, ANN202
         _item(q, k, v, out, item, scores, weights, bits, small)
 
 
-@jit.njit([_SIGNATURE], parallel=True)
+@jit.njit([_SIGNATURE], parallel=True, error_model="numpy")
 def _parallel(q, k, v, out):  # noqa: ANN001, ANN202
     size = k.shape[1] * BLOCK
     items = q.shape[0] * q.shape[1]

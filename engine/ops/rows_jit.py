@@ -52,7 +52,7 @@ _E0, _E1, _E2, _E3, _E4, _E5, _E6 = (
 _ROUNDER = exp_jit._ROUNDER
 
 
-@jit.njit([types.void(_ROW, _VECTOR_IN, _ROW, _BITS)])
+@jit.njit([types.void(_ROW, _VECTOR_IN, _ROW, _BITS)], error_model="numpy", fastmath=exp_jit.CONTRACT)
 def _gelu_row(row, bias, mantissa, bits):  # noqa: ANN001, ANN202
     """row = gelu(row + bias) in place; ``mantissa`` and ``bits`` are scratch rows."""
     n = row.shape[0]
@@ -82,14 +82,14 @@ def _gelu_row(row, bias, mantissa, bits):  # noqa: ANN001, ANN202
         row[k] = row[k] / (np.float32(1) + mantissa[k] * powers[k])
 
 
-@jit.njit([_GELU])
+@jit.njit([_GELU], error_model="numpy")
 def _gelu_serial(y, bias):  # noqa: ANN001, ANN202
     mantissa, bits = np.empty(y.shape[1], np.float32), np.empty(y.shape[1], np.int32)
     for r in range(y.shape[0]):
         _gelu_row(y[r], bias, mantissa, bits)
 
 
-@jit.njit([_GELU], parallel=True)
+@jit.njit([_GELU], parallel=True, error_model="numpy")
 def _gelu_parallel(y, bias):  # noqa: ANN001, ANN202
     chunks = 8
     per = (y.shape[0] + chunks - 1) // chunks
