@@ -24,7 +24,7 @@ from numba import prange, types
 
 from engine import jit
 from engine.ops.exp_jit import exp2_row
-from engine.ops.fused import _attention_inputs, _attention_output, fused_attention
+from engine.ops.fused import _attention_inputs, _attention_output, fused_attention, view_layout
 from engine.ops.registry import Kernel
 
 BLOCK = 64  # query rows per work item: the scores of a block, [T, 64], stay in L2
@@ -147,7 +147,8 @@ flash_attention.jit = True  # type: ignore[attr-defined]
 def _candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
     """Offered for long unmasked attention with narrow heads; the kernel search measures it."""
     views = attrs.get("views") or [None]
-    q_shape = tuple(views[0]["shape"]) if views[0] else shapes[0] if shapes else None
+    # the views arrive as the load's checked ViewLayouts (prepare_attention), or still as JSON
+    q_shape = view_layout(views[0]).shape if views[0] else shapes[0] if shapes else None
     masked = len(shapes) > 3 and shapes[3] is not None
     if masked or q_shape is None or len(q_shape) < 2:
         return []

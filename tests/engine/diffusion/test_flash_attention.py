@@ -80,3 +80,15 @@ def test_offered_only_for_long_unmasked_narrow_heads(kernels):
     assert offer({}, [(2, 8, 77, 8), (2, 8, 77, 8), (2, 8, 77, 8)]) == []  # short: BLAS wins
     assert offer({}, [(2, 8, 1024, 128), (2, 8, 1024, 128), (2, 8, 1024, 128)]) == []  # wide heads
     assert offer({}, [(2, 8, 1024, 8), (2, 8, 1024, 8), (2, 8, 1024, 8), (1, 1, 1024, 1024)]) == []  # masked
+
+
+def test_offered_by_the_views_shape_as_json_or_as_the_load_prepared_them(kernels):
+    flash, fused = kernels
+    offer = flash.CANDIDATES["FusedAttention"]
+    flat = (1, 1024, 3 * 8 * 8)  # a fused qkv projection's output, heads read through views
+    view = {"shape": [1, 8, 1024, 8], "offset": 0, "strides": [0, 8, 3 * 8 * 8, 1]}
+    attrs = {"views": [view, {**view, "offset": 64}, {**view, "offset": 128}]}
+    prepared = fused.prepare_attention(attrs, 3, 1)
+    assert isinstance(prepared["views"][0], fused.ViewLayout)
+    for spec in (attrs, prepared):
+        assert offer(spec, [flat, flat, flat]) == [flash.flash_attention]
