@@ -9,10 +9,11 @@ Here a block of query rows at a time goes through the scores, the softmax and th
 v while its rows sit in L1 (flash attention without the running max: a row of 1024 scores fits,
 so its exact max is taken first).  q k^T accumulates over the head's channels along contiguous
 rows of k^T (vectorised over keys; for heads 8, 16 or 40 wide each score is summed in a register
-with the channel loop unrolled, ~0.6x the time at 8-wide heads); 2^x is exp_jit's polynomial; p v is eight-lane dot products
-along rows of v^T.  The (head, block) items run in parallel (prange) when the session allows two
-threads, one launch per node.  Without a mask (the scores are base 2: q carries log2(e)),
-float32 only; anything else takes the batched numpy kernel.  No fastmath.
+with the channel loop unrolled, ~0.6x the time at 8-wide heads); 2^x is exp_jit's polynomial;
+p v is eight-lane dot products along rows of v^T.  The (head, block) items run in parallel
+(prange) when the session allows two threads, one launch per node.  Without a mask (the scores
+are base 2: q carries log2(e)), float32 only; anything else takes the batched numpy kernel.  No
+fastmath.
 """
 
 from __future__ import annotations
