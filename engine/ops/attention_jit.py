@@ -30,7 +30,7 @@ _SOFTMAX = types.void(jit.array(_F32, 2, "C"), _F32)
 _ROW = jit.array(_F32, 1, "C")
 
 
-@jit.njit([_F32(_ROW, types.int64)])
+@jit.njit([_F32(_ROW, types.int64)], error_model="numpy")
 def _row_max(row, n):  # noqa: ANN001, ANN202
     """max(row[:n]) over eight interleaved lanes: one running max waits on the previous
     compare every element (no vectorising a reduction without fastmath); eight need not.
@@ -47,7 +47,7 @@ def _row_max(row, n):  # noqa: ANN001, ANN202
     return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
 
 
-@jit.njit([_F32(_ROW, types.int64)])
+@jit.njit([_F32(_ROW, types.int64)], error_model="numpy")
 def _row_sum(row, n):  # noqa: ANN001, ANN202
     """sum(row[:n]) over eight interleaved partial sums (as _row_max: latency, not bandwidth)."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0)
@@ -60,7 +60,7 @@ def _row_sum(row, n):  # noqa: ANN001, ANN202
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@jit.njit([types.void(_ROW, _F32, _ROW, jit.array(types.int32, 1, "C"))])
+@jit.njit([types.void(_ROW, _F32, _ROW, jit.array(types.int32, 1, "C"))], error_model="numpy")
 def _softmax_row(row, scale, spare, bits):  # noqa: ANN001, ANN202
     """row = softmax(row * scale) in base 2 (scale = log2(e) for natural-base scores)."""
     n = row.shape[0]
@@ -70,7 +70,7 @@ def _softmax_row(row, scale, spare, bits):  # noqa: ANN001, ANN202
         row[k] = spare[k] * inverse
 
 
-@jit.njit([_SOFTMAX])
+@jit.njit([_SOFTMAX], error_model="numpy")
 def _softmax_serial(rows, scale):  # noqa: ANN001, ANN202
     spare = np.empty(rows.shape[1], np.float32)
     bits = np.empty(rows.shape[1], np.int32)
@@ -78,7 +78,7 @@ def _softmax_serial(rows, scale):  # noqa: ANN001, ANN202
         _softmax_row(rows[r], scale, spare, bits)
 
 
-@jit.njit([_SOFTMAX], parallel=True)
+@jit.njit([_SOFTMAX], parallel=True, error_model="numpy")
 def _softmax_parallel(rows, scale):  # noqa: ANN001, ANN202
     chunks = 8
     per = (rows.shape[0] + chunks - 1) // chunks

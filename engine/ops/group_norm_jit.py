@@ -35,7 +35,7 @@ _GROUPS = jit.array(_F32, 2, "C")
 _SIGNATURE = types.void(_GROUPS_IN, _ROW_IN, _ROW_IN, _F32, types.int64, types.boolean, _GROUPS)
 
 
-@jit.njit([_F32(_ROW_IN)])
+@jit.njit([_F32(_ROW_IN)], error_model="numpy")
 def _sum(row):  # noqa: ANN001, ANN202
     """sum(row) over eight interleaved lanes (one running sum waits on the last add)."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0)
@@ -49,7 +49,7 @@ def _sum(row):  # noqa: ANN001, ANN202
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@jit.njit([_F32(_ROW_IN, _F32)])
+@jit.njit([_F32(_ROW_IN, _F32)], error_model="numpy")
 def _squares(row, mean):  # noqa: ANN001, ANN202
     """sum((row - mean)^2) over eight interleaved lanes."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0)
@@ -67,7 +67,8 @@ def _squares(row, mean):  # noqa: ANN001, ANN202
 
 
 @jit.njit(
-    [types.void(_ROW_IN, _ROW_IN, _ROW_IN, _F32, types.int64, types.int64, types.boolean, _ROW, _ROW, _BITS)]
+    [types.void(_ROW_IN, _ROW_IN, _ROW_IN, _F32, types.int64, types.int64, types.boolean, _ROW, _ROW, _BITS)],
+    error_model="numpy",
 )
 def _one_group(src, scale, bias, epsilon, first, count, silu, dst, spare, bits):  # noqa: ANN001, ANN202
     """dst = silu?((src - mean) / sqrt(var + eps) * scale[c] + bias[c]) for one group: ``count``
@@ -88,7 +89,7 @@ def _one_group(src, scale, bias, epsilon, first, count, silu, dst, spare, bits):
                 row[k] = row[k] / (np.float32(1) + spare[k])
 
 
-@jit.njit([_SIGNATURE])
+@jit.njit([_SIGNATURE], error_model="numpy")
 def _groups_serial(x, scale, bias, epsilon, count, silu, out):  # noqa: ANN001, ANN202
     per = x.shape[1] // count
     spare, bits = np.empty(per, np.float32), np.empty(per, np.int32)
@@ -97,7 +98,7 @@ def _groups_serial(x, scale, bias, epsilon, count, silu, out):  # noqa: ANN001, 
         _one_group(x[r], scale, bias, epsilon, (r % groups) * count, count, silu, out[r], spare, bits)
 
 
-@jit.njit([_SIGNATURE], parallel=True)
+@jit.njit([_SIGNATURE], parallel=True, error_model="numpy")
 def _groups_parallel(x, scale, bias, epsilon, count, silu, out):  # noqa: ANN001, ANN202
     per = x.shape[1] // count
     groups = scale.shape[0] // count

@@ -38,7 +38,7 @@ _GEMV = types.void(
 )
 
 
-@jit.njit([types.void(*_GEMV.args, _I64)])
+@jit.njit([types.void(*_GEMV.args, _I64)], error_model="numpy")
 def _block(a, w, scale, bias, has_bias, out, start):  # noqa: ANN001, ANN202
     stop = min(start + BLOCK, w.shape[1])
     width = stop - start
@@ -69,13 +69,13 @@ def _block(a, w, scale, bias, has_bias, out, start):  # noqa: ANN001, ANN202
             result[j] = acc[j] * scales[j]
 
 
-@jit.njit([_GEMV])
+@jit.njit([_GEMV], error_model="numpy")
 def _gemv_serial(a, w, scale, bias, has_bias, out):  # noqa: ANN001, ANN202
     for block in range((w.shape[1] + BLOCK - 1) // BLOCK):
         _block(a, w, scale, bias, has_bias, out, block * BLOCK)
 
 
-@jit.njit([_GEMV], parallel=True)
+@jit.njit([_GEMV], parallel=True, error_model="numpy")
 def _gemv_parallel(a, w, scale, bias, has_bias, out):  # noqa: ANN001, ANN202
     for block in prange((w.shape[1] + BLOCK - 1) // BLOCK):
         _block(a, w, scale, bias, has_bias, out, block * BLOCK)
@@ -112,7 +112,10 @@ _EPILOGUE = types.void(
 )
 
 
-@jit.njit([types.void(*_EPILOGUE.args, jit.array(_F32, 1, "C"), jit.array(types.int32, 1, "C"), _I64)])
+@jit.njit(
+    [types.void(*_EPILOGUE.args, jit.array(_F32, 1, "C"), jit.array(types.int32, 1, "C"), _I64)],
+    error_model="numpy",
+)
 def _epilogue_row(y, scale, bias, gelu, mantissa, bits, r):  # noqa: ANN001, ANN202
     row = y[r]
     if gelu:  # gelu(row * scale + bias): the scale here, the bias inside the GELU's first pass
@@ -124,14 +127,14 @@ def _epilogue_row(y, scale, bias, gelu, mantissa, bits, r):  # noqa: ANN001, ANN
             row[j] = row[j] * scale[j] + bias[j]
 
 
-@jit.njit([_EPILOGUE])
+@jit.njit([_EPILOGUE], error_model="numpy")
 def _epilogue_serial(y, scale, bias, gelu):  # noqa: ANN001, ANN202
     mantissa, bits = np.empty(y.shape[1], np.float32), np.empty(y.shape[1], np.int32)
     for r in range(y.shape[0]):
         _epilogue_row(y, scale, bias, gelu, mantissa, bits, r)
 
 
-@jit.njit([_EPILOGUE], parallel=True)
+@jit.njit([_EPILOGUE], parallel=True, error_model="numpy")
 def _epilogue_parallel(y, scale, bias, gelu):  # noqa: ANN001, ANN202
     chunks = 8
     per = (y.shape[0] + chunks - 1) // chunks

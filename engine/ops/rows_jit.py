@@ -8,13 +8,19 @@ polynomial (its exponent bits written in the first pass, multiplied in the secon
 no scalar bit cast).  An earlier JIT kernel read fastmath's Phi table (a gather per element,
 which does not vectorise): 1.3x this one's time at ViT's 197x768.  It agrees with the erf
 formula to ~8e-7 absolute; infinities and NaN give what the formula gives (gelu(-inf) is NaN);
-no fastmath.
+no fastmath but FMA contraction (exp_jit.CONTRACT).
 
-Row-wise LayerNorm and Softmax JIT kernels were measured here and left out: LayerNorm within
-noise of numpy's (61 vs 63 us at ViT's 197x192, 77 vs 67 at BERT's 128x384: numpy's form is
-already four L1-resident passes), and with the mean summed more exactly than onnx's reference
-sums it, it failed the reference test on rows far from zero.  The softmax inside attention is
-a JIT kernel (attention_jit.py) since exp_jit's 2^x replaced numba's scalar float32 exp.
+LayerNormalization over the last axis is a JIT kernel too: three passes per row (sum, centred
+squares, the affine store) in one call, ~11 us at ViT's 197x192 and BERT's 128x384 against
+numpy's ~60 (four L1-resident passes, but a dozen numpy calls) and onnxruntime's ~30 (same run).
+An earlier JIT LayerNorm measured within noise of numpy: its sums were one serial chain.  Here
+the row sums carry LLVM's ``reassoc`` flag (and only they: it lets the vectoriser keep 16 partial
+sums, as numpy's pairwise sum keeps several; no worse rounded), and the variance is the two-pass
+one (mean subtracted first), so rows far from zero keep their digits.  The softmax inside
+attention is a JIT kernel (attention_jit.py) since exp_jit's 2^x replaced numba's scalar exp.
+
+Every kernel here compiles with error_model="numpy": numba's default checks each float divide
+for zero (to raise ZeroDivisionError), a branch that kept GELU's divide from vectorising.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from numba import prange, types
 
 from engine import jit
 from engine.ops import exp_jit, fastmath
+from engine.ops.common import normalize_axis
 from engine.ops.fused import apply_activation, fused_matmul
+from engine.ops.normalization import DEFAULT_EPSILON, layer_normalization
 from engine.ops.registry import REGISTRY, Kernel
 
 _F32 = types.float32
@@ -52,7 +60,7 @@ _E0, _E1, _E2, _E3, _E4, _E5, _E6 = (
 _ROUNDER = exp_jit._ROUNDER
 
 
-@jit.njit([types.void(_ROW, _VECTOR_IN, _ROW, _BITS)])
+@jit.njit([types.void(_ROW, _VECTOR_IN, _ROW, _BITS)], error_model="numpy", fastmath=exp_jit.CONTRACT)
 def _gelu_row(row, bias, mantissa, bits):  # noqa: ANN001, ANN202
     """row = gelu(row + bias) in place; ``mantissa`` and ``bits`` are scratch rows."""
     n = row.shape[0]
@@ -82,14 +90,14 @@ def _gelu_row(row, bias, mantissa, bits):  # noqa: ANN001, ANN202
         row[k] = row[k] / (np.float32(1) + mantissa[k] * powers[k])
 
 
-@jit.njit([_GELU])
+@jit.njit([_GELU], error_model="numpy")
 def _gelu_serial(y, bias):  # noqa: ANN001, ANN202
     mantissa, bits = np.empty(y.shape[1], np.float32), np.empty(y.shape[1], np.int32)
     for r in range(y.shape[0]):
         _gelu_row(y[r], bias, mantissa, bits)
 
 
-@jit.njit([_GELU], parallel=True)
+@jit.njit([_GELU], parallel=True, error_model="numpy")
 def _gelu_parallel(y, bias):  # noqa: ANN001, ANN202
     chunks = 8
     per = (y.shape[0] + chunks - 1) // chunks
@@ -144,7 +152,80 @@ def gelu_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     return [gelu_rows_into(np.array(x, np.float32, order="C"), None)]
 
 
-for _kernel in (fused_matmul_gelu_jit, gelu_jit):
+# -- LayerNormalization ----------------------------------------------------------------------
+
+_ROWS_IN = jit.array(_F32, 2, "C", readonly=True)
+_ROWS_OUT = jit.array(_F32, 2, "C")
+_VECTOR = jit.array(_F32, 1, "C")
+# x [R, N], scale [N], bias [N], epsilon, out [R, N], mean [R], inv_std [R]
+_LAYER_NORM = types.void(_ROWS_IN, _VECTOR_IN, _VECTOR_IN, _F32, _ROWS_OUT, _VECTOR, _VECTOR)
+
+
+_SUMS = {"reassoc", "contract"}  # the row sums' flags: 16 partial sums instead of one chain
+
+
+@jit.njit([_F32(_VECTOR_IN)], error_model="numpy", fastmath=_SUMS)
+def _sum(row):  # noqa: ANN001, ANN202
+    total = np.float32(0)
+    for k in range(row.shape[0]):
+        total += row[k]
+    return total
+
+
+@jit.njit([_F32(_VECTOR_IN, _F32)], error_model="numpy", fastmath=_SUMS)
+def _centred_squares(row, mean):  # noqa: ANN001, ANN202
+    total = np.float32(0)
+    for k in range(row.shape[0]):
+        d = row[k] - mean
+        total += d * d
+    return total
+
+
+@jit.njit([_LAYER_NORM], error_model="numpy", fastmath=exp_jit.CONTRACT)
+def _layer_norm(x, scale, bias, epsilon, out, means, inv_stds):  # noqa: ANN001, ANN202
+    size = np.float32(x.shape[1])
+    for r in range(x.shape[0]):
+        row = x[r]
+        mean = _sum(row) / size
+        inv_std = np.float32(1) / np.sqrt(_centred_squares(row, mean) / size + epsilon)
+        means[r], inv_stds[r] = mean, inv_std
+        y = out[r]
+        for k in range(x.shape[1]):
+            y[k] = (row[k] - mean) * inv_std * scale[k] + bias[k]
+
+
+def _plain(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]) -> bool:
+    n = x.shape[-1] if x.ndim else 0
+    return (
+        x.dtype == np.float32
+        and n > 0
+        and x.size > 0
+        and normalize_axis(int(attrs.get("axis", -1)), x.ndim) == x.ndim - 1
+        and scale.shape == (n,)
+        and scale.dtype == np.float32
+        and (bias is None or (bias.shape == (n,) and bias.dtype == np.float32))
+    )
+
+
+def layer_norm_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """LayerNormalization of float32 rows over the last axis (anything else: the numpy kernel)."""
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    if not _plain(x, scale, bias, attrs):
+        return layer_normalization(inputs, attrs)
+    n = x.shape[-1]
+    rows = np.ascontiguousarray(x).reshape(-1, n)
+    scale = np.ascontiguousarray(scale)  # a packed stride-0 vector (pack_layer_norm) is not C
+    bias = _zeros(n) if bias is None else np.ascontiguousarray(bias)
+    out = np.empty(rows.shape, np.float32)
+    means, inv_stds = np.empty(rows.shape[0], np.float32), np.empty(rows.shape[0], np.float32)
+    epsilon = np.float32(attrs.get("epsilon", DEFAULT_EPSILON))
+    _layer_norm(rows, scale, bias, epsilon, out, means, inv_stds)
+    stats = (*x.shape[:-1], 1)
+    return [out.reshape(x.shape), means.reshape(stats), inv_stds.reshape(stats)]
+
+
+for _kernel in (fused_matmul_gelu_jit, gelu_jit, layer_norm_jit):
     _kernel.jit = True  # type: ignore[attr-defined]
 
 
@@ -161,7 +242,15 @@ def _fused_matmul(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None
     )
 
 
+def _layer_norm_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
+    x = shapes[0] if shapes else None
+    return [layer_norm_jit] if x is not None and len(x) >= 1 and x[-1] > 0 else []
+
+
 CANDIDATES = {
     "Gelu": lambda attrs, shapes: [gelu_jit] if _float32_rows(shapes) else [],
     "FusedMatMul": _fused_matmul,
+    # offered wherever numba is loaded (this module: a GELU; not in jit.MODULES, so a LayerNorm
+    # never brings numba in alone: engine.session._jit_ops weighs its RSS)
+    "LayerNormalization": _layer_norm_candidates,
 }

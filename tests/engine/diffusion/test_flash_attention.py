@@ -29,7 +29,8 @@ def heads(batch: int, tokens: int, count: int, width: int, scale: float = 2.0) -
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
     ("batch", "queries", "count", "width", "keys"),
-    [(2, 1024, 8, 8, 1024), (1, 300, 2, 5, 77), (2, 70, 3, 16, 33), (1, 5, 1, 8, 9)],
+    # widths 8, 16 and 40 take the unrolled score loops, 5 the general one
+    [(2, 1024, 8, 8, 1024), (1, 300, 2, 5, 77), (2, 70, 3, 16, 33), (1, 5, 1, 8, 9), (1, 100, 2, 40, 70)],
 )
 def test_matches_the_numpy_kernel(kernels, threads, batch, queries, count, width, keys):
     flash, fused = kernels
@@ -80,3 +81,15 @@ def test_offered_only_for_long_unmasked_narrow_heads(kernels):
     assert offer({}, [(2, 8, 77, 8), (2, 8, 77, 8), (2, 8, 77, 8)]) == []  # short: BLAS wins
     assert offer({}, [(2, 8, 1024, 128), (2, 8, 1024, 128), (2, 8, 1024, 128)]) == []  # wide heads
     assert offer({}, [(2, 8, 1024, 8), (2, 8, 1024, 8), (2, 8, 1024, 8), (1, 1, 1024, 1024)]) == []  # masked
+
+
+def test_offered_by_the_views_shape_as_json_or_as_the_load_prepared_them(kernels):
+    flash, fused = kernels
+    offer = flash.CANDIDATES["FusedAttention"]
+    flat = (1, 1024, 3 * 8 * 8)  # a fused qkv projection's output, heads read through views
+    view = {"shape": [1, 8, 1024, 8], "offset": 0, "strides": [0, 8, 3 * 8 * 8, 1]}
+    attrs = {"views": [view, {**view, "offset": 64}, {**view, "offset": 128}]}
+    prepared = fused.prepare_attention(attrs, 3, 1)
+    assert isinstance(prepared["views"][0], fused.ViewLayout)
+    for spec in (attrs, prepared):
+        assert offer(spec, [flat, flat, flat]) == [flash.flash_attention]
