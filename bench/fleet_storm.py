@@ -3,7 +3,11 @@ with --gateway against ``manage.py gateway`` (a scratch PostgreSQL database of e
 how many of --streams WatchHints streams (one mutual-TLS connection each, --in-flight handshakes
 at once) end before the report and with which status, what the server's own metrics counted
 (the gateway's ferry_gateway_rpcs_total for WatchHints: a status there was seen by its
-handler), and the server's RSS, in a few minutes.
+handler), and the server's RSS, in a few minutes.  Then --waves release waves: every open
+stream woken once (the gateway: one fleet-changed message on Redis, its hub's fan-out alone;
+the peer: an asyncio.Event set), and how long after each wave's start the streams' hints arrived
+(p50 / p99 / max, at the storm client).  --with-peer runs the same storm and waves against the
+trivial peer after the gateway, in the same run.
 
     .venv/bin/python bench/fleet_storm.py --streams 10000 [--option grpc.some_arg=value ...]
     FERRY_DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/fleet_storm.py --gateway
@@ -24,6 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +103,87 @@ def _watch_counts(metrics_port: int) -> dict[str, float]:
     return counts
 
 
-def run(args, data_dir: str) -> dict:
+def _peer(peer_spec: dict) -> tuple[subprocess.Popen, str]:
+    server, line = _start([sys.executable, CLIENTS, "--trivial-streams"], peer_spec, "listening on ")
+    return server, line.split("listening on ", 1)[1].split()[0]
+
+
+def _peer_wave(server: subprocess.Popen) -> Callable[[], None]:
+    def wave() -> None:
+        server.stdin.write("wave\n")
+        server.stdin.flush()
+
+    return wave
+
+
+def _gateway_wave() -> Callable[[], None]:
+    """One fleet-changed message on Redis for the scratch fleet's organisation: the hub's fan-out
+    alone (what a release's commit publishes), without the release's own database work."""
+    import redis
+    from fleet.models import Device
+    from gateway.hints import CHANNEL
+
+    organisation_id = Device.objects.values_list("organisation_id", flat=True).first()
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    return lambda: client.publish(CHANNEL, str(organisation_id))
+
+
+def _storm_once(
+    name: str,
+    server: subprocess.Popen,
+    address: str,
+    identities: list,
+    wave,
+    args,
+    ca_pem: str,
+    metrics_port: int,
+) -> dict:
+    """The storm against one server, held, then --waves waves (each: every stream woken once)."""
+    idle = _rss_mb(server.pid)
+    storm_spec = {
+        "ca_pem": ca_pem,
+        "address": address,
+        "identities": identities,
+        "in_flight": args.in_flight,
+        "settle_seconds": 1.0,
+    }
+    storm, called_line = _start([sys.executable, CLIENTS, "--storm"], storm_spec, "called")
+    called = json.loads(called_line)
+    held = _settled_rss(server.pid)
+    time.sleep(args.hold)
+    # before the storm ends: its teardown cancels every stream the handler is running
+    handled = _watch_counts(metrics_port) if metrics_port else {}
+    starts = []
+    for _ in range(args.waves):
+        starts.append(time.time())
+        wave()
+        time.sleep(args.wave_seconds)
+    storm.stdin.write(json.dumps({"waves": starts}) + "\n")
+    storm.stdin.flush()
+    report = json.loads(storm.stdout.readline())
+    storm.wait(timeout=120)
+    return {
+        "server": name,
+        "streams": len(identities),
+        "calls_seconds": round(called["seconds"], 1),
+        "ended_before_report": report["ended"],
+        "ended_at_seconds": report["ended_at"],
+        "ended_placed_at_seconds": report["ended_placed_at"],
+        "watch_calls_by_status_at_the_server": handled,
+        "waves": report["waves"],
+        "rss_idle_mb": round(idle, 1),
+        "rss_mb": round(held, 1),
+        "kb_per_stream": round(1024 * (held - idle) / len(identities), 1),
+    }
+
+
+def _stop(server: subprocess.Popen) -> None:
+    server.stdin.close()
+    server.terminate()
+    server.wait(timeout=60)
+
+
+def run(args, data_dir: str) -> list[dict]:
     import django
 
     django.setup()
@@ -114,49 +199,40 @@ def run(args, data_dir: str) -> dict:
         "cert_pem": Path(settings.FERRY_GATEWAY_TLS_CERT_FILE).read_text(),
         "workers": 16,
         "options": [_option(o) for o in args.option],
+        "slow_ms": args.peer_slow_ms,
     }
-    metrics_port = 0
-    if args.gateway:
-        identities, server, address, metrics_port = _gateway(data_dir, args.streams, args.tree)
-        connections.close_all()
-    else:
+    rows = []
+    if not args.gateway:
         identities = _identities(args.streams)
-        server, line = _start([sys.executable, CLIENTS, "--trivial-streams"], peer_spec, "listening on ")
-        address = line.split("listening on ", 1)[1].split()[0]
+        server, address = _peer(peer_spec)
+        try:
+            rows.append(
+                _storm_once(
+                    "trivial grpc.aio", server, address, identities, _peer_wave(server), args, ca_pem, 0
+                )
+            )
+        finally:
+            _stop(server)
+        return rows
+    identities, server, address, metrics_port = _gateway(data_dir, args.streams, args.tree)
+    wave = _gateway_wave()
+    connections.close_all()
     try:
-        idle = _rss_mb(server.pid)
-        storm_spec = {
-            "ca_pem": ca_pem,
-            "address": address,
-            "identities": identities,
-            "in_flight": args.in_flight,
-            "settle_seconds": 1.0,
-        }
-        storm, called_line = _start([sys.executable, CLIENTS, "--storm"], storm_spec, "called")
-        called = json.loads(called_line)
-        held = _settled_rss(server.pid)
-        time.sleep(args.hold)
-        # before the storm ends: its teardown cancels every stream the handler is running
-        handled = _watch_counts(metrics_port) if metrics_port else {}
-        storm.stdin.write(json.dumps({"waves": []}) + "\n")
-        storm.stdin.flush()
-        report = json.loads(storm.stdout.readline())
-        storm.wait(timeout=120)
+        name = f"gateway {args.tree}".strip()
+        rows.append(_storm_once(name, server, address, identities, wave, args, ca_pem, metrics_port))
     finally:
-        server.stdin.close()
-        server.terminate()
-        server.wait(timeout=60)
-    return {
-        "server": f"gateway {args.tree}".strip() if args.gateway else "trivial grpc.aio",
-        "streams": args.streams,
-        "options": peer_spec["options"] if not args.gateway else "the gateway's",
-        "calls_seconds": round(called["seconds"], 1),
-        "ended_before_report": report["ended"],
-        "watch_calls_by_status_at_the_server": handled,
-        "rss_idle_mb": round(idle, 1),
-        "rss_mb": round(held, 1),
-        "kb_per_stream": round(1024 * (held - idle) / args.streams, 1),
-    }
+        _stop(server)
+    if args.with_peer:  # the same storm and waves against the trivial peer, same run, same identities
+        server, address = _peer(peer_spec)
+        try:
+            rows.append(
+                _storm_once(
+                    "trivial grpc.aio", server, address, identities, _peer_wave(server), args, ca_pem, 0
+                )
+            )
+        finally:
+            _stop(server)
+    return rows
 
 
 def main() -> int:
@@ -171,6 +247,14 @@ def main() -> int:
     parser.add_argument(
         "--tree", default="", help="--gateway: the gateway of this checkout (e.g. before a change)"
     )
+    parser.add_argument("--waves", type=int, default=1, help="waves after the hold (a hint to every stream)")
+    parser.add_argument("--wave-seconds", type=float, default=8.0, help="wait after each wave")
+    parser.add_argument(
+        "--peer-slow-ms", type=float, default=0.0, help="the peer blocks its loop this long per stream"
+    )
+    parser.add_argument(
+        "--with-peer", action="store_true", help="--gateway: then the same storm on the trivial peer"
+    )
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")
     with contextlib.ExitStack() as stack:
@@ -179,7 +263,8 @@ def main() -> int:
         if args.gateway:
             url = os.environ.get("FERRY_DATABASE_URL", "")
             os.environ["FERRY_DATABASE_URL"] = stack.enter_context(scratch_database(url, "storm"))
-        print(json.dumps(run(args, data_dir)))
+        for row in run(args, data_dir):
+            print(json.dumps(row))
     return 0
 
 
