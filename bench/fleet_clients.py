@@ -200,7 +200,8 @@ async def _trivial_streams(spec: dict) -> None:
     from deploy.proto import agent_pb2, agent_pb2_grpc
 
     slow = spec.get("slow_ms", 0) / 1e3
-    wave = {"event": asyncio.Event()}  # set (and replaced) by a "wave" line on stdin
+    wave = {"event": asyncio.Event(), "at": 0.0}  # set (and replaced) by a "wave" line on stdin
+    written: list[list[float]] = []  # per wave: seconds from its start to each hint handed to grpc
 
     class Waiting(agent_pb2_grpc.AgentGatewayServicer):
         def CheckIn(self, request, context):  # noqa: N802 (gRPC's name)
@@ -212,6 +213,7 @@ async def _trivial_streams(spec: dict) -> None:
                 time.sleep(slow)
             while True:
                 await wave["event"].wait()
+                written[-1].append(time.monotonic() - wave["at"])  # as the gateway's histogram
                 yield agent_pb2.Hint(reason="release changed")
 
     server = grpc.aio.server(
@@ -226,8 +228,11 @@ async def _trivial_streams(spec: dict) -> None:
     # until stdin closes; each "wave" line wakes every open stream once (the peer's release wave)
     while line := await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline):
         if line.strip() == "wave":
-            woken, wave["event"] = wave["event"], asyncio.Event()
+            woken, wave["event"], wave["at"] = wave["event"], asyncio.Event(), time.monotonic()
+            written.append([])
             woken.set()
+        elif line.strip() == "report":  # each wave's hints as written, server side
+            print(json.dumps([_percentiles(w) for w in written]), flush=True)
     await server.stop(None)
 
 

@@ -116,6 +116,36 @@ def _peer_wave(server: subprocess.Popen) -> Callable[[], None]:
     return wave
 
 
+def _peer_written(server: subprocess.Popen) -> list[dict]:
+    """The peer's own account of each wave: when its hints were handed to grpc."""
+    server.stdin.write("report\n")
+    server.stdin.flush()
+    return json.loads(server.stdout.readline())
+
+
+def _hint_buckets(metrics_port: int) -> dict[float, float]:
+    """The gateway's hint-delivery histogram: cumulative count per upper bound (seconds)."""
+    import requests
+
+    text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=120).text
+    prefix = "ferry_gateway_hint_delivery_seconds_bucket{"
+    buckets = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(bound)] = float(line.split()[-1])
+    return buckets
+
+
+def _written(before: dict[float, float], after: dict[float, float]) -> dict:
+    """One wave's hints handed to grpc, from two snapshots of the histogram: how many, and the
+    bucket bounds under which half and 99 % of them were."""
+    counts = {bound: after[bound] - before.get(bound, 0.0) for bound in sorted(after)}
+    total = counts.get(float("inf"), 0.0)
+    under = lambda share: next((b for b, c in counts.items() if c >= share * total), None)  # noqa: E731
+    return {"handed": total, "p50_under_s": under(0.5), "p99_under_s": under(0.99)}
+
+
 def _gateway_wave() -> Callable[[], None]:
     """One fleet-changed message on Redis for the scratch fleet's organisation: the hub's fan-out
     alone (what a release's commit publishes), without the release's own database work."""
@@ -153,11 +183,16 @@ def _storm_once(
     time.sleep(args.hold)
     # before the storm ends: its teardown cancels every stream the handler is running
     handled = _watch_counts(metrics_port) if metrics_port else {}
-    starts = []
+    starts, written = [], []
     for _ in range(args.waves):
+        before = _hint_buckets(metrics_port) if metrics_port else {}
         starts.append(time.time())
         wave()
         time.sleep(args.wave_seconds)
+        if metrics_port:
+            written.append(_written(before, _hint_buckets(metrics_port)))
+    if not metrics_port:
+        written = _peer_written(server)
     storm.stdin.write(json.dumps({"waves": starts}) + "\n")
     storm.stdin.flush()
     report = json.loads(storm.stdout.readline())
@@ -171,6 +206,7 @@ def _storm_once(
         "ended_placed_at_seconds": report["ended_placed_at"],
         "watch_calls_by_status_at_the_server": handled,
         "waves": report["waves"],
+        "waves_handed_to_grpc": written,
         "rss_idle_mb": round(idle, 1),
         "rss_mb": round(held, 1),
         "kb_per_stream": round(1024 * (held - idle) / len(identities), 1),
