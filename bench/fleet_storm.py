@@ -72,14 +72,13 @@ def _start(command: list[str], spec: dict, marker: str) -> tuple[subprocess.Pope
     return process, line
 
 
-def _gateway(data_dir: str, identities_wanted: int, tree: str) -> tuple[list, subprocess.Popen, str, int]:
-    """Enrolled devices in the scratch database and ``manage.py gateway`` (of ``tree``, default
-    this checkout) serving them."""
+def _gateway(data_dir: str, tree: str) -> tuple[subprocess.Popen, str, int]:
+    """``manage.py gateway`` (of ``tree``, default this checkout) serving the scratch database's
+    enrolled devices; its process, address and metrics port."""
     from ferry_cloud.stack import free_port
 
     from bench import checkin_load
 
-    identities = checkin_load._fleet(identities_wanted, identities_wanted)
     metrics_port = free_port()
     env = {**os.environ, "FERRY_LOG_LEVEL": "WARNING", "FERRY_DATA_DIR": data_dir}
     env["FERRY_GATEWAY_WATCH_SECONDS"] = "3600"  # no stream reaches its lifetime in the run
@@ -87,7 +86,7 @@ def _gateway(data_dir: str, identities_wanted: int, tree: str) -> tuple[list, su
     env["PYTHONPATH"] = f"{root}{os.pathsep}{root / 'platform'}"
     command = checkin_load._gateway_command(root)[:-2] + ["--metrics-port", str(metrics_port)]
     process, address = checkin_load._start(command, env, "listening on ")
-    return identities, process, address, metrics_port
+    return process, address, metrics_port
 
 
 def _watch_counts(metrics_port: int) -> dict[str, float]:
@@ -250,14 +249,18 @@ def run(args, data_dir: str) -> list[dict]:
         finally:
             _stop(server)
         return rows
-    identities, server, address, metrics_port = _gateway(data_dir, args.streams, args.tree)
+    from bench import checkin_load
+
+    identities = checkin_load._fleet(args.streams, args.streams)
     wave = _gateway_wave()
     connections.close_all()
-    try:
-        name = f"gateway {args.tree}".strip()
-        rows.append(_storm_once(name, server, address, identities, wave, args, ca_pem, metrics_port))
-    finally:
-        _stop(server)
+    for tree in [args.before_tree, args.tree] if args.before_tree else [args.tree]:
+        server, address, metrics_port = _gateway(data_dir, tree)
+        try:
+            name = f"gateway {tree}".strip()
+            rows.append(_storm_once(name, server, address, identities, wave, args, ca_pem, metrics_port))
+        finally:
+            _stop(server)
     if args.with_peer:  # the same storm and waves against the trivial peer, same run, same identities
         server, address = _peer(peer_spec)
         try:
@@ -282,6 +285,9 @@ def main() -> int:
     parser.add_argument("--gateway", action="store_true", help="storm manage.py gateway instead of the peer")
     parser.add_argument(
         "--tree", default="", help="--gateway: the gateway of this checkout (e.g. before a change)"
+    )
+    parser.add_argument(
+        "--before-tree", default="", help="--gateway: first the gateway of this checkout, same devices"
     )
     parser.add_argument("--waves", type=int, default=1, help="waves after the hold (a hint to every stream)")
     parser.add_argument("--wave-seconds", type=float, default=8.0, help="wait after each wave")
