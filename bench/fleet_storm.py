@@ -6,11 +6,15 @@ at once) end before the report and with which status, what the server's own metr
 handler), and the server's RSS, in a few minutes.  Then --waves release waves: every open
 stream woken once (the gateway: one fleet-changed message on Redis, its hub's fan-out alone;
 the peer: an asyncio.Event set), and how long after each wave's start the streams' hints arrived
-(p50 / p99 / max, at the storm client).  --with-peer runs the same storm and waves against the
-trivial peer after the gateway, in the same run.
+(p50 / p99 / max, at the storm client; and server side, when each hint was handed to grpc).
+--with-peer runs the same storm and waves against the trivial peer after the gateway, and
+--before-tree another checkout's gateway before this one's, all in the same run.  A slow storm
+on the peer alone: --peer-slow-ms blocks its loop that long per stream (calls queue in grpc).
 
     .venv/bin/python bench/fleet_storm.py --streams 10000 [--option grpc.some_arg=value ...]
-    FERRY_DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/fleet_storm.py --gateway
+    .venv/bin/python bench/fleet_storm.py --streams 2000 --peer-slow-ms 25 [--option ...]
+    FERRY_DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/fleet_storm.py \
+        --gateway --with-peer --waves 3 [--before-tree <checkout>]
 
 It separates what grpc does to a storm from what the gateway does: bench/fleet_load.py's storm
 runs the same client (bench/fleet_clients.py --storm) against the real gateway.  Certificates
