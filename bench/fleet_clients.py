@@ -9,8 +9,9 @@ the core the gateway does not have:
   batches; each caller replays its last batch once (it must come back as duplicates).
 
 Both read a JSON spec on stdin and print JSON lines on stdout.  ``--trivial-streams`` is the
-peer of the storm: a grpc.aio server with the same proto and mutual TLS whose WatchHints only
-waits (the stack's own cost of an open stream) and whose CheckIn is a constant reply from a
+peer of the storm: a grpc.aio server with the same proto and mutual TLS whose WatchHints waits
+(the stack's own cost of an open stream) and sends every open stream a Hint on a "wave" line on
+its stdin (the stack's own release wave), and whose CheckIn is a constant reply from a
 synchronous handler in grpc.aio's migration thread pool (what the gateway's aio server adds to
 a call), pinned to the gateway's core.
 """
@@ -56,6 +57,8 @@ async def _storm(spec: dict) -> None:
     ended: Counter = Counter()
     gate = asyncio.Semaphore(spec["in_flight"])  # calls being set up at once (TLS handshakes)
     channels, calls = [], []
+    ended_at: list[float] = []  # seconds after the storm's start at which a stream ended early
+    placed_at: list[float] = []  # ... and at which it had been placed
 
     async def watch(i: int, key: str, cert: str) -> None:
         credentials = grpc.ssl_channel_credentials(ca, key.encode(), cert.encode())
@@ -66,6 +69,7 @@ async def _storm(spec: dict) -> None:
         call = agent_pb2_grpc.AgentGatewayStub(channel).WatchHints(
             agent_pb2.WatchRequest(), timeout=STREAM_TIMEOUT_SECONDS
         )
+        placed = time.monotonic() - started
         calls.append(call)
         while True:  # as the agent does: a stream that reached its lifetime is reopened
             try:
@@ -73,7 +77,10 @@ async def _storm(spec: dict) -> None:
                     arrivals[i].append(time.time())
                 ended["OK (reopened)"] += 1
             except grpc.aio.AioRpcError as exc:
-                ended[exc.code().name] += 1
+                # the details say who ended it (grpc core's words, or the gateway's), the time when
+                ended[f"{exc.code().name}: {(exc.details() or '')[:70]}"] += 1
+                ended_at.append(round(time.monotonic() - started, 1))
+                placed_at.append(round(placed, 1))
                 return
             call = agent_pb2_grpc.AgentGatewayStub(channel).WatchHints(
                 agent_pb2.WatchRequest(), timeout=STREAM_TIMEOUT_SECONDS
@@ -87,13 +94,26 @@ async def _storm(spec: dict) -> None:
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     waves = json.loads(line)["waves"]
     await asyncio.sleep(spec["settle_seconds"])
-    report = {"ended": dict(ended), "waves": [_wave(arrivals, waves, w) for w in range(len(waves))]}
+    report = {
+        "ended": dict(ended),
+        "ended_at": _spread(ended_at),
+        "ended_placed_at": _spread(placed_at),
+        "waves": [_wave(arrivals, waves, w) for w in range(len(waves))],
+    }
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     for channel in channels:
         await channel.close()
     print(json.dumps(report), flush=True)
+
+
+def _spread(seconds: list[float]) -> dict:
+    """When the early ends came: first, median and last, in seconds after the storm's start."""
+    if not seconds:
+        return {}
+    ordered = sorted(seconds)
+    return {"first": ordered[0], "median": ordered[len(ordered) // 2], "last": ordered[-1]}
 
 
 def _wave(arrivals: list[list[float]], waves: list[float], index: int) -> dict:
@@ -179,14 +199,22 @@ async def _trivial_streams(spec: dict) -> None:
 
     from deploy.proto import agent_pb2, agent_pb2_grpc
 
+    slow = spec.get("slow_ms", 0) / 1e3
+    wave = {"event": asyncio.Event(), "at": 0.0}  # set (and replaced) by a "wave" line on stdin
+    written: list[list[float]] = []  # per wave: seconds from its start to each hint handed to grpc
+
     class Waiting(agent_pb2_grpc.AgentGatewayServicer):
         def CheckIn(self, request, context):  # noqa: N802 (gRPC's name)
             return agent_pb2.CheckInResponse(checkin_interval_seconds=30)
 
         async def WatchHints(self, request, context):  # noqa: N802 (gRPC's name)
-            await asyncio.sleep(STREAM_TIMEOUT_SECONDS)
-            return
-            yield  # an async generator, as the gateway's
+            # as the gateway's: an async generator waiting on a future, a Hint per wake-up
+            if slow:  # a loop this busy per call (fleet_storm.py --peer-slow-ms): a slow storm
+                time.sleep(slow)
+            while True:
+                await wave["event"].wait()
+                written[-1].append(time.monotonic() - wave["at"])  # as the gateway's histogram
+                yield agent_pb2.Hint(reason="release changed")
 
     server = grpc.aio.server(
         migration_thread_pool=futures.ThreadPoolExecutor(max_workers=spec["workers"]),
@@ -197,7 +225,14 @@ async def _trivial_streams(spec: dict) -> None:
     port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
     print(f"trivial streams listening on 127.0.0.1:{port}", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until stdin closes
+    # until stdin closes; each "wave" line wakes every open stream once (the peer's release wave)
+    while line := await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline):
+        if line.strip() == "wave":
+            woken, wave["event"], wave["at"] = wave["event"], asyncio.Event(), time.monotonic()
+            written.append([])
+            woken.set()
+        elif line.strip() == "report":  # each wave's hints as written, server side
+            print(json.dumps([_percentiles(w) for w in written]), flush=True)
     await server.stop(None)
 
 

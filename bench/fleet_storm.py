@@ -3,10 +3,18 @@ with --gateway against ``manage.py gateway`` (a scratch PostgreSQL database of e
 how many of --streams WatchHints streams (one mutual-TLS connection each, --in-flight handshakes
 at once) end before the report and with which status, what the server's own metrics counted
 (the gateway's ferry_gateway_rpcs_total for WatchHints: a status there was seen by its
-handler), and the server's RSS, in a few minutes.
+handler), and the server's RSS, in a few minutes.  Then --waves release waves: every open
+stream woken once (the gateway: one fleet-changed message on Redis, its hub's fan-out alone;
+the peer: an asyncio.Event set), and how long after each wave's start the streams' hints arrived
+(p50 / p99 / max, at the storm client; and server side, when each hint was handed to grpc).
+--with-peer runs the same storm and waves against the trivial peer after the gateway, and
+--before-tree another checkout's gateway before this one's, all in the same run.  A slow storm
+on the peer alone: --peer-slow-ms blocks its loop that long per stream (calls queue in grpc).
 
     .venv/bin/python bench/fleet_storm.py --streams 10000 [--option grpc.some_arg=value ...]
-    FERRY_DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/fleet_storm.py --gateway
+    .venv/bin/python bench/fleet_storm.py --streams 2000 --peer-slow-ms 25 [--option ...]
+    FERRY_DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python bench/fleet_storm.py \
+        --gateway --with-peer --waves 3 [--before-tree <checkout>]
 
 It separates what grpc does to a storm from what the gateway does: bench/fleet_load.py's storm
 runs the same client (bench/fleet_clients.py --storm) against the real gateway.  Certificates
@@ -24,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,14 +76,13 @@ def _start(command: list[str], spec: dict, marker: str) -> tuple[subprocess.Pope
     return process, line
 
 
-def _gateway(data_dir: str, identities_wanted: int, tree: str) -> tuple[list, subprocess.Popen, str, int]:
-    """Enrolled devices in the scratch database and ``manage.py gateway`` (of ``tree``, default
-    this checkout) serving them."""
+def _gateway(data_dir: str, tree: str) -> tuple[subprocess.Popen, str, int]:
+    """``manage.py gateway`` (of ``tree``, default this checkout) serving the scratch database's
+    enrolled devices; its process, address and metrics port."""
     from ferry_cloud.stack import free_port
 
     from bench import checkin_load
 
-    identities = checkin_load._fleet(identities_wanted, identities_wanted)
     metrics_port = free_port()
     env = {**os.environ, "FERRY_LOG_LEVEL": "WARNING", "FERRY_DATA_DIR": data_dir}
     env["FERRY_GATEWAY_WATCH_SECONDS"] = "3600"  # no stream reaches its lifetime in the run
@@ -82,7 +90,7 @@ def _gateway(data_dir: str, identities_wanted: int, tree: str) -> tuple[list, su
     env["PYTHONPATH"] = f"{root}{os.pathsep}{root / 'platform'}"
     command = checkin_load._gateway_command(root)[:-2] + ["--metrics-port", str(metrics_port)]
     process, address = checkin_load._start(command, env, "listening on ")
-    return identities, process, address, metrics_port
+    return process, address, metrics_port
 
 
 def _watch_counts(metrics_port: int) -> dict[str, float]:
@@ -98,7 +106,123 @@ def _watch_counts(metrics_port: int) -> dict[str, float]:
     return counts
 
 
-def run(args, data_dir: str) -> dict:
+def _peer(peer_spec: dict) -> tuple[subprocess.Popen, str]:
+    server, line = _start([sys.executable, CLIENTS, "--trivial-streams"], peer_spec, "listening on ")
+    return server, line.split("listening on ", 1)[1].split()[0]
+
+
+def _peer_wave(server: subprocess.Popen) -> Callable[[], None]:
+    def wave() -> None:
+        server.stdin.write("wave\n")
+        server.stdin.flush()
+
+    return wave
+
+
+def _peer_written(server: subprocess.Popen) -> list[dict]:
+    """The peer's own account of each wave: when its hints were handed to grpc."""
+    server.stdin.write("report\n")
+    server.stdin.flush()
+    return json.loads(server.stdout.readline())
+
+
+def _hint_buckets(metrics_port: int) -> dict[float, float]:
+    """The gateway's hint-delivery histogram: cumulative count per upper bound (seconds)."""
+    import requests
+
+    text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=120).text
+    prefix = "ferry_gateway_hint_delivery_seconds_bucket{"
+    buckets = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(bound)] = float(line.split()[-1])
+    return buckets
+
+
+def _written(before: dict[float, float], after: dict[float, float]) -> dict:
+    """One wave's hints handed to grpc, from two snapshots of the histogram: how many, and the
+    bucket bounds under which half and 99 % of them were."""
+    counts = {bound: after[bound] - before.get(bound, 0.0) for bound in sorted(after)}
+    total = counts.get(float("inf"), 0.0)
+    under = lambda share: next((b for b, c in counts.items() if c >= share * total), None)  # noqa: E731
+    return {"handed": total, "p50_under_s": under(0.5), "p99_under_s": under(0.99)}
+
+
+def _gateway_wave() -> Callable[[], None]:
+    """One fleet-changed message on Redis for the scratch fleet's organisation: the hub's fan-out
+    alone (what a release's commit publishes), without the release's own database work."""
+    import redis
+    from fleet.models import Device
+    from gateway.hints import CHANNEL
+
+    organisation_id = Device.objects.values_list("organisation_id", flat=True).first()
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    return lambda: client.publish(CHANNEL, str(organisation_id))
+
+
+def _storm_once(
+    name: str,
+    server: subprocess.Popen,
+    address: str,
+    identities: list,
+    wave,
+    args,
+    ca_pem: str,
+    metrics_port: int,
+) -> dict:
+    """The storm against one server, held, then --waves waves (each: every stream woken once)."""
+    idle = _rss_mb(server.pid)
+    storm_spec = {
+        "ca_pem": ca_pem,
+        "address": address,
+        "identities": identities,
+        "in_flight": args.in_flight,
+        "settle_seconds": 1.0,
+    }
+    storm, called_line = _start([sys.executable, CLIENTS, "--storm"], storm_spec, "called")
+    called = json.loads(called_line)
+    held = _settled_rss(server.pid)
+    time.sleep(args.hold)
+    # before the storm ends: its teardown cancels every stream the handler is running
+    handled = _watch_counts(metrics_port) if metrics_port else {}
+    starts, written = [], []
+    for _ in range(args.waves):
+        before = _hint_buckets(metrics_port) if metrics_port else {}
+        starts.append(time.time())
+        wave()
+        time.sleep(args.wave_seconds)
+        if metrics_port:
+            written.append(_written(before, _hint_buckets(metrics_port)))
+    if not metrics_port:
+        written = _peer_written(server)
+    storm.stdin.write(json.dumps({"waves": starts}) + "\n")
+    storm.stdin.flush()
+    report = json.loads(storm.stdout.readline())
+    storm.wait(timeout=120)
+    return {
+        "server": name,
+        "streams": len(identities),
+        "calls_seconds": round(called["seconds"], 1),
+        "ended_before_report": report["ended"],
+        "ended_at_seconds": report["ended_at"],
+        "ended_placed_at_seconds": report["ended_placed_at"],
+        "watch_calls_by_status_at_the_server": handled,
+        "waves": report["waves"],
+        "waves_handed_to_grpc": written,
+        "rss_idle_mb": round(idle, 1),
+        "rss_mb": round(held, 1),
+        "kb_per_stream": round(1024 * (held - idle) / len(identities), 1),
+    }
+
+
+def _stop(server: subprocess.Popen) -> None:
+    server.stdin.close()
+    server.terminate()
+    server.wait(timeout=60)
+
+
+def run(args, data_dir: str) -> list[dict]:
     import django
 
     django.setup()
@@ -114,49 +238,44 @@ def run(args, data_dir: str) -> dict:
         "cert_pem": Path(settings.FERRY_GATEWAY_TLS_CERT_FILE).read_text(),
         "workers": 16,
         "options": [_option(o) for o in args.option],
+        "slow_ms": args.peer_slow_ms,
     }
-    metrics_port = 0
-    if args.gateway:
-        identities, server, address, metrics_port = _gateway(data_dir, args.streams, args.tree)
-        connections.close_all()
-    else:
+    rows = []
+    if not args.gateway:
         identities = _identities(args.streams)
-        server, line = _start([sys.executable, CLIENTS, "--trivial-streams"], peer_spec, "listening on ")
-        address = line.split("listening on ", 1)[1].split()[0]
-    try:
-        idle = _rss_mb(server.pid)
-        storm_spec = {
-            "ca_pem": ca_pem,
-            "address": address,
-            "identities": identities,
-            "in_flight": args.in_flight,
-            "settle_seconds": 1.0,
-        }
-        storm, called_line = _start([sys.executable, CLIENTS, "--storm"], storm_spec, "called")
-        called = json.loads(called_line)
-        held = _settled_rss(server.pid)
-        time.sleep(args.hold)
-        # before the storm ends: its teardown cancels every stream the handler is running
-        handled = _watch_counts(metrics_port) if metrics_port else {}
-        storm.stdin.write(json.dumps({"waves": []}) + "\n")
-        storm.stdin.flush()
-        report = json.loads(storm.stdout.readline())
-        storm.wait(timeout=120)
-    finally:
-        server.stdin.close()
-        server.terminate()
-        server.wait(timeout=60)
-    return {
-        "server": f"gateway {args.tree}".strip() if args.gateway else "trivial grpc.aio",
-        "streams": args.streams,
-        "options": peer_spec["options"] if not args.gateway else "the gateway's",
-        "calls_seconds": round(called["seconds"], 1),
-        "ended_before_report": report["ended"],
-        "watch_calls_by_status_at_the_server": handled,
-        "rss_idle_mb": round(idle, 1),
-        "rss_mb": round(held, 1),
-        "kb_per_stream": round(1024 * (held - idle) / args.streams, 1),
-    }
+        server, address = _peer(peer_spec)
+        try:
+            rows.append(
+                _storm_once(
+                    "trivial grpc.aio", server, address, identities, _peer_wave(server), args, ca_pem, 0
+                )
+            )
+        finally:
+            _stop(server)
+        return rows
+    from bench import checkin_load
+
+    identities = checkin_load._fleet(args.streams, args.streams)
+    wave = _gateway_wave()
+    connections.close_all()
+    for tree in [args.before_tree, args.tree] if args.before_tree else [args.tree]:
+        server, address, metrics_port = _gateway(data_dir, tree)
+        try:
+            name = f"gateway {tree}".strip()
+            rows.append(_storm_once(name, server, address, identities, wave, args, ca_pem, metrics_port))
+        finally:
+            _stop(server)
+    if args.with_peer:  # the same storm and waves against the trivial peer, same run, same identities
+        server, address = _peer(peer_spec)
+        try:
+            rows.append(
+                _storm_once(
+                    "trivial grpc.aio", server, address, identities, _peer_wave(server), args, ca_pem, 0
+                )
+            )
+        finally:
+            _stop(server)
+    return rows
 
 
 def main() -> int:
@@ -171,6 +290,17 @@ def main() -> int:
     parser.add_argument(
         "--tree", default="", help="--gateway: the gateway of this checkout (e.g. before a change)"
     )
+    parser.add_argument(
+        "--before-tree", default="", help="--gateway: first the gateway of this checkout, same devices"
+    )
+    parser.add_argument("--waves", type=int, default=1, help="waves after the hold (a hint to every stream)")
+    parser.add_argument("--wave-seconds", type=float, default=8.0, help="wait after each wave")
+    parser.add_argument(
+        "--peer-slow-ms", type=float, default=0.0, help="the peer blocks its loop this long per stream"
+    )
+    parser.add_argument(
+        "--with-peer", action="store_true", help="--gateway: then the same storm on the trivial peer"
+    )
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")
     with contextlib.ExitStack() as stack:
@@ -179,7 +309,8 @@ def main() -> int:
         if args.gateway:
             url = os.environ.get("FERRY_DATABASE_URL", "")
             os.environ["FERRY_DATABASE_URL"] = stack.enter_context(scratch_database(url, "storm"))
-        print(json.dumps(run(args, data_dir)))
+        for row in run(args, data_dir):
+            print(json.dumps(row))
     return 0
 
 

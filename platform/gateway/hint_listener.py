@@ -28,6 +28,10 @@ REVOCATION_CHECK_SECONDS = 1.0
 # a revocation committed a moment after the time it records.
 REVOCATION_MARGIN = timedelta(seconds=30)
 RESUBSCRIBE_SECONDS = 2.0
+# A release's transition publishes twice (its saved row, then its FleetChanged), a few
+# milliseconds apart: messages heard within this window of the first make one wave, not one
+# each (10,000 streams would write every hint twice).  Safe: the wave leaves after the last.
+COALESCE_SECONDS = 0.05
 
 
 class Listener:
@@ -66,7 +70,8 @@ class Listener:
                             ignore_subscribe_messages=True, timeout=REVOCATION_CHECK_SECONDS
                         )
                         if message and message["type"] == "message":
-                            self.hub.notify(int(message["data"]), "release changed")
+                            for organisation_id in await coalesced(pubsub, {int(message["data"])}):
+                                self.hub.notify(organisation_id, "release changed")
                         await self.close_revoked()
             except asyncio.CancelledError:
                 raise
@@ -109,6 +114,19 @@ class Listener:
             return 0
         self._revoked_since = asked_at - REVOCATION_MARGIN
         return sum(self.hub.close_device(device_id) for device_id in revoked)
+
+
+async def coalesced(pubsub, organisations: set[int], window: float = COALESCE_SECONDS) -> set[int]:
+    """The organisations of the message just heard and of those published within ``window`` of it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + window
+    while (left := deadline - loop.time()) > 0:
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+        if message is None:
+            break
+        if message["type"] == "message":
+            organisations.add(int(message["data"]))
+    return organisations
 
 
 def _channel() -> str:

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections import defaultdict
 
 from django.db import transaction
@@ -223,9 +224,11 @@ class HintHub:
 def _deliver_all(loop: asyncio.AbstractEventLoop | None, mailboxes: list[Mailbox], reason: str) -> None:
     """One hand-over per event loop, not one per stream: 10,000 streams cost one wake-up."""
 
+    at = time.monotonic()
+
     def deliver() -> None:
         for mailbox in mailboxes:
-            mailbox.deliver(reason)
+            mailbox.deliver(reason, at)
 
     if loop is None or _running_loop() is loop:
         deliver()

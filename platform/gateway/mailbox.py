@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import time
 from dataclasses import dataclass
 
 
@@ -30,18 +31,21 @@ REVOKED = StreamClosed(True, "This device has been revoked; its streams are clos
 class AsyncMailbox:
     """One stream's pending hint on an event loop; deliver() must run on that loop."""
 
-    __slots__ = ("device_id", "loop", "organisation_id", "_pending", "_waiter")
+    __slots__ = ("device_id", "loop", "organisation_id", "since", "_pending", "_waiter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.organisation_id = 0
         self.device_id = ""
+        self.since = 0.0  # when the pending reason was heard (time.monotonic, the loop's clock)
         self._pending: str | StreamClosed | None = None
         self._waiter: asyncio.Future | None = None
 
-    def deliver(self, reason: str | StreamClosed) -> None:
+    def deliver(self, reason: str | StreamClosed, at: float = 0.0) -> None:
+        """Leave reason (heard at ``at``, time.monotonic(); default now) and wake the stream."""
         if isinstance(reason, StreamClosed) or self._pending is None:
             self._pending = reason
+            self.since = at or time.monotonic()
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -76,7 +80,7 @@ class SyncMailbox(queue.Queue):
         self.organisation_id = 0
         self.device_id = ""
 
-    def deliver(self, reason: str | StreamClosed) -> None:
+    def deliver(self, reason: str | StreamClosed, at: float = 0.0) -> None:
         if isinstance(reason, StreamClosed):  # the next thing the stream reads, whatever was pending
             with contextlib.suppress(queue.Empty):
                 while True:

@@ -19,6 +19,11 @@ RPC_SECONDS = Histogram(
 HINT_STREAMS = Gauge(
     "ferry_gateway_hint_streams_open", "WatchHints streams open now", multiprocess_mode="livesum"
 )
+HINT_SECONDS = Histogram(
+    "ferry_gateway_hint_delivery_seconds",
+    "Time from the hint hub hearing of a change to the stream's hint handed to grpc",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
+)
 CHECK_INS = Counter(
     "ferry_gateway_check_ins", "Successful check-ins, by whether a package was offered", ["offered"]
 )

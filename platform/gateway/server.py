@@ -34,7 +34,23 @@ ORM_THREADS = 4
 # grpc core cancels a call that waits longer than this (default 30 s) for the server's event loop
 # to pick it up: in a reconnect storm of thousands of streams that is where they queue, and a
 # cancelled stream is one more reconnect, so they wait instead.
-SERVER_OPTIONS = [("grpc.server_max_unrequested_time_in_server", 600)]
+UNREQUESTED_SECONDS = 600
+# grpc core also sheds calls waiting for the loop by their number: past 1,000 it cancels a new
+# call with a rising probability (random early detection), past 3,000 every one.  A reconnect
+# storm of the streams a process may hold queues that many on a busy loop (bench/fleet_storm.py
+# --peer-slow-ms shows it on a trivial grpc.aio server), so the limit is what the hub may hold
+# and some, and the client sees CANCELLED for none of them.
+PENDING_CALLS_OVER_STREAMS = 10_000
+
+
+def server_options(max_streams: int) -> list[tuple[str, int]]:
+    """The grpc.aio server's options for a hub holding up to max_streams WatchHints streams."""
+    pending = max_streams + PENDING_CALLS_OVER_STREAMS
+    return [
+        ("grpc.server_max_unrequested_time_in_server", UNREQUESTED_SECONDS),
+        ("grpc.server.max_pending_requests", pending),
+        ("grpc.server.max_pending_requests_hard_limit", pending),
+    ]
 
 
 class ReleaseDatabaseConnections(grpc.ServerInterceptor):
@@ -170,7 +186,8 @@ def build_server(
 async def _listen(gateway: GatewayServer, address: str, enrol_address: str, workers: int) -> tuple[int, int]:
     """Create the aio server on its loop (grpc.aio binds a server to the loop it is made on)."""
     gateway.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gateway")
-    server = grpc.aio.server(migration_thread_pool=gateway.pool, options=SERVER_OPTIONS)
+    options = server_options(gateway.hub.max_watchers)
+    server = grpc.aio.server(migration_thread_pool=gateway.pool, options=options)
     gateway.server = server
     # wrapped once per method at registration, not as grpc.aio interceptors (a coroutine pipeline
     # per call); outermost first: the metrics and the log line cover the connection release too

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import random
+import time
 from collections.abc import AsyncIterator
 from concurrent import futures
 
@@ -28,6 +29,7 @@ from deploy.proto import agent_pb2
 from gateway import checkin_aio
 from gateway.errors import status_for
 from gateway.hints import HintHub, StreamClosed
+from gateway.metrics import HINT_SECONDS
 from gateway.servicer import WATCH_MAX_SECONDS, AgentGatewayServicer
 from gateway.tls import peer_device_id
 
@@ -99,6 +101,10 @@ class AioGatewayServicer(AgentGatewayServicer):
                 if isinstance(reason, StreamClosed):
                     code = grpc.StatusCode.PERMISSION_DENIED if reason.revoked else grpc.StatusCode.ABORTED
                     await context.abort(code, reason.message)
+                # the wave's time to this stream: from the hub hearing the change to the hint handed
+                # to grpc (which writes it at once; the generator resumes only when the loop is
+                # back for it, later in a wave of thousands)
+                HINT_SECONDS.observe(time.monotonic() - mailbox.since)
                 yield agent_pb2.Hint(reason=reason)
             # lifetime over: the stream ends OK and the agent reopens it
         finally:
