@@ -305,18 +305,24 @@ def release_matching_devices(
         for device_id, group_id in through.values_list("device_id", "devicegroup_id"):
             memberships.setdefault(str(device_id), set()).add(str(group_id))
     devices = Device.objects.filter(organisation_id=release.organisation_id, revoked_at__isnull=True)
-    rows = devices.values_list("pk", "attributes", "labels", "running_version_id")
+    # attributes and labels are read (JSON decoded, a dict built per device) only when the
+    # target looks at them: a release to the whole fleet or to groups starts in a fraction
+    if target.labels or target.filter is not None or target.group_filters:
+        rows = devices.values_list("pk", "running_version_id", "attributes", "labels")
+    else:
+        rows = ((pk, running, None, None) for pk, running in devices.values_list("pk", "running_version_id"))
+    organisation, version, salt = str(release.organisation_id), release.version_id, release.salt
     found = {}
-    for pk, attributes, labels, running in rows:
+    for pk, running, attributes, labels in rows:
         facts = DeviceFacts(
             device_id=str(pk),
-            organisation_id=str(release.organisation_id),
-            attributes={str(k): str(v) for k, v in (attributes or {}).items()},
-            labels={str(k): str(v) for k, v in (labels or {}).items()},
+            organisation_id=organisation,
+            attributes={str(k): str(v) for k, v in attributes.items()} if attributes else {},
+            labels={str(k): str(v) for k, v in labels.items()} if labels else {},
             group_ids=frozenset(memberships.get(str(pk), ())),
         )
         if matches(target, facts):
-            found[facts.device_id] = (bucket(release.salt, facts.device_id), running == release.version_id)
+            found[facts.device_id] = (bucket(salt, facts.device_id), running == version)
     return found
 
 
