@@ -9,7 +9,9 @@ one thread (onnxruntime, whose caller takes over a parked worker's share: 997 an
 part is a whole planned run, hundreds of milliseconds with no barrier inside, so a thread the
 scheduler parks for a slice costs that slice once; and a part no worker has started when the
 caller is done with its own is run by the caller (``run_parts``), so a run never waits for a
-thread that has not begun.
+thread that has not begun.  As for a whole run (``engine.plan_threads``), the session times its
+split runs against the parts run one after another on the caller and runs the faster.  The
+first run of the signature (the reference below) runs whole, on one thread.
 
 Splitting is only right for a graph whose outputs for one batch item depend on that item's
 inputs alone (a classifier, an encoder, a UNet: not one that mixes the batch, or bakes its

@@ -178,10 +178,14 @@ class Session:
             joined = self._run_split(signature, arrays, parts, on_node)
             if joined is not None:
                 return joined
-        outputs = self._run_whole(signature, arrays, feeds, on_node, self.threads, self._search)
         if parts and signature not in self._splits:
+            # The reference run is on one thread: it is the only run of the signature with pool
+            # threads at all, and a busy machine made it the slowest by far (UNet: 5.6-12.5 s at 2
+            # threads against 0.3 s a planned step); an idle one loses half of one run.
+            outputs = self._run_whole(signature, arrays, feeds, on_node, 1, self._search)
             self._keep_reference(signature, arrays, outputs)
-        return outputs
+            return outputs
+        return self._run_whole(signature, arrays, feeds, on_node, self.threads, self._search)
 
     def _run_whole(
         self,
@@ -231,17 +235,21 @@ class Session:
         self, plan: Plan, arrays: dict[str, np.ndarray], feeds: Mapping[str, np.ndarray], threads: int
     ) -> dict[str, np.ndarray]:
         """A planned run on the thread count its ``ThreadChoice`` picks, timed for it."""
-        choice = self._thread_choices.get(plan.signature)
-        if choice is None:
-            choice = self._thread_choices[plan.signature] = ThreadChoice(threads)
-            while len(self._thread_choices) > self._plans.capacity:  # as the plans: bounded
-                self._thread_choices.pop(next(iter(self._thread_choices)))
+        choice = self._thread_choice(plan.signature, threads)
         threads = choice.pick()
         start = time.perf_counter()
         with _threadpools().limit(limits=threads), jit_tier.thread_limit(threads):
             env = _execute_plan(plan, self._program.constants, arrays, None)
         choice.record(threads, time.perf_counter() - start)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}
+
+    def _thread_choice(self, signature: Signature, threads: int) -> ThreadChoice:
+        choice = self._thread_choices.get(signature)
+        if choice is None:
+            choice = self._thread_choices[signature] = ThreadChoice(threads)
+            while len(self._thread_choices) > self._plans.capacity:  # as the plans: bounded
+                self._thread_choices.pop(next(iter(self._thread_choices)))
+        return choice
 
     # -- data-parallel runs (engine.batch_split) -------------------------------------------------
 
@@ -269,8 +277,15 @@ class Session:
         if plan is None or on_node is not None:
             # a profile (each node timed), or the part's plan evicted: one part after another
             return batch_split.join([self._run_part(piece, on_node) for piece in pieces])
+        choice = self._thread_choice(signature, parts)  # in parts on threads, or one after another
+        threads = choice.pick()
+        start = time.perf_counter()
         with _threadpools().limit(limits=1), jit_tier.thread_limit(1):
-            results = batch_split.run_parts(lambda piece: self._run_planned_part(plan, piece), pieces)
+            if threads > 1:
+                results = batch_split.run_parts(lambda piece: self._run_planned_part(plan, piece), pieces)
+            else:
+                results = [self._run_planned_part(plan, piece) for piece in pieces]
+        choice.record(threads, time.perf_counter() - start)
         return batch_split.join(results)
 
     def _run_part(self, piece: dict[str, np.ndarray], on_node: Callable | None) -> dict[str, np.ndarray]:

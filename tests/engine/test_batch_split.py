@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from converter.translate import node_dict
 from engine import Session, batch_split
+from engine import plan_threads as pt
 from tests.engine.helpers import run_reference
 from tests.model_packages import write_package
 
@@ -81,9 +82,12 @@ def test_a_per_item_graph_runs_in_parts_with_the_same_results(tmp_path):
     model, feeds = _conv_block(4)
     session = Session(_batched_package(model, tmp_path / "m.ferry", feeds), threads=2)
     want = run_reference(model, feeds)[0]
-    for got in _run_many(session, feeds, 5):  # whole (the reference), checked + split, split...
+    # whole (the reference), checked and split, then split runs timed on 2 threads and on 1
+    for got in _run_many(session, feeds, 2 + 2 * pt.FIRST_SAMPLES + 2):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert list(session._splits.values()) == [2]
+    (choice,) = session._thread_choices.values()  # the parts' plan itself is never run whole
+    assert all(len(choice.times[n]) >= pt.FIRST_SAMPLES for n in (2, 1))
     # other values of the same shape take the split path too, and still match
     other = {k: v[::-1].copy() for k, v in feeds.items()}
     np.testing.assert_allclose(session.run(other)["y"], run_reference(model, other)[0], rtol=1e-4, atol=1e-4)
