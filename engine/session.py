@@ -69,7 +69,9 @@ class Session:
 
     ``threads`` caps the BLAS thread pool during runs (default: every core), and the JIT
     kernels' threads; planned runs use one thread instead where their recent runs found that
-    faster (a busy machine: ``engine.plan_threads``).  ``jit`` (default: whether numba is
+    faster (a busy machine: ``engine.plan_threads``).  A batch (every input's leading dim
+    symbolic and equal) runs as one-thread parts on as many threads where the first run showed
+    the parts give the same outputs (``engine.batch_split``).  ``jit`` (default: whether numba is
     installed and ``FERRY_JIT`` is not 0) lets the kernel search consider JIT kernels;
     ``jit=False`` runs numpy kernels only.
     Creating a Session with the JIT tier compiles its kernels (or loads them from numba's
@@ -196,7 +198,8 @@ class Session:
         threads: int,
         search: KernelSearch,
     ) -> dict[str, np.ndarray]:
-        """One run of the graph on ``threads`` (recorded, planned or planned, by signature)."""
+        """One run of the whole graph on ``threads``: recorded (a signature's first run), or
+        planning then planned (its second), or planned."""
         plan = self._plans.get(signature)
         if plan is not None and on_node is None and not debug.enabled():
             return self._run_plan(plan, arrays, feeds, threads)
