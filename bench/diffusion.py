@@ -12,7 +12,8 @@ converts the layout with ``convert_diffusion`` (fp32 and int8), then prints:
 - the UNet step (batch 2: classifier-free guidance, 32x32 latents = 256x256 images) for Ferry
   and onnxruntime at 1 and 2 threads, interleaved rounds, medians;
 - a whole 20-step 256x256 image in a fresh process per runtime (graphs loaded inside the timed
-  generation for both; the second generation is timed, the first plans) and its peak RSS (VmHWM),
+  generation for both; the second generation is timed, the first plans), ``--image-pairs`` times
+  each in ABBA order (the ratio: geometric mean of adjacent pairs), and its peak RSS (VmHWM),
   and Ferry's pipeline again with ``keep_sessions=True`` (Sessions kept, loaded and planned,
   from the first image: the timed one loads nothing);
 - the int8 package's size against fp32 and its image's PSNR/SSIM against fp32 (same seed);
@@ -308,6 +309,33 @@ def fresh(runtime: str, directory: Path, layout: Path, threads: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def report_image(name: str, directory: Path, layout: Path, pairs: int) -> float:
+    """The whole image in fresh processes, Ferry and onnxruntime in ABBA order (so a load
+    change hits both alike), then Ferry with kept Sessions; prints the table and returns the
+    image ratio: the geometric mean of each adjacent pair's Ferry / onnxruntime."""
+    from engine.diffusion.quality import psnr  # noqa: PLC0415
+
+    runs: dict[str, list[dict]] = defaultdict(list)
+    for i in range(pairs):
+        for runtime in ("ferry", "ort") if i % 2 == 0 else ("ort", "ferry"):
+            runs[runtime].append(fresh(runtime, directory, layout, 1))
+    kept = fresh("ferry-keep", directory, layout, 1)
+    ratios = [f["seconds"] / o["seconds"] for f, o in zip(runs["ferry"], runs["ort"], strict=True)]
+    ratio = float(np.exp(np.mean(np.log(ratios))))
+    agree = psnr(np.load(directory / "bench-ferry.npy"), np.load(directory / "bench-ort.npy"))
+    print(f"\n{name}: 20-step 256x256 image, 1 thread, fresh process (second image timed), {pairs} pairs")
+    print("| runtime | s (each run) | peak RSS MB (max) |\n| --- | --- | --- |")
+    for label, key in (("Ferry", "ferry"), ("onnxruntime", "ort")):
+        seconds = ", ".join(f"{r['seconds']:.2f}" for r in runs[key])
+        print(f"| {label} | {seconds} | {max(r['peak_rss_mb'] for r in runs[key]):.0f} |")
+    print(f"| Ferry, keep_sessions | {kept['seconds']:.2f} | {kept['peak_rss_mb']:.0f} |")
+    print(
+        f"image ratio {ratio:.2f} (pairs: {', '.join(f'{r:.2f}' for r in ratios)}); "
+        f"Ferry's image vs onnxruntime's: PSNR {agree:.1f} dB"
+    )
+    return ratio
+
+
 # -- the run ------------------------------------------------------------------------------------
 
 
@@ -351,6 +379,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="small", help="comma-separated: small, sd15")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--image-pairs", type=int, default=2, help="fresh-process images per runtime, ABBA order"
+    )
     parser.add_argument(
         "--no-int8", action="store_true", help="skip the int8 conversion (slow) and its report"
     )
@@ -398,19 +429,7 @@ def main() -> None:
         )
         if name == "sd15":
             continue
-        ferry = fresh("ferry", directory, layout, 1)
-        kept = fresh("ferry-keep", directory, layout, 1)
-        theirs_image = fresh("ort", directory, layout, 1)
-        summary["image"] = ferry["seconds"] / theirs_image["seconds"]
-        from engine.diffusion.quality import psnr  # noqa: PLC0415
-
-        agree = psnr(np.load(directory / "bench-ferry.npy"), np.load(directory / "bench-ort.npy"))
-        print(f"\n{name}: 20-step 256x256 image, 1 thread, fresh process (second image timed)")
-        print("| runtime | s | peak RSS MB |\n| --- | --- | --- |")
-        print(f"| Ferry | {ferry['seconds']:.2f} | {ferry['peak_rss_mb']:.0f} |")
-        print(f"| Ferry, keep_sessions | {kept['seconds']:.2f} | {kept['peak_rss_mb']:.0f} |")
-        print(f"| onnxruntime | {theirs_image['seconds']:.2f} | {theirs_image['peak_rss_mb']:.0f} |")
-        print(f"image ratio {summary['image']:.2f}; Ferry's image vs onnxruntime's: PSNR {agree:.1f} dB")
+        summary["image"] = report_image(name, directory, layout, args.image_pairs)
         if int8_report is None:
             continue
         p = int8_report.pipeline

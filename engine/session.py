@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from engine import debug, planner, selftest
+from engine import batch_split, debug, planner, selftest
 from engine import jit as jit_tier
 from engine.allocator import tune_malloc
 from engine.errors import EngineError, InputError, NodeExecutionError, PackageError
@@ -69,7 +69,9 @@ class Session:
 
     ``threads`` caps the BLAS thread pool during runs (default: every core), and the JIT
     kernels' threads; planned runs use one thread instead where their recent runs found that
-    faster (a busy machine: ``engine.plan_threads``).  ``jit`` (default: whether numba is
+    faster (a busy machine: ``engine.plan_threads``).  A batch (every input's leading dim
+    symbolic and equal) runs as one-thread parts on as many threads where the first run showed
+    the parts give the same outputs (``engine.batch_split``).  ``jit`` (default: whether numba is
     installed and ``FERRY_JIT`` is not 0) lets the kernel search consider JIT kernels;
     ``jit=False`` runs numpy kernels only.
     Creating a Session with the JIT tier compiles its kernels (or loads them from numba's
@@ -109,7 +111,13 @@ class Session:
         self._thread_choices: dict[Signature, ThreadChoice] = {}
         self._records: dict[Signature, Record] = {}  # first runs awaiting their plan
         self.jit = jit_tier.enabled() if jit is None else bool(jit) and jit_tier.enabled()
-        self._search = KernelSearch(_digest(package.manifest, package.graph), threads, self.jit)
+        self._digest = _digest(package.manifest, package.graph)
+        self._search = KernelSearch(self._digest, threads, self.jit)
+        # batched signatures run in parts, one per thread (engine.batch_split): per signature
+        # the part count once checked (0: runs whole), the first run's feeds and outputs before
+        self._splits: dict[Signature, int] = {}
+        self._split_refs: dict[Signature, tuple[dict, dict]] = {}
+        self._part_search: KernelSearch | None = None  # the parts' kernels, measured on one thread
         if self.jit:
             jit_tier.load(ops=_jit_ops(self._program))
 
@@ -134,8 +142,9 @@ class Session:
         def record(node: str, op: str, kernel: str, seconds: float, note: str = "") -> None:
             timings.append(NodeTiming(node, op, kernel, seconds, note))
 
+        signature = self._check_feeds(feeds)
         for _ in range(2):  # plan first (record, then build): the profile shows what later runs do
-            if debug.enabled() or self._plans.get(self._check_feeds(feeds)) is not None:
+            if debug.enabled() or self._plans.get(signature) is not None or self._splits.get(signature):
                 break
             self._run(feeds, on_node=None)
         self._run(feeds, on_node=record)
@@ -166,10 +175,35 @@ class Session:
         # numpy scalars -> 0-d; other layouts -> C order, so what the plan recorded about
         # buffers shared between values holds for every later run of the signature
         arrays = {name: _c_order(np.asarray(value)) for name, value in feeds.items()}
+        parts = self._parts(signature, arrays)
+        if parts:
+            joined = self._run_split(signature, arrays, parts, on_node)
+            if joined is not None:
+                return joined
+        if parts and signature not in self._splits:
+            # The reference run is on one thread: it is the only run of the signature with pool
+            # threads at all, and a busy machine made it the slowest by far (UNet: 5.6-12.5 s at 2
+            # threads against 0.3 s a planned step); an idle one loses half of one run.
+            outputs = self._run_whole(signature, arrays, feeds, on_node, 1, self._search)
+            self._keep_reference(signature, arrays, outputs)
+            return outputs
+        return self._run_whole(signature, arrays, feeds, on_node, self.threads, self._search)
+
+    def _run_whole(
+        self,
+        signature: Signature,
+        arrays: dict[str, np.ndarray],
+        feeds: Mapping[str, np.ndarray],
+        on_node: Callable | None,
+        threads: int,
+        search: KernelSearch,
+    ) -> dict[str, np.ndarray]:
+        """One run of the whole graph on ``threads``: recorded (a signature's first run), or
+        planning then planned (its second), or planned."""
         plan = self._plans.get(signature)
         if plan is not None and on_node is None and not debug.enabled():
-            return self._run_plan(plan, arrays, feeds)
-        with _threadpools().limit(limits=self.threads), jit_tier.thread_limit(self.threads):
+            return self._run_plan(plan, arrays, feeds, threads)
+        with _threadpools().limit(limits=threads), jit_tier.thread_limit(threads):
             if plan is None and signature in self._records and not debug.enabled():
                 # Second run of a signature: plan now (search, packing), so the first result
                 # comes as fast as a plain run and the planning cost lands on the next one.
@@ -178,12 +212,12 @@ class Session:
                     built = planner.build(
                         self._program,
                         record,
-                        self._choose_kernel,
+                        lambda step, index, rec: self._choose_kernel(step, index, rec, search),
                         after_node=lambda: release_pages(self._weights),
                     )
                 except Exception:  # noqa: BLE001 - planning is an optimisation: never fail a run over it
                     built = planner.unoptimized(self._program, record)
-                self._search.save()
+                search.save()
                 plan = Plan(signature, tuple(built.steps), built.constants)
                 self._plans.put(plan)
                 release_pages(self._weights)  # weights now pre-packed are never read again
@@ -191,7 +225,7 @@ class Session:
                 # The first run of a signature (or a FERRY_DEBUG run) goes node by node and
                 # records what the plan needs; every later run executes the plan.
                 recorder = Recorder(self._program, arrays) if plan is None else None
-                env = self._execute_program(arrays, on_node, recorder)
+                env = self._execute_program(arrays, on_node, recorder, search)
                 if recorder is not None:
                     self._records[signature] = recorder.record
                     while len(self._records) > self._plans.capacity:
@@ -201,14 +235,10 @@ class Session:
         return {name: _owned(env[name], feeds) for name in self._program.outputs}
 
     def _run_plan(
-        self, plan: Plan, arrays: dict[str, np.ndarray], feeds: Mapping[str, np.ndarray]
+        self, plan: Plan, arrays: dict[str, np.ndarray], feeds: Mapping[str, np.ndarray], threads: int
     ) -> dict[str, np.ndarray]:
         """A planned run on the thread count its ``ThreadChoice`` picks, timed for it."""
-        choice = self._thread_choices.get(plan.signature)
-        if choice is None:
-            choice = self._thread_choices[plan.signature] = ThreadChoice(self.threads)
-            while len(self._thread_choices) > self._plans.capacity:  # as the plans: bounded
-                self._thread_choices.pop(next(iter(self._thread_choices)))
+        choice = self._thread_choice(plan.signature, threads)
         threads = choice.pick()
         start = time.perf_counter()
         with _threadpools().limit(limits=threads), jit_tier.thread_limit(threads):
@@ -216,15 +246,96 @@ class Session:
         choice.record(threads, time.perf_counter() - start)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}
 
+    def _thread_choice(self, signature: Signature, threads: int) -> ThreadChoice:
+        choice = self._thread_choices.get(signature)
+        if choice is None:
+            choice = self._thread_choices[signature] = ThreadChoice(threads)
+            while len(self._thread_choices) > self._plans.capacity:  # as the plans: bounded
+                self._thread_choices.pop(next(iter(self._thread_choices)))
+        return choice
+
+    # -- data-parallel runs (engine.batch_split) -------------------------------------------------
+
+    def _parts(self, signature: Signature, arrays: dict[str, np.ndarray]) -> int:
+        """How many parts a run of this signature goes in (0: whole), see ``engine.batch_split``."""
+        if self.threads < 2 or self._splits.get(signature) == 0 or debug.enabled():
+            return 0
+        return batch_split.part_count(self.inputs, arrays, self.threads)
+
+    def _run_split(
+        self, signature: Signature, arrays: dict[str, np.ndarray], parts: int, on_node: Callable | None
+    ) -> dict[str, np.ndarray] | None:
+        """The batch run as ``parts`` one-thread runs on as many threads, once the first run's
+        outputs showed the parts give the same; None where the whole batch must run."""
+        if signature not in self._splits:
+            reference = self._split_refs.pop(signature, None)
+            if reference is None:
+                return None  # the first run: the whole batch, kept as the reference
+            self._splits[signature] = parts if self._split_agrees(reference, parts) else 0
+            if not self._splits[signature]:
+                return None
+            self._records.pop(signature, None)  # the whole batch is never planned
+        pieces = batch_split.split(arrays, parts)
+        plan = self._plans.get(self._check_feeds(pieces[0]))
+        if plan is None or on_node is not None:
+            # a profile (each node timed), or the part's plan evicted: one part after another
+            return batch_split.join([self._run_part(piece, on_node) for piece in pieces])
+        choice = self._thread_choice(signature, parts)  # in parts on threads, or one after another
+        threads = choice.pick()
+        start = time.perf_counter()
+        with _threadpools().limit(limits=1), jit_tier.thread_limit(1):
+            if threads > 1:
+                results = batch_split.run_parts(lambda piece: self._run_planned_part(plan, piece), pieces)
+            else:
+                results = [self._run_planned_part(plan, piece) for piece in pieces]
+        choice.record(threads, time.perf_counter() - start)
+        return batch_split.join(results)
+
+    def _run_part(self, piece: dict[str, np.ndarray], on_node: Callable | None) -> dict[str, np.ndarray]:
+        """One part on this thread alone (recorded, planned and searched as a 1-thread session)."""
+        if self._part_search is None:
+            self._part_search = KernelSearch(self._digest, 1, self.jit)
+        return self._run_whole(self._check_feeds(piece), piece, piece, on_node, 1, self._part_search)
+
+    def _run_planned_part(self, plan: Plan, piece: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A planned part, on whichever thread takes it (reads the session, changes nothing)."""
+        env = _execute_plan(plan, self._program.constants, piece, None)
+        return {name: env[name] for name in self._program.outputs}
+
+    def _split_agrees(self, reference: tuple[dict, dict], parts: int) -> bool:
+        """Whether the reference run's feeds, in parts, give its outputs (the parts' signature
+        is recorded and planned on the way)."""
+        feeds, want = reference
+        try:
+            got = batch_split.join([self._run_part(p, None) for p in batch_split.split(feeds, parts)])
+        except Exception:  # noqa: BLE001 - a graph that cannot run in parts (a batch baked into a Reshape) runs whole
+            return False
+        return batch_split.agree(got, want)
+
+    def _keep_reference(
+        self, signature: Signature, arrays: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+    ) -> None:
+        """A first run's feeds and outputs (copies: the caller may reuse its arrays)."""
+        self._split_refs[signature] = (
+            {name: value.copy() for name, value in arrays.items()},
+            {name: np.array(value, copy=True) for name, value in outputs.items()},
+        )
+        while len(self._split_refs) > self._plans.capacity:
+            self._split_refs.pop(next(iter(self._split_refs)))
+
     def _execute_program(
-        self, feeds: dict[str, np.ndarray], on_node: Callable | None, recorder: Recorder | None
+        self,
+        feeds: dict[str, np.ndarray],
+        on_node: Callable | None,
+        recorder: Recorder | None,
+        search: KernelSearch,
     ) -> dict[str, np.ndarray]:
         program: Program = self._program
         env: dict[str, np.ndarray] = {**program.constants, **feeds}
         show = debug.enabled()
         for step in program.steps:
             args = [env[name] if name else None for name in step.inputs]
-            kernel = self._unplanned_kernel(step, args)
+            kernel = self._unplanned_kernel(step, args, search)
             if show:
                 for name, value in zip(step.inputs, args, strict=True):
                     if value is not None:
@@ -244,20 +355,22 @@ class Session:
                 env.pop(name, None)
         return env
 
-    def _unplanned_kernel(self, step: Step, args: list[np.ndarray | None]) -> Callable:
+    def _unplanned_kernel(self, step: Step, args: list[np.ndarray | None], search: KernelSearch) -> Callable:
         """A first run's kernel: this device's cached search choice where it needs no packing,
         else the selector's pick from the input shapes."""
-        if self._search.handles(step.op):
+        if search.handles(step.op):
             shapes = [None if a is None else a.shape for a in args]
-            cached = self._search.cached(step.op, step.name, step.attrs, shapes, _choose(step, args))
+            cached = search.cached(step.op, step.name, step.attrs, shapes, _choose(step, args))
             if cached is not None:
                 return cached
         return _choose(step, args)
 
-    def _choose_kernel(self, step: Step, index: int, record: Record) -> tuple[Callable, str]:
+    def _choose_kernel(
+        self, step: Step, index: int, record: Record, search: KernelSearch
+    ) -> tuple[Callable, str]:
         """The kernel a planned node runs: the measured fastest for heavy ops (engine.search),
         otherwise the one its selector picked in the first run."""
-        if not self._search.handles(step.op):
+        if not search.handles(step.op):
             return record.kernels[index], ""
         static = [bool(name) and name in record.static for name in step.inputs]
         shapes = [record.info[name].shape if name else None for name in step.inputs]
@@ -277,8 +390,8 @@ class Session:
             return inputs
 
         default = record.kernels[index]
-        chosen = self._search.choose(step.op, step.name, step.attrs, shapes, static, make_inputs, default)
-        _note_output_order(record, step, self._search.output_orders)
+        chosen = search.choose(step.op, step.name, step.attrs, shapes, static, make_inputs, default)
+        _note_output_order(record, step, search.output_orders)
         return chosen
 
     # -- validation -----------------------------------------------------------------------------
