@@ -136,6 +136,8 @@ class Session:
         This is a planned run: nodes folded for these input shapes do not appear, fused
         nodes appear once (under the last node's name), and ``kernel`` says which kernel
         ran and ``note`` the planner's reason (in place, fused, measured choice and timings).
+        A batch a multi-thread Session runs in parts (``engine.batch_split``) lists each part's
+        nodes in turn.
         """
         timings: list[NodeTiming] = []
 
@@ -445,7 +447,7 @@ def _jit_ops(program: Program) -> set[str]:
 
 
 # JIT kernels that never bring numba in on their own (see _jit_ops)
-RIDER_OPS = ("FusedMatMul", "Gelu", "FusedAttention")
+RIDER_OPS = ("FusedMatMul", "Gelu", "FusedAttention", "LayerNormalization")
 
 
 def _jit_may_serve(step: Step) -> bool:
