@@ -442,18 +442,14 @@ def _of_types(types: list[str]) -> Q:
 FAILED_DEVICE_STATES = ("refused", "failed", "rolled_back")
 
 
-def release_device_failures(*, release: Release, device_ids: frozenset[str] | set[str]) -> dict[str, int]:
-    """{reason code: devices} of these devices that refused, failed or rolled back the release."""
+def release_device_failures(*, release: Release, device_ids: frozenset[str] | set[str]) -> dict[str, str]:
+    """{device id: reason code} of these devices that refused, failed or rolled back the release."""
     if not device_ids:
         return {}
-    rows = (
-        DeviceReleaseStatus.objects.filter(
-            release=release, device_id__in=device_ids, state__in=FAILED_DEVICE_STATES
-        )
-        .values("reason_code")
-        .annotate(n=Count("id"))
-    )
-    return {r["reason_code"]: r["n"] for r in rows}
+    rows = DeviceReleaseStatus.objects.filter(
+        release=release, device_id__in=device_ids, state__in=FAILED_DEVICE_STATES
+    ).values_list("device_id", "reason_code")
+    return {str(device_id): code for device_id, code in rows}
 
 
 def release_device_statuses(*, release: Release, state: str | None = None) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ periodic health-gate evaluation that advances, pauses or aborts releases."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -15,7 +16,7 @@ from ferry_cloud.errors import Conflict, Invalid
 from ferry_cloud.events import AuditEventRecorded, FleetChanged, publish
 from registry.models import ModelVersion
 from registry.services import version_mark_released
-from telemetry.selectors import first_report_at, release_cohort_figures
+from telemetry.selectors import failed_activations, first_report_at, release_cohort_figures
 
 from deploy.errors import PolicyError
 from deploy.gates import GateThresholds, evaluate_gate, refusal_failure
@@ -326,7 +327,7 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
         baseline_ids=set(selection.matching) - away,
         baseline_version_ids=comparable_version_ids(release.version),
     )
-    treated = _with_refusals(release, cohort, treated)
+    treated = _with_refusals(release, cohort, treated, since)
     result = evaluate_gate(thresholds, treated, baseline)
     result.figures.update(
         devices_matching=len(selection.matching),
@@ -363,18 +364,23 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
     return status
 
 
-def _with_refusals(release: Release, cohort: frozenset[str], figures):
+def _with_refusals(release: Release, cohort: frozenset[str], figures, since):
     """The cohort's figures with the cohort's devices that refused, failed or rolled back the
-    release (their agents' reports): failures, no longer pending."""
-    reasons = release_device_failures(release=release, device_ids=cohort)
-    refused = sum(reasons.values())
-    if not refused:
+    release: failures, no longer pending. Either channel counts, the update status a check-in
+    carries or the activation record telemetry carries, whichever arrives first, so the gate's
+    decision (abort: a refusal is evidence enough) does not depend on their order."""
+    failed = release_device_failures(release=release, device_ids=cohort)
+    for device, code in failed_activations(
+        version_id=str(release.version_id), device_ids=cohort, since=since
+    ).items():
+        failed.setdefault(device, code)
+    if not failed:
         return figures
     return replace(
         figures,
-        devices_refused=refused,
-        refusal_reasons=reasons,
-        devices_pending=max(0, figures.devices_pending - refused),
+        devices_refused=len(failed),
+        refusal_reasons=dict(Counter(failed.values())),
+        devices_pending=max(0, figures.devices_pending - len(failed)),
     )
 
 

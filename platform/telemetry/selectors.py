@@ -136,6 +136,29 @@ def release_cohort_figures(
     return _cohort(treated, activations, selected=selected, skipped=skipped), _cohort(baseline, [])
 
 
+def failed_activations(
+    *, version_id: str, device_ids: set[str] | frozenset[str], since: datetime
+) -> dict[str, str]:
+    """{device id: reason code} of these devices whose agents reported a failed activation of
+    version_id since ``since`` (a refusal or a rollback, as telemetry: it may arrive before the
+    check-in that carries the same outcome as the device's update status). The record is filed
+    under the version the device runs; the payload names the version that failed."""
+    if not device_ids:
+        return {}
+    rows = TelemetryRecord.objects.filter(
+        kind="activation",
+        device_id__in=device_ids,
+        received_at__gte=since,
+        payload__ok=False,
+        payload__version_id=version_id,
+    ).values_list("device_id", "payload")
+    failed: dict[str, str] = {}
+    for device_id, payload in rows:
+        if isinstance(payload, dict):
+            failed.setdefault(str(device_id), str(payload.get("code") or payload.get("stage") or ""))
+    return failed
+
+
 def first_report_at(
     *, device_ids: frozenset[str] | set[str], version_id: str, since: datetime
 ) -> datetime | None:

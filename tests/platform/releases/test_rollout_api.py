@@ -416,3 +416,30 @@ def test_a_baseline_of_another_model_kind_is_no_yardstick(api, org, ready_versio
         status["figures"]["latency_p95_ratio"] == 40.0
         and status["figures"]["baseline_devices_reporting"] == 1
     )
+
+
+def test_a_refusal_seen_first_as_telemetry_aborts_like_one_seen_as_a_status(
+    api, org, ready_version, second_version
+):
+    """An agent reports a refusal twice: as an activation record (telemetry) and in its next
+    check-in's update status. Whichever arrives first, the gate aborts: before, a record alone
+    failed the activation rate and paused the release, and the status arrived too late."""
+    devices = _devices(org, 2, ready_version)
+    release = _create(api, second_version, start=True).json()
+    _seq[str(devices[0].pk)] = _seq.get(str(devices[0].pk), 0) + 1
+    refusal = {
+        "ok": False,
+        "version_id": str(second_version.pk),
+        "reason": "signed for device class 'jetson'",
+        "stage": "verify",
+        "code": "wrong_device_class",
+        "refused": True,
+    }
+    record = IncomingRecord(
+        _seq[str(devices[0].pk)], "activation", time.time(), str(ready_version.pk), refusal
+    )
+    telemetry_ingest(device=devices[0], records=[record])  # filed under the version it still runs
+    status = api.post(f"/api/v1/releases/{release['id']}/gate/").json()
+    assert status["step"] == "abort", status
+    assert "1 device(s) refused or failed the update (wrong_device_class: 1)" in status["reason"]
+    assert Release.objects.get().state == "aborted"
