@@ -135,7 +135,7 @@ def dequantize_int4(packed: np.ndarray, scale: np.ndarray, block: int) -> np.nda
     return values.reshape(rows, blocks * block)
 
 
-def _tile_rows(k: int, multiple: int = 1) -> int:
+def tile_rows(k: int, multiple: int = 1) -> int:
     return max(1, TILE_BYTES // (4 * k) // multiple) * multiple
 
 
@@ -143,7 +143,7 @@ def gemm_int8(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """x [M, K] float32 times the int8 matrix's transpose -> [M, N], widening a tile at a time."""
     n, k = q.shape
     out = np.empty((x.shape[0], n), np.float32)
-    step = _tile_rows(k)
+    step = tile_rows(k)
     for start in range(0, n, step):
         tile = q[start : start + step].astype(np.float32)
         np.matmul(x, tile.T, out=out[:, start : start + step])
@@ -166,7 +166,7 @@ def gemm_int4(
     n = scale.shape[0]
     k = scale.shape[1] * block
     out = np.empty((x.shape[0], n), np.float32)
-    step = _tile_rows(k, group)
+    step = tile_rows(k, group)
     for start in range(0, n, step):
         plain = to_standard(packed[start : start + step], block, group)
         tile = dequantize_int4(plain, scale[start : start + step], block)
@@ -180,7 +180,7 @@ def gemm_float(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return x @ w.T
     n, k = w.shape
     out = np.empty((x.shape[0], n), np.float32)
-    step = _tile_rows(k)
+    step = tile_rows(k)
     for start in range(0, n, step):
         np.matmul(x, w[start : start + step].astype(np.float32).T, out=out[:, start : start + step])
     return out

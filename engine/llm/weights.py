@@ -3,7 +3,8 @@
 ``Matrix`` holds [N, K] weights as float32, float16, int8 per-channel or int4 block-wise
 (layouts in gemv.py).  Decode's int8/int4 GEMVs go through the engine's kernel layer
 (engine/kernels.py): the JIT kernel when numba is on, else the numpy one; without numba the
-runtime says so once.  Prefill multiplies by BLAS on tiles widened to float32.
+runtime says so once.  Prefill multiplies by BLAS on tiles widened to float32 (int4 tiles
+dequantized by a JIT kernel when numba is on).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ class Matrix:
         if self.kind == "int8":
             return gemv.gemm_int8(x, self.arrays["q"], self.arrays["scale"])
         q, scale = self.arrays["q"], self.arrays["scale"]
+        if jit.enabled():  # tiles dequantized by a JIT kernel (gemv_jit.py), the same products
+            kernels = jit.module("engine.llm.gemv_jit")
+            return kernels.gemm_int4_jit(x, q, scale, self.block, self.group, self.activations)
         return gemv.gemm_int4(x, q, scale, self.block, self.group, self.activations)
 
     def rows(self, index: np.ndarray) -> np.ndarray:

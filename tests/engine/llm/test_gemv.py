@@ -104,3 +104,36 @@ def test_every_decode_attention_candidate_matches_the_softmax_of_the_equations(t
     for kernel in found:
         out = kernel([q, keys, values], {"total": total, "scale": 0.25})[0]
         np.testing.assert_allclose(out, np.concatenate(expected), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not jit.enabled(), reason="the JIT tier is off")
+@pytest.mark.parametrize("activations", ["float", "int8"])
+@pytest.mark.parametrize(("n", "k", "block"), [(12, 64, 32), (40, 128, 64), (8, 96, 32)])
+def test_prefills_jit_tiles_give_numpys_products_bit_for_bit(
+    n: int, k: int, block: int, activations: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernels = jit.module("engine.llm.gemv_jit")
+    rng = np.random.default_rng(n + k)
+    matrix = make_matrix(
+        rng.standard_normal((n, k)).astype(np.float32), "int4", block, activations=activations
+    )
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    q, scale = matrix.arrays["q"], matrix.arrays["scale"]
+    expected = gemv.gemm_int4(x, q, scale, block, matrix.group, activations)
+    monkeypatch.setattr(gemv, "TILE_BYTES", 4 * k * 8)  # several tiles, the last one partial for n=12/40
+    found = kernels.gemm_int4_jit(x, q, scale, block, matrix.group, activations)
+    np.testing.assert_array_equal(found, expected)
+    np.testing.assert_array_equal(matrix.gemm(x), expected)
+
+
+@pytest.mark.skipif(not jit.enabled(), reason="the JIT tier is off")
+@pytest.mark.parametrize("block", [32, 64])
+def test_prefills_jit_rounding_of_activations_is_numpys_bit_for_bit(block: int) -> None:
+    kernels = jit.module("engine.llm.gemv_jit")
+    x = np.random.default_rng(block).standard_normal((6, 4 * block)).astype(np.float32)
+    x[1, :block] = 0.0  # a block of zeros: d = 0, every value 0
+    x[2, block : 2 * block] *= 1e-30  # tiny magnitudes
+    x[3, 5] = -1e30
+    found = np.empty_like(x)
+    kernels._round_activations(x, block, found)
+    np.testing.assert_array_equal(found, gemv.quantize_activations(x, block))
