@@ -312,8 +312,12 @@ def _round_activations(x, block, out):  # noqa: ANN001, ANN202
 def gemm_int4_jit(
     x: np.ndarray, packed: np.ndarray, scale: np.ndarray, block: int, group: int, activations: str
 ) -> np.ndarray:
-    """gemv.gemm_int4 (prefill: x [M, K] times the int4 matrix's transpose -> [M, N]) with its
-    tiles dequantized by ``_dequantize_grouped``; the same products, bit for bit."""
+    """gemv.gemm_int4 (prefill: x [M, K] times the int4 matrix's transpose -> [M, N]): in
+    integers by prefill_jit.py where it applies (the converter's int4), else with the tiles
+    dequantized by ``_dequantize_grouped`` (the same products as numpy's, bit for bit)."""
+    prefill = jit.module("engine.llm.prefill_jit")
+    if prefill.supports(packed.shape[0], group, activations):  # integer products (prefill_jit.py)
+        return prefill.gemm(x, packed, scale, block, group)
     if group == 1:
         return gemm_int4(x, packed, scale, block, group, activations)
     if activations == "int8":
