@@ -213,6 +213,9 @@ def _int4_grouped_q8(x, packed, scale, block, group, out):  # noqa: ANN001, ANN2
     by the bits (sign, then exponent and mantissa shifted into float32's and scaled by 2**112,
     exact for normal and subnormal halves and zero; the converter stores no inf or nan)."""
     groups, half, lanes = packed.shape
+    # the shapes say the group (the layer kernel passes one ``group`` for its four matrices,
+    # whose groups may differ: gemv.choose_group)
+    group = out.shape[0] // groups
     blocks = lanes // group
     parts = half // _PART
     low_x = np.empty((half, lanes), np.int16)

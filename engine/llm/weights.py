@@ -131,7 +131,7 @@ def make_matrix(
     w: np.ndarray, kind: str, block: int = 32, group: int | None = None, activations: str = "float"
 ) -> Matrix:
     """Store float weights [N, K] at ``kind``; int4 falls back to int8 for a K the block does not
-    divide, and is row-grouped (``gemv.GROUP``) when that divides N unless ``group`` says;
+    divide, and is row-grouped (``gemv.choose_group``) when it can be unless ``group`` says;
     ``activations`` (int4 only, gemv.py) says how it multiplies x."""
     w = np.asarray(w)
     shape = (int(w.shape[0]), int(w.shape[1]))
@@ -141,7 +141,7 @@ def make_matrix(
         return Matrix("fp16", shape, {"w": np.ascontiguousarray(w, np.float16)})
     if kind == "int4" and shape[1] % block == 0:
         if group is None:
-            group = gemv.GROUP if shape[0] % gemv.GROUP == 0 else 1
+            group = gemv.choose_group(shape[0], shape[1], block)
         q, scale = gemv.quantize_int4(w, block, group, half_scales=activations == "int8")
         arrays = {"q": q, "scale": scale}
         return Matrix("int4", shape, arrays, block=block, group=group, activations=activations)
