@@ -9,7 +9,8 @@ one instruction multiplies 16 rows by a pair of inputs and adds both products to
 int32 sum: 32 products (x86's vpmaddwd, vpdpwssd with AVX-512 VNNI).  numba has no vector
 types, so ``_blocks`` writes that step in LLVM's generic vector IR (sign-extend, multiply, add
 the even and odd lanes): LLVM lowers it to vpdpwssd/vpmaddwd on x86 and to its own widening
-multiplies elsewhere, so nothing here is x86-only.  Four tokens share each weight load.
+multiplies elsewhere, so nothing here is x86-only.  Four tokens share each weight load; with
+more than one thread allowed (``jit.thread_limit``) a tile's vectors of rows spread over them.
 
 256 tokens x 576 inputs x 3072 outputs, CPU time on the loaded 2-core host: OpenBLAS sgemm
 10.4-12.0 ms, this 7.3-7.7 ms (int32 sums are exact; the float32 scaling adds one rounding
@@ -23,9 +24,10 @@ Layouts (per tile of ``rows`` output rows, rows a multiple of 16):
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import prange, types
 from numba.extending import intrinsic
 
 from engine import jit
@@ -108,18 +110,35 @@ _FLAT16, _FLAT32 = jit.array(types.int16, 1, "C"), jit.array(types.float32, 1, "
 _IN16, _IN32 = jit.array(types.int16, 1, "C", readonly=True), jit.array(types.float32, 1, "C", readonly=True)
 
 
-@jit.njit([types.void(_IN16, _IN32, _I64, _I64, _IN16, _IN32, _I64, _I64, _FLAT32, _I64)])
+_TILE = [types.void(_IN16, _IN32, _I64, _I64, _IN16, _IN32, _I64, _I64, _FLAT32, _I64)]
+
+
+@numba.njit(inline="always", cache=True)
+def _vector(xq, dx, tokens, k, wq, ws, v, n0, out, n):  # noqa: ANN001, ANN202
+    """Output rows 16 v .. 16 v + 15 of the tile for every token."""
+    pairs, subs = k // 2, k // SUB
+    for t in range(0, tokens, TOKENS):
+        for b in range(subs):
+            w_at = (v * pairs + b * (SUB // 2)) * 2 * LANES
+            s_at = (v * subs + b) * LANES
+            out_at = t * n + n0 + v * LANES
+            _blocks(wq, w_at, xq, t * k + b * SUB, k, ws, s_at, dx, t * subs + b, subs, out, out_at, n)
+
+
+@jit.njit(_TILE)
 def _gemm_tile(xq, dx, tokens, k, wq, ws, rows, n0, out, n):  # noqa: ANN001, ANN202
     """out[t, n0 + r] += the tile's products for every token t (``tokens`` a multiple of 4),
     r < rows; out is [tokens, n] flat."""
-    pairs, subs = k // 2, k // SUB
     for v in range(rows // LANES):
-        for t in range(0, tokens, TOKENS):
-            for b in range(subs):
-                w_at = (v * pairs + b * (SUB // 2)) * 2 * LANES
-                s_at = (v * subs + b) * LANES
-                out_at = t * n + n0 + v * LANES
-                _blocks(wq, w_at, xq, t * k + b * SUB, k, ws, s_at, dx, t * subs + b, subs, out, out_at, n)
+        _vector(xq, dx, tokens, k, wq, ws, v, n0, out, n)
+
+
+@jit.njit(_TILE, parallel=True)
+def _gemm_tile_parallel(xq, dx, tokens, k, wq, ws, rows, n0, out, n):  # noqa: ANN001, ANN202
+    """``_gemm_tile`` with its vectors of 16 rows spread over threads (each writes its own
+    columns, in the same order: the same bits).  One launch per tile, ~30 per GEMM at most."""
+    for v in prange(rows // LANES):
+        _vector(xq, dx, tokens, k, wq, ws, v, n0, out, n)
 
 
 _PACK = types.void(
@@ -201,7 +220,7 @@ def gemm(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, block: int, group
         scales = np.ascontiguousarray(scale[start : start + count], np.float32)
         first = start // group
         _pack_weights(grouped[first : first + count // group], scales, block, group, wq, ws)
-        _gemm_tile(xq, dx, padded, k, wq, ws, count, start, out, n)
+        jit.run(_gemm_tile, _gemm_tile_parallel, xq, dx, padded, k, wq, ws, count, start, out, n)
     return out.reshape(padded, n)[:m]
 
 

@@ -71,3 +71,13 @@ def test_prefill_takes_the_integer_path_only_where_it_applies() -> None:
     np.testing.assert_array_equal(
         kernels.gemm_int4_jit(x, q, scale, 32, matrix.group, "int8"), matrix.gemm(x)
     )
+
+
+def test_two_threads_give_one_threads_bits() -> None:
+    prefill = jit.module("engine.llm.prefill_jit")
+    matrix, x = _case(13, 6, 3, 64, 7)
+    q, scale = matrix.arrays["q"], matrix.arrays["scale"]
+    serial = prefill.gemm(x, q, scale, 64, matrix.group)
+    with jit.thread_limit(2):
+        parallel = prefill.gemm(x, q, scale, 64, matrix.group)
+    np.testing.assert_array_equal(parallel, serial)
