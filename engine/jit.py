@@ -48,6 +48,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.llm.attention_jit": ("LlmDecodeAttention",),
     # decode's fused layers (model.py), loaded with the GEMVs so no decode step pays for them
     "engine.llm.layer_jit": ("LlmDecodeLayer", "LlmGemvInt4", "LlmGemvInt8"),
+    # prefill's int4 GEMM in integers (gemv_jit's prefill path calls it)
+    "engine.llm.prefill_jit": ("LlmGemvInt4",),
     "engine.ops.group_norm_jit": ("GroupNormalization", "FusedGroupNorm"),
     # a UNet's long, narrow-headed attention; rides along once a norm has brought numba in
     "engine.diffusion.attention_jit": ("FusedAttention",),
