@@ -41,6 +41,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.conv.depthwise_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.pointwise_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.im2col_jit": ("Conv", "FusedConv"),
+    "engine.ops.conv.gemm_jit": ("Conv", "FusedConv"),
     "engine.ops.rows_jit": ("FusedMatMul", "Gelu"),
     "engine.ops.quantized_jit": ("QMatMul",),
     "engine.ops.attention_jit": ("FusedAttention",),
