@@ -29,6 +29,7 @@ if not jit.enabled():
     pytest.skip("the JIT tier is turned off (FERRY_JIT=0)", allow_module_level=True)
 
 gemm_jit = jit.module("engine.ops.conv.gemm_jit")
+winograd_jit = jit.module("engine.ops.conv.winograd_jit")
 SETTINGS = settings(max_examples=40, deadline=None)
 
 
@@ -191,3 +192,55 @@ def test_gemm_kernels_are_conv_candidates():
     assert "conv_im2col_gemm" not in names(
         kernels.jit_candidates("Conv", depthwise, [(1, 8, 9, 9), (8, 1, 3, 3)])
     )
+
+
+@st.composite
+def winograd_cases(draw):
+    """A 3x3 stride-1 conv: random channels across the tile edges, sizes, pads, optional bias."""
+    n, c, m = draw(st.integers(1, 2)), draw(st.integers(1, 20)), draw(st.integers(1, 40))
+    height, width = draw(st.integers(1, 19)), draw(st.integers(1, 19))
+    pads = draw(st.lists(st.integers(0, 2), min_size=4, max_size=4))
+    if height + pads[0] + pads[2] < 3 or width + pads[1] + pads[3] < 3:
+        pads = [1, 1, 1, 1]  # the 3x3 window must fit
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.standard_normal((n, c, height, width)).astype(np.float32)
+    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if draw(st.booleans()) else None
+    return x, w, b, {"pads": pads, "kernel_shape": [3, 3]}, draw(st.booleans())
+
+
+@SETTINGS
+@given(winograd_cases(), st.sampled_from(ACTIVATIONS), st.sampled_from(LAYOUTS), st.integers(1, 2))
+def test_winograd_on_the_gemm_matches_numpy_and_the_reference(case, activation, layout, threads):
+    x, w, b, attrs, with_residual = case
+    attrs = _with_activation(attrs, activation)
+    inputs = [x, w, b]
+    if with_residual:
+        shape = conv_im2col([x, w, b], attrs)[0].shape
+        inputs.append(np.random.default_rng(8).standard_normal(shape).astype(np.float32))
+    want = _fused_expected(inputs, attrs, activation)
+    numpy_result = fused.with_activation(conv_im2col)(inputs, attrs)[0]
+    shapes = [x.shape, w.shape, None if b is None else b.shape]
+    found = winograd_jit.CANDIDATES["Conv"](attrs, shapes)
+    assert winograd_jit.conv_winograd_gemm in found
+    for inner in found:
+        kernel = fused.with_activation(inner)
+        for weights in (w, inner.pack([x, w], attrs)[1]):
+            with jit.thread_limit(threads):
+                got = kernel([_laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
+            assert got.shape == want.shape and got.dtype == np.float32
+            scale = max(1.0, float(np.abs(want).max()))  # Winograd's transforms: 1e-4 of the range
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale, err_msg=inner.__name__)
+            np.testing.assert_allclose(
+                got, numpy_result, rtol=1e-4, atol=1e-4 * scale, err_msg=inner.__name__
+            )
+
+
+def test_winograd_on_the_gemm_falls_back_off_its_shapes():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [2, 2], "kernel_shape": [3, 3]}
+    assert winograd_jit.CANDIDATES["Conv"](attrs, [x.shape, w.shape]) == []
+    got = winograd_jit.conv_winograd_gemm([x, w], attrs)[0]
+    np.testing.assert_allclose(got, conv_im2col([x, w], attrs)[0], rtol=1e-5, atol=1e-5)

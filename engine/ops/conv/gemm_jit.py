@@ -153,6 +153,7 @@ def packed_shape(packed: np.ndarray) -> tuple[int, int]:
     return packed.shape[1] - 2, int(packed[0, -1, 0])
 
 
+NO_RESIDUAL = np.zeros((1, 1), np.float32)
 _GEMM = types.void(
     jit.array(types.float32, 2, "C", readonly=True),
     jit.array(types.float32, 3, "C", readonly=True),
@@ -311,9 +312,6 @@ def _gemm_parallel(x, packed, out, bias, res, has_res, has_clip, lo, hi, block_r
         )
 
 
-NO_RESIDUAL = np.zeros((1, 1), np.float32)
-
-
 def block_rows_for(rows: int, depth: int, parallel: bool) -> int:
     """Input rows per block: what fits BLOCK_INPUT_BYTES (at least MIN_BLOCK_ROWS), a multiple of
     MR; with threads, small enough that there are blocks for each."""
@@ -348,6 +346,57 @@ def gemm(
     parallel = jit.threads() > 1 and x.shape[0] * packed.shape[0] >= 2 * MR
     block = block_rows_for(x.shape[0], x.shape[1], parallel)
     jit.run(_gemm_serial, _gemm_parallel, x, packed, out, vector, res, *flags, block)
+
+
+_BATCHED = types.void(
+    jit.array(types.float32, 3, "C", readonly=True),
+    jit.array(types.float32, 4, "C", readonly=True),
+    jit.array(types.float32, 3, "C"),
+    jit.array(types.float32, 1, "C", readonly=True),
+    types.int64,
+)
+
+
+@jit.njit([_BATCHED])
+def _batched_serial(x, packed, out, bias, block_rows):  # noqa: ANN001, ANN202
+    for s in range(x.shape[0]):
+        _gemm_serial(
+            x[s], packed[s], out[s], bias, NO_RESIDUAL, False, False, np.float32(0), np.float32(0), block_rows
+        )
+
+
+@jit.njit([_BATCHED], parallel=True)
+def _batched_parallel(x, packed, out, bias, block_rows):  # noqa: ANN001, ANN202
+    rows, panels = x.shape[1], packed.shape[1]
+    blocks = (rows + block_rows - 1) // block_rows
+    per_slot = blocks * panels
+    for item in prange(x.shape[0] * per_slot):
+        s, rest = item // per_slot, item % per_slot
+        p0 = (rest // panels) * block_rows
+        last = min(rows, p0 + block_rows)
+        _block(
+            x[s],
+            packed[s],
+            out[s],
+            bias,
+            NO_RESIDUAL,
+            False,
+            False,
+            np.float32(0),
+            np.float32(0),
+            p0,
+            last,
+            rest % panels,
+        )
+
+
+def gemm_batched(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
+    """out[s] = x[s] @ W[s] for every s: x (S, P, K), packed (S, ...) of ``pack_panels`` results
+    stacked, out (S, P, M), all C-contiguous float32 (Winograd's slot products)."""
+    bias = np.zeros(packed.shape[1] * NR, np.float32)
+    parallel = jit.threads() > 1
+    block = block_rows_for(x.shape[1], x.shape[2], parallel)
+    jit.run(_batched_serial, _batched_parallel, x, packed, out, bias, block)
 
 
 # -- Conv kernels on the GEMM ------------------------------------------------------------------
