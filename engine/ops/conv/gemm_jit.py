@@ -36,7 +36,7 @@ from engine.ops.conv.common import (
     residual_of,
 )
 from engine.ops.conv.direct import conv_1x1
-from engine.ops.conv.im2col import conv_im2col, hwc_ok, pack_im2col_hwc
+from engine.ops.conv.im2col import HWC_MIN_CHANNELS, conv_im2col, hwc_ok, pack_im2col_hwc
 from engine.ops.conv.pointwise_jit import _pixels, _strides, pointwise_ok, residual_rows
 from engine.ops.registry import Kernel
 from engine.ops.scratch import scratch
@@ -461,6 +461,42 @@ def pack_columns(w: np.ndarray) -> np.ndarray:
     return pack_panels(pack_im2col_hwc(w).T)
 
 
+@jit.njit(
+    [
+        types.void(
+            jit.array(types.float32, 3, "A", readonly=True),
+            jit.array(types.float32, 2, "C"),
+            *(types.int64,) * 9,
+        )
+    ]
+)
+def _gather_columns(x, cols, kh, kw, sh, sw, dh, dw, pt, pl, wo):  # noqa: ANN001, ANN202
+    """One (C, H, W) image's channels-last columns: cols[p, (i*kw + j)*C + c] = the padded
+    input under tap (i, j) of output pixel p, channel c (zero in the padding).  One loop per
+    (output row, tap, channel) along the output row, the padding's columns cut off first."""
+    channels, height, width = x.shape
+    for oh in range(cols.shape[0] // wo):
+        base = oh * wo
+        for i in range(kh):
+            ih = oh * sh - pt + i * dh
+            for j in range(kw):
+                offset = j * dw - pl
+                first = min(wo, max(0, (sw - 1 - offset) // sw))  # the first column inside the row
+                last = max(first, min(wo, (width - 1 - offset) // sw + 1))
+                for c in range(channels):
+                    at = (i * kw + j) * channels + c
+                    if ih < 0 or ih >= height:
+                        first_in, last_in = wo, wo
+                    else:
+                        first_in, last_in = first, last
+                    for ow in range(first_in):
+                        cols[base + ow, at] = 0
+                    for ow in range(first_in, last_in):
+                        cols[base + ow, at] = x[c, ih, ow * sw + offset]
+                    for ow in range(last_in, wo):
+                        cols[base + ow, at] = 0
+
+
 def conv_im2col_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """2-D conv of one group by channels-last columns (one gathering copy, as conv_im2col_hwc)
     and the micro-kernel GEMM, (pixels, kh*kw*C) @ (kh*kw*C, M), its result channels last, bias,
@@ -490,13 +526,18 @@ def conv_im2col_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
     if n > 1 and n * depth * ho * wo * 4 > COLUMN_BUDGET_BYTES:
         known = {**attrs, "kernel_shape": list(win.kernel)}  # w is packed from here on
         return _in_batches(conv_im2col_gemm, [x, weights, b, *inputs[3:]], known, depth * ho * wo * 4)
-    xp = _padded_channels_last(x, win, np.dtype(np.float32))
-    s_n, s_h, s_w, s_c = xp.strides
-    taps = np.lib.stride_tricks.as_strided(
-        xp, (n, ho, wo, kh, kw, c), (s_n, sh * s_h, sw * s_w, dh * s_h, dw * s_w, s_c)
-    )
     cols = scratch(PING, (n, ho, wo, kh, kw, c), np.float32)
-    np.copyto(cols, taps)
+    if c < HWC_MIN_CHANNELS:  # runs of a few floats: a JIT loop gathers them 3x faster than numpy
+        geometry = (*win.strides, *win.dilations, *win.pads_begin)
+        for image in range(n):
+            _gather_columns(x[image], cols[image].reshape(ho * wo, depth), kh, kw, *geometry, wo)
+    else:
+        xp = _padded_channels_last(x, win, np.dtype(np.float32))
+        s_n, s_h, s_w, s_c = xp.strides
+        taps = np.lib.stride_tricks.as_strided(
+            xp, (n, ho, wo, kh, kw, c), (s_n, sh * s_h, sw * s_w, dh * s_h, dw * s_w, s_c)
+        )
+        np.copyto(cols, taps)
     out = np.empty((n, ho, wo, m), np.float32)
     res = None if residual is None else residual_rows(residual, (n, m, ho, wo))
     gemm(cols.reshape(-1, depth), weights, out.reshape(-1, m), b, res, fused_bounds(attrs))
