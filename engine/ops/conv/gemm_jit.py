@@ -154,10 +154,11 @@ def packed_shape(packed: np.ndarray) -> tuple[int, int]:
 
 
 NO_RESIDUAL = np.zeros((1, 1), np.float32)
+# (slots, P, K) inputs, (slots, panels, K + 2, 32) packed weights, (slots, P, M) outputs
 _GEMM = types.void(
-    jit.array(types.float32, 2, "C", readonly=True),
     jit.array(types.float32, 3, "C", readonly=True),
-    jit.array(types.float32, 2, "C"),
+    jit.array(types.float32, 4, "C", readonly=True),
+    jit.array(types.float32, 3, "C"),
     jit.array(types.float32, 1, "C", readonly=True),
     jit.array(types.float32, 2, "C", readonly=True),
     types.boolean,
@@ -282,34 +283,25 @@ def _block(x, packed, out, bias, res, has_res, has_clip, lo, hi, p0, p1, panel):
 
 @jit.njit([_GEMM])
 def _gemm_serial(x, packed, out, bias, res, has_res, has_clip, lo, hi, block_rows):  # noqa: ANN001, ANN202
-    rows, panels = x.shape[0], packed.shape[0]
-    for p0 in range(0, rows, block_rows):
-        for panel in range(panels):
-            _block(
-                x, packed, out, bias, res, has_res, has_clip, lo, hi, p0, min(rows, p0 + block_rows), panel
-            )
+    """out[s] = x[s] @ W[s] (+ bias, residual, clip) for every slot s (one for a conv, 16 or 36
+    for Winograd's slot products): block by block of rows, panel by panel."""
+    rows, panels = x.shape[1], packed.shape[1]
+    for s in range(x.shape[0]):
+        for p0 in range(0, rows, block_rows):
+            last = min(rows, p0 + block_rows)
+            for panel in range(panels):
+                _block(x[s], packed[s], out[s], bias, res, has_res, has_clip, lo, hi, p0, last, panel)
 
 
 @jit.njit([_GEMM], parallel=True)
 def _gemm_parallel(x, packed, out, bias, res, has_res, has_clip, lo, hi, block_rows):  # noqa: ANN001, ANN202
-    rows, panels = x.shape[0], packed.shape[0]
-    blocks = (rows + block_rows - 1) // block_rows
-    for item in prange(blocks * panels):
-        p0 = (item // panels) * block_rows
-        _block(
-            x,
-            packed,
-            out,
-            bias,
-            res,
-            has_res,
-            has_clip,
-            lo,
-            hi,
-            p0,
-            min(rows, p0 + block_rows),
-            item % panels,
-        )
+    rows, panels = x.shape[1], packed.shape[1]
+    per_slot = ((rows + block_rows - 1) // block_rows) * panels
+    for item in prange(x.shape[0] * per_slot):
+        s, rest = item // per_slot, item % per_slot
+        p0 = (rest // panels) * block_rows
+        last = min(rows, p0 + block_rows)
+        _block(x[s], packed[s], out[s], bias, res, has_res, has_clip, lo, hi, p0, last, rest % panels)
 
 
 def block_rows_for(rows: int, depth: int, parallel: bool) -> int:
@@ -345,58 +337,16 @@ def gemm(
         vector[:m] = bias
     parallel = jit.threads() > 1 and x.shape[0] * packed.shape[0] >= 2 * MR
     block = block_rows_for(x.shape[0], x.shape[1], parallel)
-    jit.run(_gemm_serial, _gemm_parallel, x, packed, out, vector, res, *flags, block)
-
-
-_BATCHED = types.void(
-    jit.array(types.float32, 3, "C", readonly=True),
-    jit.array(types.float32, 4, "C", readonly=True),
-    jit.array(types.float32, 3, "C"),
-    jit.array(types.float32, 1, "C", readonly=True),
-    types.int64,
-)
-
-
-@jit.njit([_BATCHED])
-def _batched_serial(x, packed, out, bias, block_rows):  # noqa: ANN001, ANN202
-    for s in range(x.shape[0]):
-        _gemm_serial(
-            x[s], packed[s], out[s], bias, NO_RESIDUAL, False, False, np.float32(0), np.float32(0), block_rows
-        )
-
-
-@jit.njit([_BATCHED], parallel=True)
-def _batched_parallel(x, packed, out, bias, block_rows):  # noqa: ANN001, ANN202
-    rows, panels = x.shape[1], packed.shape[1]
-    blocks = (rows + block_rows - 1) // block_rows
-    per_slot = blocks * panels
-    for item in prange(x.shape[0] * per_slot):
-        s, rest = item // per_slot, item % per_slot
-        p0 = (rest // panels) * block_rows
-        last = min(rows, p0 + block_rows)
-        _block(
-            x[s],
-            packed[s],
-            out[s],
-            bias,
-            NO_RESIDUAL,
-            False,
-            False,
-            np.float32(0),
-            np.float32(0),
-            p0,
-            last,
-            rest % panels,
-        )
+    jit.run(_gemm_serial, _gemm_parallel, x[None], packed[None], out[None], vector, res, *flags, block)
 
 
 def gemm_batched(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
     """out[s] = x[s] @ W[s] for every s: x (S, P, K), packed (S, ...) of ``pack_panels`` results
     stacked, out (S, P, M), all C-contiguous float32 (Winograd's slot products)."""
     bias = np.zeros(packed.shape[1] * NR, np.float32)
-    parallel = jit.threads() > 1
-    block = block_rows_for(x.shape[1], x.shape[2], parallel)
-    jit.run(_batched_serial, _batched_parallel, x, packed, out, bias, block)
+    block = block_rows_for(x.shape[1], x.shape[2], jit.threads() > 1)
+    free = np.float32(0)
+    jit.run(_gemm_serial, _gemm_parallel, x, packed, out, bias, NO_RESIDUAL, False, False, free, free, block)
 
 
 # -- Conv kernels on the GEMM ------------------------------------------------------------------
