@@ -41,6 +41,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.conv.depthwise_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.pointwise_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.im2col_jit": ("Conv", "FusedConv"),
+    # the conv GEMM; rides along where a UNet's norms bring numba in (its convs are ungrouped)
+    "engine.ops.conv.gemm_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
+    "engine.ops.conv.winograd_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.rows_jit": ("FusedMatMul", "Gelu", "LayerNormalization"),
     "engine.ops.quantized_jit": ("QMatMul",),
     "engine.ops.attention_jit": ("FusedAttention",),
