@@ -158,6 +158,20 @@ def transformers_parity(checkpoint: Path) -> float:
     return float(np.abs(logits - reference["logits"]).max())
 
 
+def before_package(
+    tree: Path | None, checkpoint: Path, directory: Path, precision: str, block: int
+) -> Path | None:
+    """The package an earlier tree's converter writes (``--before-tree``: a checkout of an earlier
+    commit), converted once in a child running that tree's code; None without a tree."""
+    if tree is None:
+        return None
+    target = directory / f"before-{precision}"
+    if not (target / "accuracy.json").is_file():
+        command = [sys.executable, __file__, "--convert", str(tree), str(checkpoint), str(directory)]
+        subprocess.run(command + [precision, str(block)], check=True)
+    return target
+
+
 def ferry_package(checkpoint: Path, directory: Path, precision: str, block: int) -> tuple[Path, dict]:
     """``convert_llm`` into an archive, unpacked; (the package directory, its accuracy report)."""
     import tarfile  # noqa: PLC0415
@@ -269,22 +283,32 @@ def ferry_child(package: Path, threads: int, prompt: dict, decode: int) -> dict:
         context = len(ids) + decode + 1
         model.forward(ids[:8], model.new_cache(context))  # warm-up (first touch of the pages)
         cache = model.new_cache(context)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         logits = model.forward(ids, cache)
-        prefill_s = time.perf_counter() - start
+        prefill_s, prefill_cpu = time.perf_counter() - start, time.process_time() - cpu
         token = int(np.argmax(logits))
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(decode):
             token = int(np.argmax(model.forward([token], cache)))
-        decode_s = time.perf_counter() - start
+        decode_s, decode_cpu = time.perf_counter() - start, time.process_time() - cpu
         gemv = _gemv_seconds(model)
     return {
         "prefill_tps": len(ids) / prefill_s,
         "decode_tps": decode / decode_s,
         "decode_ms": decode_s / decode * 1e3,
+        **_cpu_rates(len(ids), prefill_cpu, decode, decode_cpu),
         "gemv_ms": {k: v * 1e3 for k, v in gemv.items()},
         "rss_mb": _peak_rss_mb(),
         "tier": "jit" if jit.enabled() else "numpy",
+    }
+
+
+def _cpu_rates(prompt: int, prefill_cpu: float, decode: int, decode_cpu: float) -> dict:
+    """Tokens per CPU second (every thread's CPU time): on a shared host a runtime's own work,
+    which wall time mixes with other jobs' (at 2 threads it also counts spinning threads)."""
+    return {
+        "prefill_cpu_tps": prompt / max(prefill_cpu, 1e-9),
+        "decode_cpu_tps": decode / max(decode_cpu, 1e-9),
     }
 
 
@@ -299,11 +323,11 @@ def _gemv_seconds(model: object) -> dict[str, float]:
     for name, matrices in groups.items():
         x = np.ones(matrices[0].shape[1], np.float32)
         best = float("inf")
-        for _ in range(5):
-            start = time.perf_counter()
+        for _ in range(5):  # CPU time: one thread's own work, whatever else the host runs
+            start = time.process_time()
             for matrix in matrices:
                 matrix.gemv(x)
-            best = min(best, time.perf_counter() - start)
+            best = min(best, time.process_time() - start)
         found[name] = best
     return found
 
@@ -330,19 +354,20 @@ def llama_child(gguf: Path, threads: int, prompt: dict, decode: int) -> dict:
 
     llm.eval(ids[:8])  # warm-up, as Ferry's
     llm.reset()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     llm.eval(ids)
-    prefill_s = time.perf_counter() - start
+    prefill_s, prefill_cpu = time.perf_counter() - start, time.process_time() - cpu
     token = int(np.argmax(last_logits()))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(decode):
         llm.eval([token])
         token = int(np.argmax(last_logits()))
-    decode_s = time.perf_counter() - start
+    decode_s, decode_cpu = time.perf_counter() - start, time.process_time() - cpu
     return {
         "prefill_tps": len(ids) / prefill_s,
         "decode_tps": decode / decode_s,
         "decode_ms": decode_s / decode * 1e3,
+        **_cpu_rates(len(ids), prefill_cpu, decode, decode_cpu),
         "rss_mb": _peak_rss_mb(),
         "tokens_match": ids == prompt["ids"],
     }
@@ -418,11 +443,12 @@ def run_model(name: str, args: argparse.Namespace, ceilings: dict[int, float]) -
             f"{accuracy['top1_agreement']:.1%}, mean KL {accuracy['mean_kl']:.2e}, "
             f"perplexity {accuracy['perplexity']:.1f} (fp32 {accuracy['fp32_perplexity']:.1f})"
         )
+    before = {p: before_package(args.before_tree, checkpoint, directory, p, args.block) for p in precisions}
     rows = []
     for precision in precisions:
         package = packages[precision][0]
         for t in args.threads:
-            runs: dict[str, list[dict]] = {"ferry": [], "llama": []}
+            runs: dict[str, list[dict]] = {"ferry": [], "llama": [], "before": []}
             for _ in range(args.repeat):  # alternating, so both see the same spells of load
                 command = [
                     sys.executable,
@@ -434,6 +460,10 @@ def run_model(name: str, args: argparse.Namespace, ceilings: dict[int, float]) -
                     str(prompt_file),
                 ]
                 runs["ferry"].append(_run(command + ["--decode", str(args.decode)]))
+                if before[precision] is not None:
+                    command[4] = str(before[precision])
+                    extra = ["--decode", str(args.decode), "--root", str(args.before_tree)]
+                    runs["before"].append(_run(command + extra))
                 if precision in ggufs:
                     command = [str(peer), __file__, "--child", "llama", str(ggufs[precision]), str(t)]
                     runs["llama"].append(_run(command + [str(prompt_file), "--decode", str(args.decode)]))
@@ -441,6 +471,11 @@ def run_model(name: str, args: argparse.Namespace, ceilings: dict[int, float]) -
             size = sum(p.stat().st_size for p in package.iterdir()) / 1e6
             ceiling = ceilings[t] * 1e9 / decode_bytes(package)
             rows.append((f"ferry-{result['tier']}", precision, t, result, size, ceiling))
+            if runs["before"]:
+                old_package = before[precision]
+                old_size = sum(p.stat().st_size for p in old_package.iterdir()) / 1e6
+                old_ceiling = ceilings[t] * 1e9 / decode_bytes(old_package)
+                rows.append(("ferry-old", precision, t, _best(runs["before"]), old_size, old_ceiling))
             if runs["llama"]:
                 gguf = ggufs[precision]
                 ceiling = ceilings[t] * 1e9 / gguf_decode_bytes(gguf)
@@ -452,8 +487,8 @@ def run_model(name: str, args: argparse.Namespace, ceilings: dict[int, float]) -
 def _best(results: list[dict]) -> dict:
     """The fastest of repeated runs, field by field (a shared host only ever slows a run down)."""
     best = dict(results[0])
-    for key in ("prefill_tps", "decode_tps"):
-        best[key] = max(r[key] for r in results)
+    for key in ("prefill_tps", "decode_tps", "prefill_cpu_tps", "decode_cpu_tps"):
+        best[key] = max(r.get(key, float("nan")) for r in results)
     best["decode_ms"] = min(r["decode_ms"] for r in results)
     if "gemv_ms" in best:
         best["gemv_ms"] = {k: min(r["gemv_ms"][k] for r in results) for k in best["gemv_ms"]}
@@ -473,25 +508,29 @@ def print_table(name: str, args: argparse.Namespace, rows: list[tuple]) -> None:
         f"{name}: prefill {args.prefill} tokens, decode {args.decode} tokens greedily, best of {args.repeat}"
     )
     header = f"{'runtime':<11}{'weights':<8}{'threads':>8}{'prefill tok/s':>14}{'decode tok/s':>13}"
-    header += f"{'ceiling tok/s':>14}{'peak RSS MB':>12}{'file MB':>9}  same ids"
+    header += f"{'ceiling tok/s':>14}{'peak RSS MB':>12}{'file MB':>9}"
+    header += f"{'prefill/cpu-s':>14}{'decode/cpu-s':>13}  same ids"
     print(header)
     for runtime, weights, t, r, size, ceiling in rows:
         same = "" if "tokens_match" not in r else ("yes" if r["tokens_match"] else "NO")
         print(
             f"{runtime:<11}{weights:<8}{t:>8}{r['prefill_tps']:>14.1f}{r['decode_tps']:>13.1f}"
-            f"{ceiling:>14.1f}{r['rss_mb']:>12.0f}{size:>9.1f}  {same}"
+            f"{ceiling:>14.1f}{r['rss_mb']:>12.0f}{size:>9.1f}{r.get('prefill_cpu_tps', float('nan')):>14.1f}"
+            f"{r.get('decode_cpu_tps', float('nan')):>13.1f}  {same}"
         )
-    print("Ferry's decode step, ms per token: GEMVs by matrix (alone, best of 5) and the rest")
+    print("Ferry's decode step, CPU ms per token: GEMVs by matrix (alone, best of 5) and the rest")
     print(
-        f"{'weights':<8}{'threads':>8}{'qkv':>7}{'o':>7}{'gate_up':>8}{'down':>7}{'lm_head':>8}{'rest':>7}{'step':>7}"
+        f"{'runtime':<11}{'weights':<8}{'threads':>8}{'qkv':>7}{'o':>7}{'gate_up':>8}{'down':>7}"
+        f"{'lm_head':>8}{'rest':>7}{'step':>7}"
     )
     for runtime, weights, t, r, _, _ in rows:
         if runtime.startswith("ferry"):
             g = r["gemv_ms"]
-            rest = r["decode_ms"] - sum(g.values())
+            step = 1e3 / r["decode_cpu_tps"] if "decode_cpu_tps" in r else r["decode_ms"]
+            rest = step - sum(g.values())
             print(
-                f"{weights:<8}{t:>8}{g['qkv']:>7.2f}{g['o']:>7.2f}{g['gate_up']:>8.2f}{g['down']:>7.2f}"
-                f"{g['lm_head']:>8.2f}{rest:>7.2f}{r['decode_ms']:>7.2f}"
+                f"{runtime:<11}{weights:<8}{t:>8}{g['qkv']:>7.2f}{g['o']:>7.2f}{g['gate_up']:>8.2f}{g['down']:>7.2f}"
+                f"{g['lm_head']:>8.2f}{rest:>7.2f}{step:>7.2f}"
             )
 
 
@@ -502,7 +541,10 @@ def child_main(argv: list[str]) -> None:
     parser.add_argument("threads", type=int)
     parser.add_argument("prompt", type=Path)
     parser.add_argument("--decode", type=int, default=64)
+    parser.add_argument("--root", type=Path, help="run this tree's engine (--before-tree)")
     args = parser.parse_args(argv)
+    if args.root is not None:
+        sys.path[:0] = [str(args.root)]
     prompt = json.loads(args.prompt.read_text())
     run = ferry_child if args.runtime == "ferry" else llama_child
     print(json.dumps(run(args.model, args.threads, prompt, args.decode)))
@@ -511,6 +553,15 @@ def child_main(argv: list[str]) -> None:
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         child_main(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["--convert"]:  # tree checkpoint directory precision block
+        tree, checkpoint, directory, precision, block = sys.argv[2:7]
+        sys.path[:0] = [tree]
+        scratch = Path(directory) / "before-build"  # not the current tree's ferry-<precision>
+        scratch.mkdir(exist_ok=True)
+        ferry_package(Path(checkpoint), scratch, precision, int(block))[0].rename(
+            Path(directory) / f"before-{precision}"
+        )
         return
     if sys.argv[1:2] == ["--quantize"]:
         quantize(sys.argv[2], sys.argv[3], int(sys.argv[4]))
@@ -524,6 +575,9 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=1, help="runs per row, alternating; the best is kept")
     parser.add_argument("--no-peer", action="store_true", help="Ferry alone (no llama.cpp rows)")
+    parser.add_argument(
+        "--before-tree", type=Path, help="also run an earlier checkout's Ferry, interleaved (rows ferry-old)"
+    )
     args = parser.parse_args()
     if peer_python() is None and not args.no_peer:
         print(f"llama.cpp peer not built in {PEER_DIR}: run bench/setup_llama_cpp.sh (Ferry rows only)")

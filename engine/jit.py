@@ -41,6 +41,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.conv.depthwise_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.pointwise_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.im2col_jit": ("Conv", "FusedConv"),
+    # the conv GEMM; rides along where a UNet's norms bring numba in (its convs are ungrouped)
+    "engine.ops.conv.gemm_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
+    "engine.ops.conv.winograd_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.rows_jit": ("FusedMatMul", "Gelu", "LayerNormalization"),
     "engine.ops.quantized_jit": ("QMatMul",),
     "engine.ops.attention_jit": ("FusedAttention",),
@@ -48,6 +51,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.llm.attention_jit": ("LlmDecodeAttention",),
     # decode's fused layers (model.py), loaded with the GEMVs so no decode step pays for them
     "engine.llm.layer_jit": ("LlmDecodeLayer", "LlmGemvInt4", "LlmGemvInt8"),
+    # prefill's int4 GEMM in integers (gemv_jit's prefill path calls it)
+    "engine.llm.prefill_jit": ("LlmGemvInt4",),
     "engine.ops.group_norm_jit": ("GroupNormalization", "FusedGroupNorm"),
     # a UNet's long, narrow-headed attention; rides along once a norm has brought numba in
     "engine.diffusion.attention_jit": ("FusedAttention",),

@@ -166,8 +166,18 @@ def _selftest(model: LlmModel, tokenizer: LlmTokenizer) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "tokens": result.tokens}
 
 
+def _compact_json(raw: bytes) -> bytes:
+    """JSON without its indentation (tokenizers saves pretty-printed by default: SmolLM2's
+    vocabulary and merges take 1.58 MB so, 0.69 MB compact; the same document, key order kept);
+    bytes that are not JSON are kept as they are (loading the tokenizer has checked them)."""
+    try:
+        return json.dumps(json.loads(raw), ensure_ascii=False, separators=(",", ":")).encode()
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return raw
+
+
 def _side_files(source: Path, sample: str, accuracy: dict[str, Any]) -> list[tuple[str, bytes]]:
-    files = [("tokenizer.json", (source / "tokenizer.json").read_bytes())]
+    files = [("tokenizer.json", _compact_json((source / "tokenizer.json").read_bytes()))]
     if (source / "tokenizer_config.json").is_file():
         files.append(("tokenizer_config.json", (source / "tokenizer_config.json").read_bytes()))
     files.append((GENERATION, json.dumps(_generation_defaults(source), sort_keys=True).encode()))

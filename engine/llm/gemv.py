@@ -10,7 +10,8 @@ contiguous row dot products.
   holds value j in its low nibble and value j + B/2 in its high one, so a kernel reads the
   low nibbles against x[0:B/2] and the high ones against x[B/2:B], both contiguous.
   ``packed`` uint8 [N, K/2], ``scale`` float32 [N, K/B].
-- int4 row-grouped (``group`` G = 4, the layout converters write when G divides N): the same
+- int4 row-grouped (``group`` G = 4 or 8, the layout converters write when G divides N, chosen
+  by ``choose_group``): the same
   bytes, re-laid so that G rows' blocks lie side by side per byte index.  Viewed as
   [N/G, B/2, G * K/B], element [i, j, g * K/B + b] is byte j of block b of row G*i + g.  The
   JIT kernel then runs its inner loop across G * K/B lanes (72 for K = 576) with one
@@ -37,10 +38,16 @@ from typing import Any
 import numpy as np
 
 BLOCKS = (32, 64)
-GROUPS = (1, 4)
+GROUPS = (1, 4, 8)
 ACTIVATIONS = ("float", "int8")
 HALF_MAX = 65504.0  # float16's largest: a larger block scale (|w| > 524032) is clipped
-GROUP = 4  # rows per group in the re-laid int4 layout (1: the plain layout)
+GROUP = 4  # rows per group in the re-laid int4 layout (1: the plain layout), at the least
+# The JIT GEMV's inner loop runs across a group's G * K/B lanes, and LLVM's vector body takes 128
+# int16 lanes per pass (4 AVX-512 registers): 72 lanes (K = 576, G = 4) never enter it and run
+# in the remainder loop.  Hot in L2, 1 thread: K = 576 at G = 4 18.6-19.9 G weights/s, at G = 8
+# (144 lanes) 24.3-26.8; K = 1536 at G = 4 (192 lanes) 27.9, at G = 8 26.3; G = 16 slower on
+# the LM head (16.8).
+LANES_WANTED = 128
 # float32 scratch per widened tile.  Prefill's GEMMs (256 x 576 by 3072 x 576, int4, 1 thread)
 # measured 23.6 ms with 1 MB tiles, 17.8 with 4 MB, 11.5 with the whole matrix: BLAS wants wide
 # tiles; 4 MB bounds the scratch while keeping most of the gain.
@@ -54,6 +61,15 @@ def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
     q = np.clip(np.rint(w * inverse[:, None]), -127, 127).astype(np.int8)
     return q, scale.astype(np.float32)
+
+
+def choose_group(n: int, k: int, block: int) -> int:
+    """Rows per group for an int4 [N, K] matrix: the smallest of 4 and 8 that gives the GEMV at
+    least ``LANES_WANTED`` lanes and divides N; 4 (or 1) when neither does."""
+    for group in (GROUP, 2 * GROUP):
+        if n % group == 0 and group * (k // block) >= LANES_WANTED:
+            return group
+    return GROUP if n % GROUP == 0 else 1
 
 
 def quantize_int4(
@@ -135,7 +151,7 @@ def dequantize_int4(packed: np.ndarray, scale: np.ndarray, block: int) -> np.nda
     return values.reshape(rows, blocks * block)
 
 
-def _tile_rows(k: int, multiple: int = 1) -> int:
+def tile_rows(k: int, multiple: int = 1) -> int:
     return max(1, TILE_BYTES // (4 * k) // multiple) * multiple
 
 
@@ -143,7 +159,7 @@ def gemm_int8(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """x [M, K] float32 times the int8 matrix's transpose -> [M, N], widening a tile at a time."""
     n, k = q.shape
     out = np.empty((x.shape[0], n), np.float32)
-    step = _tile_rows(k)
+    step = tile_rows(k)
     for start in range(0, n, step):
         tile = q[start : start + step].astype(np.float32)
         np.matmul(x, tile.T, out=out[:, start : start + step])
@@ -166,7 +182,7 @@ def gemm_int4(
     n = scale.shape[0]
     k = scale.shape[1] * block
     out = np.empty((x.shape[0], n), np.float32)
-    step = _tile_rows(k, group)
+    step = tile_rows(k, group)
     for start in range(0, n, step):
         plain = to_standard(packed[start : start + step], block, group)
         tile = dequantize_int4(plain, scale[start : start + step], block)
@@ -180,7 +196,7 @@ def gemm_float(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return x @ w.T
     n, k = w.shape
     out = np.empty((x.shape[0], n), np.float32)
-    step = _tile_rows(k)
+    step = tile_rows(k)
     for start in range(0, n, step):
         np.matmul(x, w[start : start + step].astype(np.float32).T, out=out[:, start : start + step])
     return out

@@ -44,7 +44,7 @@ import numpy as np
 from numba import types
 
 from engine import jit
-from engine.llm.gemv import quantize_activations
+from engine.llm.gemv import gemm_int4, quantize_activations, tile_rows
 
 _F32, _I64 = types.float32, types.int64
 _X = jit.array(_F32, 1, "C", readonly=True)
@@ -213,6 +213,9 @@ def _int4_grouped_q8(x, packed, scale, block, group, out):  # noqa: ANN001, ANN2
     by the bits (sign, then exponent and mantissa shifted into float32's and scaled by 2**112,
     exact for normal and subnormal halves and zero; the converter stores no inf or nan)."""
     groups, half, lanes = packed.shape
+    # the shapes say the group (the layer kernel passes one ``group`` for its four matrices,
+    # whose groups may differ: gemv.choose_group)
+    group = out.shape[0] // groups
     blocks = lanes // group
     parts = half // _PART
     low_x = np.empty((half, lanes), np.int16)
@@ -258,6 +261,84 @@ def _int8_serial(x, q, scale, out):  # noqa: ANN001, ANN202
         for k in range(row.shape[0]):
             s += np.float32(row[k]) * x[k]
         out[n] = s * scale[n]
+
+
+_DEQUANTIZE = types.void(
+    jit.array(types.uint8, 3, "C", readonly=True),
+    jit.array(_F32, 2, "C", readonly=True),
+    _I64,
+    _I64,
+    jit.array(_F32, 2, "C"),
+)
+
+
+@jit.njit([_DEQUANTIZE])
+def _dequantize_grouped(packed, scale, block, group, out):  # noqa: ANN001, ANN202
+    """Whole row groups of the grouped layout -> float32 rows: packed [groups, B/2, G * blocks],
+    scale [groups * G, blocks] float32, out [groups * G, K].  Prefill's tiles: numpy's
+    to_standard + dequantize_int4 took a quarter of a 256-token int4 prefill (a transposing copy,
+    then five passes over the tile); this is one.  No fastmath: (nibble - 8) * d rounds as
+    numpy's does, so both paths give the same bits."""
+    groups, half, lanes = packed.shape
+    blocks = lanes // group
+    for i in range(groups):
+        for g in range(group):
+            row = out[i * group + g]
+            for b in range(blocks):
+                d = scale[i * group + g, b]
+                lane = g * blocks + b
+                base = b * block
+                for j in range(half):
+                    v = packed[i, j, lane]
+                    row[base + j] = (np.float32(v & 15) - np.float32(8.0)) * d
+                    row[base + half + j] = (np.float32(v >> 4) - np.float32(8.0)) * d
+
+
+@jit.njit([types.void(jit.array(_F32, 2, "C", readonly=True), _I64, jit.array(_F32, 2, "C"))])
+def _round_activations(x, block, out):  # noqa: ANN001, ANN202
+    """gemv.quantize_activations into ``out`` (the same float32 operations, so the same bits):
+    four numpy passes and their temporaries over prefill's [M, K] activations become one."""
+    for m in range(x.shape[0]):
+        for base in range(0, x.shape[1], block):
+            largest = np.float32(0.0)
+            for j in range(base, base + block):
+                largest = max(largest, abs(x[m, j]))
+            if largest > 0:
+                inverse = np.float32(127.0) / largest
+                step = largest / np.float32(127.0)
+            else:
+                inverse, step = np.float32(0.0), np.float32(0.0)
+            for j in range(base, base + block):
+                out[m, j] = np.rint(x[m, j] * inverse) * step
+
+
+def gemm_int4_jit(
+    x: np.ndarray, packed: np.ndarray, scale: np.ndarray, block: int, group: int, activations: str
+) -> np.ndarray:
+    """gemv.gemm_int4 (prefill: x [M, K] times the int4 matrix's transpose -> [M, N]): in
+    integers by prefill_jit.py where it applies (the converter's int4), else with the tiles
+    dequantized by ``_dequantize_grouped`` (the same products as numpy's, bit for bit)."""
+    prefill = jit.module("engine.llm.prefill_jit")
+    if prefill.supports(packed.shape[0], group, activations):  # integer products (prefill_jit.py)
+        return prefill.gemm(x, packed, scale, block, group)
+    if group == 1:
+        return gemm_int4(x, packed, scale, block, group, activations)
+    if activations == "int8":
+        rounded = np.empty(x.shape, np.float32)
+        _round_activations(np.ascontiguousarray(x, np.float32), block, rounded)
+        x = rounded
+    n, half_k = packed.shape
+    grouped = np.asarray(packed).view(np.ndarray).reshape(n // group, block // 2, group * half_k * 2 // block)
+    out = np.empty((x.shape[0], n), np.float32)
+    step = tile_rows(half_k * 2, group)
+    tile = np.empty((min(step, n), half_k * 2), np.float32)
+    for start in range(0, n, step):
+        rows = min(step, n - start)
+        scales = np.ascontiguousarray(scale[start : start + rows], np.float32)
+        first = start // group
+        _dequantize_grouped(grouped[first : first + rows // group], scales, block, group, tile[:rows])
+        np.matmul(x, tile[:rows].T, out=out[:, start : start + rows])
+    return out
 
 
 def gemv_int4_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:

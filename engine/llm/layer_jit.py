@@ -138,6 +138,9 @@ def attend_int8(
 # output array each) was ~25 us per layer; here a layer is one call on buffers made once.
 # int4 matrices as ``gemv_int4_jit`` hands them over: packed [N/G, B/2, G * K/B] uint8, scales
 # [N/G, G * K/B] as uint16 (float16 bits); int8: q [N, K], scale [N] (block and group unused).
+# ``group`` is the first matrix's: the int4 kernel reads each matrix's own from its shapes (a
+# layer's groups may differ, gemv.choose_group).  numba's cache of this file does not notice
+# edits to the kernels it inlines from gemv_jit.py: change this file with them.
 _Q4 = (jit.array(types.uint8, 3, "C", readonly=True), jit.array(types.uint16, 2, "C", readonly=True))
 _I8 = (jit.array(types.int8, 2, "C", readonly=True), _IN)
 _MIDDLE = (_I64, _I64, _F32, jit.array(_F32, 2, "C"))

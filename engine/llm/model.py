@@ -263,13 +263,13 @@ class DecodeBuffers:
 def _one_call_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple | None]:
     """Per layer: (its four matrices as layer_jit's ``layer`` takes them, block, group, qkv bias,
     o bias), or None for a layer whose matrices are not all the converter's int4 (int8
-    activations, float16 scales, one block and group) or all int8 per-channel."""
+    activations, float16 scales, one block; each its own group) or all int8 per-channel."""
     found: list[tuple | None] = []
     for layer in weights.layers:
         matrices = (layer.qkv, layer.o, layer.gate_up, layer.down)
         first = matrices[0]
         biases = tuple(empty if b is None else b for b in (layer.qkv_bias, layer.o_bias))
-        if all(_is_q4(m, first.block, first.group) for m in matrices):
+        if all(_is_q4(m, first.block) for m in matrices):
             arrays = [array for m in matrices for array in _q4_arrays(m)]
             found.append((*arrays, first.block, first.group, *biases))
         elif all(m.kind == "int8" for m in matrices):
@@ -282,13 +282,15 @@ def _one_call_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple | Non
     return found
 
 
-def _is_q4(matrix: Matrix, block: int, group: int) -> bool:
+def _is_q4(matrix: Matrix, block: int) -> bool:
+    """The converter's int4 at ``block``; groups may differ per matrix (the kernel reads each
+    one's from its shapes)."""
     return (
         matrix.kind == "int4"
         and matrix.activations == "int8"
         and matrix.arrays["scale"].dtype == np.float16
         and matrix.group > 1
-        and (matrix.block, matrix.group) == (block, group)
+        and matrix.block == block
     )
 
 

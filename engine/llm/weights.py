@@ -3,7 +3,8 @@
 ``Matrix`` holds [N, K] weights as float32, float16, int8 per-channel or int4 block-wise
 (layouts in gemv.py).  Decode's int8/int4 GEMVs go through the engine's kernel layer
 (engine/kernels.py): the JIT kernel when numba is on, else the numpy one; without numba the
-runtime says so once.  Prefill multiplies by BLAS on tiles widened to float32.
+runtime says so once.  Prefill multiplies by BLAS on tiles widened to float32 (int4 tiles
+dequantized by a JIT kernel when numba is on).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ class Matrix:
         if self.kind == "int8":
             return gemv.gemm_int8(x, self.arrays["q"], self.arrays["scale"])
         q, scale = self.arrays["q"], self.arrays["scale"]
+        if jit.enabled():  # tiles dequantized by a JIT kernel (gemv_jit.py), the same products
+            kernels = jit.module("engine.llm.gemv_jit")
+            return kernels.gemm_int4_jit(x, q, scale, self.block, self.group, self.activations)
         return gemv.gemm_int4(x, q, scale, self.block, self.group, self.activations)
 
     def rows(self, index: np.ndarray) -> np.ndarray:
@@ -127,7 +131,7 @@ def make_matrix(
     w: np.ndarray, kind: str, block: int = 32, group: int | None = None, activations: str = "float"
 ) -> Matrix:
     """Store float weights [N, K] at ``kind``; int4 falls back to int8 for a K the block does not
-    divide, and is row-grouped (``gemv.GROUP``) when that divides N unless ``group`` says;
+    divide, and is row-grouped (``gemv.choose_group``) when it can be unless ``group`` says;
     ``activations`` (int4 only, gemv.py) says how it multiplies x."""
     w = np.asarray(w)
     shape = (int(w.shape[0]), int(w.shape[1]))
@@ -137,7 +141,7 @@ def make_matrix(
         return Matrix("fp16", shape, {"w": np.ascontiguousarray(w, np.float16)})
     if kind == "int4" and shape[1] % block == 0:
         if group is None:
-            group = gemv.GROUP if shape[0] % gemv.GROUP == 0 else 1
+            group = gemv.choose_group(shape[0], shape[1], block)
         q, scale = gemv.quantize_int4(w, block, group, half_scales=activations == "int8")
         arrays = {"q": q, "scale": scale}
         return Matrix("int4", shape, arrays, block=block, group=group, activations=activations)

@@ -142,7 +142,7 @@ class ReleaseOutput(serializers.ModelSerializer):
         # the target's live matching devices, as of the last start, advance or gate evaluation
         devices = {**counts, "matching": obj.matching_devices}
         if self.context.get("detail"):  # per-device states cost a selection: the detail view only
-            devices["by_state"] = release_device_summary(release=obj, spread=self.context["spread"])
+            devices["by_state"] = release_device_summary(release=obj)
         return devices
 
     def get_percentage(self, obj: Release) -> float:

@@ -7,14 +7,13 @@ else pending), without building those rows: at 100,000 devices that list costs s
 - The stored reports are counted by state in the database, on every call (one GROUP BY on the
   (release, state) index).
 - The selected devices without a report need the selection, which reads every matching
-  device. Their running/pending split is kept UNREPORTED_SECONDS per release, and computed
-  again as soon as the release's revision, phase, state or threshold, the live fleet's size or
-  its devices on the release's version change (the fleet spread the answer reads anyway), so an
-  install, an enrolment, a revocation or a transition is seen at once; a device whose
-  attributes move it in or out of the target is seen within UNREPORTED_SECONDS, as the
-  console's release page sees it. A device that sent its first
-  report since the split was kept leaves it at once (its stored row is counted; it is taken
-  off pending, then running).
+  device (seconds of CPU at 100,000). Their running/pending split is kept UNREPORTED_SECONDS
+  per release, and computed again at once when the release's revision, phase, state or
+  threshold changes. What else moves it (an enrolment or a revocation, an install by an agent
+  that sends no status, attributes that move a device in or out of the target) is seen within
+  UNREPORTED_SECONDS, as the answer's ``matching`` is as of the last gate evaluation. A device
+  that sent its first report since the split was kept leaves it at once (its stored row is
+  counted; it is taken off pending, then running).
 """
 
 from __future__ import annotations
@@ -26,15 +25,13 @@ from django.db.models.functions import Cast, Collate
 from releases.models import DeviceReleaseStatus, Release
 from releases.selectors import release_selection
 
-UNREPORTED_SECONDS = 15
+UNREPORTED_SECONDS = 30  # FERRY_GATE_INTERVAL_SECONDS' default: matching's own age
 SELECTING_STATES = ("active", "paused", "completed")  # the others select no device
 
 
-def release_device_summary(*, release: Release, spread: dict | None = None) -> dict[str, int]:
-    """{state: devices}: stored reports by state, plus the selected devices with none.
-
-    ``spread`` is releases.selectors.fleet_version_spread of the organisation, when the
-    caller has it (the key of the kept split reads it)."""
+def release_device_summary(*, release: Release, keep: bool = True) -> dict[str, int]:
+    """{state: devices}: stored reports by state, plus the selected devices with none
+    (``keep``: their split as kept, see above; False computes it now)."""
     stored = dict(
         DeviceReleaseStatus.objects.filter(release=release)
         .values_list("state")
@@ -44,28 +41,22 @@ def release_device_summary(*, release: Release, spread: dict | None = None) -> d
     summary = {state: n for state, n in stored.items() if n}
     if release.state not in SELECTING_STATES:
         return summary
-    unreported = _unreported(release, reported=sum(stored.values()), spread=spread)
+    unreported = _unreported(release, reported=sum(stored.values()), keep=keep)
     for state in ("running", "pending"):
         if unreported[state]:
             summary[state] = summary.get(state, 0) + unreported[state]
     return summary
 
 
-def _fingerprint(release: Release, spread: dict | None) -> str:
-    fleet = "-" if spread is None else f"{sum(spread.values())}:{spread.get(release.version_id, 0)}"
-    return f"{release.revision}:{release.current_phase}:{release.state}:{release.bucket_threshold}:{fleet}"
-
-
-def _unreported(release: Release, *, reported: int, spread: dict | None) -> dict[str, int]:
+def _unreported(release: Release, *, reported: int, keep: bool) -> dict[str, int]:
     """{"running", "pending"}: the selected devices without a stored report."""
-    # one entry per release, replaced when its fingerprint changes: figures that come back to
-    # an earlier value (an enrolment, then a revocation) must not bring back an older split
-    key, fingerprint = f"releases:unreported:{release.pk}", _fingerprint(release, spread)
-    entry = cache.get(key) if spread is not None else None
+    # one entry per release, replaced when the release moves
+    key = f"releases:unreported:{release.pk}"
+    fingerprint = f"{release.revision}:{release.current_phase}:{release.state}:{release.bucket_threshold}"
+    entry = cache.get(key) if keep else None
     if entry is None or entry.get("fingerprint") != fingerprint:
         entry = {**_unreported_now(release), "fingerprint": fingerprint}
-        if spread is not None:
-            cache.set(key, entry, UNREPORTED_SECONDS)
+        cache.set(key, entry, UNREPORTED_SECONDS)
     # reports that arrived since: each was (as good as always) a pending selected device's first
     new = max(0, reported - entry["reported"])
     pending = max(0, entry["pending"] - new)

@@ -53,6 +53,11 @@ def test_a_converted_package_runs_and_its_accuracy_report_is_honest(
     assert manifest["metadata"]["llm"]["precision"] == weights
     assert {"tokenizer.json", "tokenizer_config.json", "generation.json", "sample.txt"} <= set(report.files)
     assert "chat_template" in json.loads((unpacked / "tokenizer_config.json").read_text())
+    # the tokenizer stored compact: the same document in fewer bytes
+    source_tokenizer = (directory / "tokenizer.json").read_bytes()
+    stored_tokenizer = (unpacked / "tokenizer.json").read_bytes()
+    assert json.loads(stored_tokenizer) == json.loads(source_tokenizer)
+    assert len(stored_tokenizer) < len(source_tokenizer) and b"\n" not in stored_tokenizer
     assert json.loads((unpacked / "generation.json").read_text()) == {"temperature": 0.7}
     # the report's figures, recomputed from the unpacked package against the independent reference
     model, tokenizer = load_model(unpacked), LlmTokenizer.from_directory(unpacked)

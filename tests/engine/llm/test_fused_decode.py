@@ -110,3 +110,25 @@ def test_threads_sharing_a_model_decode_with_their_own_buffers() -> None:
     for logits in results:
         for a, b in zip(logits, alone, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+@needs_jit
+def test_fused_decode_takes_matrices_of_different_row_groups_in_one_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gemv.choose_group gives K = 576's matrices 8 rows per group and K = 1536's 4 (SmolLM2's
+    o/qkv/gate_up and down): the one-call layer reads each matrix's group from its shapes."""
+    from engine.llm import gemv  # noqa: PLC0415
+
+    monkeypatch.setattr(gemv, "LANES_WANTED", 12)  # K = 64 (2 blocks) -> 8, K = 96 (3) -> 4
+    model, _, _ = _model("int4-q8")
+    layer = model.weights.layers[0]
+    assert (layer.qkv.group, layer.o.group, layer.gate_up.group) == (8, 8, 8)
+    assert layer.down.group == 4 and layer.down.shape[1] > layer.o.shape[1]
+    buffers = model._decode_buffers()
+    assert buffers is not None and all(found is not None for found in buffers.one_call)
+    fused, _ = _decode(model, "fp32", True)
+    plain, _ = _decode(model, "fp32", False)
+    scale = np.abs(plain[-1]).max() * 2e-5
+    for a, b in zip(fused, plain, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=scale)

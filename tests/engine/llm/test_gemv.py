@@ -104,3 +104,65 @@ def test_every_decode_attention_candidate_matches_the_softmax_of_the_equations(t
     for kernel in found:
         out = kernel([q, keys, values], {"total": total, "scale": 0.25})[0]
         np.testing.assert_allclose(out, np.concatenate(expected), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not jit.enabled(), reason="the JIT tier is off")
+@pytest.mark.parametrize("activations", ["float", "int8"])
+@pytest.mark.parametrize(("n", "k", "block"), [(12, 64, 32), (40, 128, 64), (8, 96, 32)])
+def test_prefills_jit_tiles_give_numpys_products_bit_for_bit(
+    n: int, k: int, block: int, activations: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernels = jit.module("engine.llm.gemv_jit")
+    rng = np.random.default_rng(n + k)
+    matrix = make_matrix(
+        rng.standard_normal((n, k)).astype(np.float32), "int4", block, activations=activations
+    )
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    q, scale = matrix.arrays["q"], matrix.arrays["scale"]
+    expected = gemv.gemm_int4(x, q, scale, block, matrix.group, activations)
+    monkeypatch.setattr(gemv, "TILE_BYTES", 4 * k * 8)  # several tiles, the last one partial for n=12/40
+    found = kernels.gemm_int4_jit(x, q, scale, block, matrix.group, activations)
+    np.testing.assert_array_equal(found, expected)
+    np.testing.assert_array_equal(matrix.gemm(x), expected)
+
+
+@pytest.mark.skipif(not jit.enabled(), reason="the JIT tier is off")
+@pytest.mark.parametrize("block", [32, 64])
+def test_prefills_jit_rounding_of_activations_is_numpys_bit_for_bit(block: int) -> None:
+    kernels = jit.module("engine.llm.gemv_jit")
+    x = np.random.default_rng(block).standard_normal((6, 4 * block)).astype(np.float32)
+    x[1, :block] = 0.0  # a block of zeros: d = 0, every value 0
+    x[2, block : 2 * block] *= 1e-30  # tiny magnitudes
+    x[3, 5] = -1e30
+    found = np.empty_like(x)
+    kernels._round_activations(x, block, found)
+    np.testing.assert_array_equal(found, gemv.quantize_activations(x, block))
+
+
+def test_the_row_group_gives_the_gemv_at_least_128_lanes_where_it_can() -> None:
+    assert gemv.choose_group(960, 576, 32) == 8  # SmolLM2's K = 576: 4 x 18 = 72 lanes are too few
+    assert gemv.choose_group(576, 1536, 32) == 4  # K = 1536: 4 x 48 = 192
+    assert gemv.choose_group(1152, 896, 32) == 8  # Qwen2.5-0.5B's K = 896: 8 x 28 = 224
+    assert gemv.choose_group(12, 576, 32) == 4  # 8 does not divide 12
+    assert gemv.choose_group(16, 64, 32) == 4  # no group reaches 128 lanes: 4 as before
+    assert gemv.choose_group(10, 64, 32) == 1
+    matrix = make_matrix(np.ones((16, 576), np.float32), "int4", 32)
+    assert matrix.group == 8
+    matrix.check("m", (16, 576))
+
+
+@pytest.mark.skipif(not jit.enabled(), reason="the JIT tier is off")
+@pytest.mark.parametrize("group", [4, 8])
+def test_the_int16_gemv_reads_any_group_from_the_shapes(group: int) -> None:
+    rng = np.random.default_rng(group)
+    matrix = make_matrix(rng.standard_normal((48, 576)).astype(np.float32), "int4", 32, group, "int8")
+    matrix.arrays["scale"] = matrix.arrays["scale"].astype(np.float16)
+    x = rng.standard_normal(576).astype(np.float32)
+    expected = matrix.dense().astype(np.float64) @ gemv.quantize_activations(x[None, :], 32)[0]
+    kernels = jit.module("engine.llm.gemv_jit")
+    lanes = group * 576 // 32
+    packed = np.asarray(matrix.arrays["q"]).reshape(48 // group, 16, lanes)
+    halves = matrix.arrays["scale"].view(np.uint16).reshape(48 // group, lanes)
+    out = np.empty(48, np.float32)
+    kernels._int4_grouped_q8(x, packed, halves, 32, 4, out)  # 4: a layer's shared argument
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)

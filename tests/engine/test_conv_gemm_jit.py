@@ -1,0 +1,246 @@
+"""Hypothesis: the register-tiled JIT GEMM (engine/ops/conv/gemm_jit.py) against numpy, and the
+Conv kernels on it (1x1, and channels-last im2col for any kernel size) against the numpy kernels
+and onnx's ReferenceEvaluator: shapes across the 6 x 32 tile edges, strides, pads, dilations,
+layouts, packed and unpacked weights, bias, residual and Relu / Clip, one and two threads.
+Skipped as a whole without numba or with FERRY_JIT=0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("numba")
+
+from engine import jit, kernels  # noqa: E402
+from engine.ops import fused  # noqa: E402
+from engine.ops.conv import conv_1x1, conv_im2col  # noqa: E402
+from engine.planner import memory_order  # noqa: E402
+from tests.engine.test_conv_jit_chain import (  # noqa: E402
+    ACTIVATIONS,
+    LAYOUTS,
+    _fused_expected,
+    _laid_out,
+    _with_activation,
+)
+
+if not jit.enabled():
+    pytest.skip("the JIT tier is turned off (FERRY_JIT=0)", allow_module_level=True)
+
+gemm_jit = jit.module("engine.ops.conv.gemm_jit")
+winograd_jit = jit.module("engine.ops.conv.winograd_jit")
+SETTINGS = settings(max_examples=40, deadline=None)
+
+
+@SETTINGS
+@given(
+    st.integers(1, 40),
+    st.integers(1, 50),
+    st.integers(1, 80),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    st.integers(1, 2),
+    st.integers(0, 2**32 - 1),
+)
+def test_gemm_matches_numpy(rows, depth, m, with_bias, with_residual, with_clip, threads, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, depth)).astype(np.float32)
+    w = rng.standard_normal((depth, m)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if with_bias else None
+    residual = rng.standard_normal((rows, m)).astype(np.float32) if with_residual else None
+    bounds = (-0.5, 0.75) if with_clip else None
+    want = x.astype(np.float64) @ w
+    want = want + (0 if b is None else b) + (0 if residual is None else residual)
+    if bounds is not None:
+        want = np.clip(want, *bounds)
+    packed = gemm_jit.pack_panels(w)
+    assert gemm_jit.packed_shape(packed) == (depth, m)
+    out = np.full((rows, m), np.nan, np.float32)
+    with jit.thread_limit(threads):
+        gemm_jit.gemm(x, packed, out, b, residual, bounds)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(depth))
+
+
+def test_gemm_clip_keeps_nan_and_inf():
+    x = np.ones((7, 3), np.float32)
+    x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -np.inf
+    packed = gemm_jit.pack_panels(np.ones((3, 20), np.float32))
+    out = np.empty((7, 20), np.float32)
+    gemm_jit.gemm(x, packed, out, None, None, (-1.0, 1.0))
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, as the kernel makes it
+        want = np.clip(x @ np.ones((3, 20), np.float32), -1.0, 1.0)
+    np.testing.assert_array_equal(out, want)
+
+
+@st.composite
+def pointwise_cases(draw):
+    n, c, m = draw(st.integers(1, 2)), draw(st.integers(1, 40)), draw(st.integers(1, 70))
+    height, width = draw(st.integers(1, 13)), draw(st.integers(1, 13))
+    stride = draw(st.integers(1, 2))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.standard_normal((n, c, height, width)).astype(np.float32)
+    w = rng.standard_normal((m, c, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if draw(st.booleans()) else None
+    out = (n, m, -(-height // stride), -(-width // stride))
+    residual = rng.standard_normal(out).astype(np.float32) if draw(st.booleans()) else None
+    attrs = {"group": 1, "kernel_shape": [1, 1], "strides": [stride, stride]}
+    return x, w, b, residual, attrs
+
+
+@SETTINGS
+@given(pointwise_cases(), st.sampled_from(ACTIVATIONS), st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS))
+def test_1x1_gemm_matches_numpy_and_the_reference(case, activation, layout, residual_layout):
+    x, w, b, residual, attrs = case
+    attrs = _with_activation(attrs, activation)
+    inputs = [x, w, b] + ([residual] if residual is not None else [])
+    want = _fused_expected(inputs, attrs, activation)
+    numpy_result = fused.with_activation(conv_1x1)(inputs, attrs)[0]
+    laid = [_laid_out(x, layout), w, b]
+    if residual is not None:
+        laid.append(_laid_out(residual, residual_layout))
+    kernel = fused.with_activation(gemm_jit.conv_1x1_gemm)
+    for weights in (w, gemm_jit.pack_pointwise(w)):
+        for threads in (1, 2):
+            with jit.thread_limit(threads):
+                got = kernel([laid[0], weights, *laid[2:]], attrs)[0]
+            assert got.shape == want.shape and got.dtype == np.float32
+            assert memory_order(got) == (0, 2, 3, 1) or got.shape[1] == 1 or got[0, 0].size == 1
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+            np.testing.assert_allclose(got, numpy_result, rtol=1e-5, atol=1e-4)
+
+
+@st.composite
+def conv_cases(draw):
+    """A 2-D conv of one group: kernel 1-5 (3x3 most often), strides, dilations, pads."""
+    n, c, m = draw(st.integers(1, 2)), draw(st.integers(1, 20)), draw(st.integers(1, 40))
+    kh, kw = draw(st.sampled_from([(3, 3), (3, 3), (1, 3), (5, 5), (2, 2)]))
+    strides = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+    dilations = [draw(st.integers(1, 2)), 1]
+    pads = draw(st.lists(st.integers(0, 2), min_size=4, max_size=4))
+    height = draw(st.integers(max(1, (kh - 1) * dilations[0] + 1 - pads[0] - pads[2]), 12))
+    width = draw(st.integers(max(1, kw - pads[1] - pads[3]), 12))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.standard_normal((n, c, height, width)).astype(np.float32)
+    w = rng.standard_normal((m, c, kh, kw)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if draw(st.booleans()) else None
+    attrs = {"group": 1, "kernel_shape": [kh, kw], "pads": pads, "strides": strides, "dilations": dilations}
+    return x, w, b, attrs, draw(st.booleans())
+
+
+@SETTINGS
+@given(conv_cases(), st.sampled_from(ACTIVATIONS), st.sampled_from(LAYOUTS))
+def test_im2col_gemm_matches_numpy_and_the_reference(case, activation, layout):
+    x, w, b, attrs, with_residual = case
+    attrs = _with_activation(attrs, activation)
+    inputs = [x, w, b]
+    if with_residual:
+        shape = conv_im2col([x, w, b], attrs)[0].shape
+        inputs.append(np.random.default_rng(5).standard_normal(shape).astype(np.float32))
+    want = _fused_expected(inputs, attrs, activation)
+    numpy_result = fused.with_activation(conv_im2col)(inputs, attrs)[0]
+    kernel = fused.with_activation(gemm_jit.conv_im2col_gemm)
+    for weights in (w, gemm_jit.pack_columns(w)):
+        for threads in (1, 2):
+            with jit.thread_limit(threads):
+                got = kernel([_laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
+            assert got.shape == want.shape and got.dtype == np.float32
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+            np.testing.assert_allclose(got, numpy_result, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs", "dtype"),
+    [
+        ((1, 4, 5, 5), (6, 4, 1, 1), {"pads": [1, 1, 1, 1]}, np.float32),  # a padded 1x1
+        ((1, 4, 5, 5), (6, 2, 3, 3), {"group": 2}, np.float32),
+        ((1, 4, 5, 5), (6, 4, 3, 3), {}, np.float64),
+        ((1, 4, 5, 5), (6, 4, 1, 1), {}, np.float64),
+    ],
+)
+def test_gemm_kernels_fall_back_to_numpy(x_shape, w_shape, attrs, dtype):
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(w_shape).astype(dtype)
+    attrs = {"kernel_shape": list(w_shape[2:]), **attrs}
+    want = conv_im2col([x, w], attrs)[0]
+    for kernel in (gemm_jit.conv_1x1_gemm, gemm_jit.conv_im2col_gemm):
+        got = kernel([x, w], attrs)[0]
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_weights_for_other_shapes_are_unpacked_for_the_fallback():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float64)  # float64: the GEMM does not run it
+    w = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    got = gemm_jit.conv_im2col_gemm([x, gemm_jit.pack_columns(w)], attrs)[0]
+    np.testing.assert_allclose(got, conv_im2col([x, w], attrs)[0], rtol=1e-5, atol=1e-5)
+    one = rng.standard_normal((5, 4, 1, 1)).astype(np.float32)
+    got = gemm_jit.conv_1x1_gemm([x, gemm_jit.pack_pointwise(one)], {"kernel_shape": [1, 1]})[0]
+    np.testing.assert_allclose(got, conv_1x1([x, one], {})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_kernels_are_conv_candidates():
+    one = {"group": 1, "kernel_shape": [1, 1]}
+    three = {"group": 1, "kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    names = lambda found: [k.__name__ for k in found]  # noqa: E731
+    assert "conv_1x1_gemm" in names(kernels.jit_candidates("Conv", one, [(1, 8, 9, 9), (16, 8, 1, 1)]))
+    assert "conv_im2col_gemm" in names(kernels.jit_candidates("Conv", three, [(1, 8, 9, 9), (16, 8, 3, 3)]))
+    depthwise = {"group": 8, "kernel_shape": [3, 3]}
+    assert "conv_im2col_gemm" not in names(
+        kernels.jit_candidates("Conv", depthwise, [(1, 8, 9, 9), (8, 1, 3, 3)])
+    )
+
+
+@st.composite
+def winograd_cases(draw):
+    """A 3x3 stride-1 conv: random channels across the tile edges, sizes, pads, optional bias."""
+    n, c, m = draw(st.integers(1, 2)), draw(st.integers(1, 20)), draw(st.integers(1, 40))
+    height, width = draw(st.integers(1, 19)), draw(st.integers(1, 19))
+    pads = draw(st.lists(st.integers(0, 2), min_size=4, max_size=4))
+    if height + pads[0] + pads[2] < 3 or width + pads[1] + pads[3] < 3:
+        pads = [1, 1, 1, 1]  # the 3x3 window must fit
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.standard_normal((n, c, height, width)).astype(np.float32)
+    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if draw(st.booleans()) else None
+    return x, w, b, {"pads": pads, "kernel_shape": [3, 3]}, draw(st.booleans())
+
+
+@SETTINGS
+@given(winograd_cases(), st.sampled_from(ACTIVATIONS), st.sampled_from(LAYOUTS), st.integers(1, 2))
+def test_winograd_on_the_gemm_matches_numpy_and_the_reference(case, activation, layout, threads):
+    x, w, b, attrs, with_residual = case
+    attrs = _with_activation(attrs, activation)
+    inputs = [x, w, b]
+    if with_residual:
+        shape = conv_im2col([x, w, b], attrs)[0].shape
+        inputs.append(np.random.default_rng(8).standard_normal(shape).astype(np.float32))
+    want = _fused_expected(inputs, attrs, activation)
+    numpy_result = fused.with_activation(conv_im2col)(inputs, attrs)[0]
+    shapes = [x.shape, w.shape, None if b is None else b.shape]
+    found = winograd_jit.CANDIDATES["Conv"](attrs, shapes)
+    assert winograd_jit.conv_winograd_gemm in found
+    for inner in found:
+        kernel = fused.with_activation(inner)
+        for weights in (w, inner.pack([x, w], attrs)[1]):
+            with jit.thread_limit(threads):
+                got = kernel([_laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
+            assert got.shape == want.shape and got.dtype == np.float32
+            scale = max(1.0, float(np.abs(want).max()))  # Winograd's transforms: 1e-4 of the range
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale, err_msg=inner.__name__)
+            np.testing.assert_allclose(
+                got, numpy_result, rtol=1e-4, atol=1e-4 * scale, err_msg=inner.__name__
+            )
+
+
+def test_winograd_on_the_gemm_falls_back_off_its_shapes():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [2, 2], "kernel_shape": [3, 3]}
+    assert winograd_jit.CANDIDATES["Conv"](attrs, [x.shape, w.shape]) == []
+    got = winograd_jit.conv_winograd_gemm([x, w], attrs)[0]
+    np.testing.assert_allclose(got, conv_im2col([x, w], attrs)[0], rtol=1e-5, atol=1e-5)
