@@ -139,24 +139,29 @@ def release_cohort_figures(
 def failed_activations(
     *, version_id: str, device_ids: set[str] | frozenset[str], since: datetime
 ) -> dict[str, str]:
-    """{device id: reason code} of these devices whose agents reported a failed activation of
-    version_id since ``since`` (a refusal or a rollback, as telemetry: it may arrive before the
-    check-in that carries the same outcome as the device's update status). The record is filed
-    under the version the device runs; the payload names the version that failed."""
+    """{device id: reason code} of these devices whose latest activation record of version_id
+    since ``since`` is a failure (a refusal or a rollback, as telemetry: it may arrive before the
+    check-in that carries the same outcome as the device's update status; a later success, a
+    retry that worked, clears it). The record is filed under the version the device runs; the
+    payload names the version it is about."""
     if not device_ids:
         return {}
-    rows = TelemetryRecord.objects.filter(
-        kind="activation",
-        device_id__in=device_ids,
-        received_at__gte=since,
-        payload__ok=False,
-        payload__version_id=version_id,
-    ).values_list("device_id", "payload")
-    failed: dict[str, str] = {}
-    for device_id, payload in rows:
-        if isinstance(payload, dict):
-            failed.setdefault(str(device_id), str(payload.get("code") or payload.get("stage") or ""))
-    return failed
+    rows = (
+        TelemetryRecord.objects.filter(
+            kind="activation",
+            device_id__in=device_ids,
+            received_at__gte=since,
+            payload__version_id=version_id,
+        )
+        .order_by("received_at", "pk")
+        .values_list("device_id", "payload")
+    )
+    latest = {str(device_id): payload for device_id, payload in rows if isinstance(payload, dict)}
+    return {
+        device: str(payload.get("code") or payload.get("stage") or "")
+        for device, payload in latest.items()
+        if payload.get("ok") is False
+    }
 
 
 def first_report_at(

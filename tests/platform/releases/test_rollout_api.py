@@ -443,3 +443,22 @@ def test_a_refusal_seen_first_as_telemetry_aborts_like_one_seen_as_a_status(
     assert status["step"] == "abort", status
     assert "1 device(s) refused or failed the update (wrong_device_class: 1)" in status["reason"]
     assert Release.objects.get().state == "aborted"
+
+
+def test_a_failed_activation_followed_by_a_success_is_no_refusal(api, org, ready_version, second_version):
+    """A device whose first activation of the version failed and whose retry worked (its latest
+    activation record is a success) does not count against the release."""
+    device = _devices(org, 1, ready_version)[0]
+    phases = [{"percentage": 100, "min_reporting_devices": 2}]  # waits: the gate only counts
+    release = _create(api, second_version, phases=phases, start=True).json()
+    outcomes = [
+        ({"ok": False, "stage": "health", "code": "health_check_failed"}, ready_version),
+        ({"ok": True, "stage": "health"}, second_version),
+    ]
+    for payload, filed_under in outcomes:
+        _seq[str(device.pk)] = _seq.get(str(device.pk), 0) + 1
+        payload = {**payload, "version_id": str(second_version.pk)}
+        record = IncomingRecord(_seq[str(device.pk)], "activation", time.time(), str(filed_under.pk), payload)
+        telemetry_ingest(device=device, records=[record])
+    status = api.post(f"/api/v1/releases/{release['id']}/gate/").json()
+    assert status["step"] == "wait" and status["figures"]["devices_refused"] == 0, status
