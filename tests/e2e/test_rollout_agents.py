@@ -178,7 +178,16 @@ def test_staged_release_advances_and_faulty_one_rolls_back(environment, tmp_path
         abort = aborted["events"][-1]
         assert abort["action"] == "abort" and abort["actor"] is None
         assert "p95 latency ratio" in abort["reason"]
-        wait_until("the canary back on v2", lambda: set(_running(api).values()) == {"v2"}, stack)
+        # the gate may abort on the canary's v3 metrics before its check-in has said it runs v3, so
+        # "everyone on v2" can be read before the canary's v3 arrives: wait for its move back instead
+        wait_until(
+            "the canary back on v2",
+            lambda: (
+                _versions_run(environment, canary)[-2:] == ["v3", "v2"]
+                and set(_running(api).values()) == {"v2"}
+            ),
+            stack,
+        )
         assert _versions_run(environment, canary) == ["v1", "v2", "v3", "v2"]
         assert all(_versions_run(environment, d) == ["v1", "v2"] for d in running if d != canary)
         state_dir = next(
