@@ -515,6 +515,7 @@ class Lifecycle:
         previous = self.update.previous
         self.installer.switch_back(previous)
         running = self.running()
+        failed_adapter = self.adapters.by_version(offer.version_id)
         restored = self.adapters.roll_back(offer.version_id, self._adapter_restorable)
         if running.get("version_id") == offer.version_id:  # it was committed (probation): un-commit it
             before = running.get("previous") or {}
@@ -534,7 +535,7 @@ class Lifecycle:
             log.error(
                 "adapter %s: %s failed, %s serves again", restored.name, offer.version_id, restored.version_id
             )
-        elif self.adapters.remove_version(offer.version_id) is not None:
+        elif failed_adapter is not None:  # roll_back removed it
             log.error("adapter %s removed: it failed after it was installed", offer.version_id)
         self.on_version_change(previous)
         self.installer.discard(offer)
