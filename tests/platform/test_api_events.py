@@ -123,9 +123,20 @@ class Stream:
         self._client.close()
 
 
+@pytest.fixture
+def stream_slots(monkeypatch) -> threading.BoundedSemaphore:
+    """This test's own two stream slots: the live server is the session's, and a stream an
+    earlier test closed gives its slot back only at its next write (a heartbeat)."""
+    from ferry_cloud import event_stream
+
+    slots = threading.BoundedSemaphore(2)
+    monkeypatch.setattr(event_stream, "_slots", slots)
+    return slots
+
+
 @pytest.mark.slow
 def test_the_stream_serves_the_feed_live_and_resumes_after_last_event_id(
-    live_server, org, admin, ready_version, settings
+    live_server, org, admin, ready_version, settings, stream_slots
 ):
     settings.FERRY_SSE_POLL_SECONDS = 0.1
     settings.FERRY_SSE_HEARTBEAT_SECONDS = 0.5
@@ -173,11 +184,13 @@ def test_the_stream_serves_the_feed_live_and_resumes_after_last_event_id(
         assert [e["id"] for e in resumed.events(2)] == [abort["id"], completion["id"]]
     finally:
         resumed.close()
+    # clients that went away give their slots back (noticed at the next heartbeat's write)
+    assert all(stream_slots.acquire(timeout=10) for _ in range(2)), "a closed stream kept its slot"
 
 
 @pytest.mark.slow
 def test_a_stream_ends_after_its_lifetime_and_is_scoped_to_the_organisation(
-    live_server, org, admin, ready_version, outsider, settings
+    live_server, org, admin, ready_version, outsider, settings, stream_slots
 ):
     settings.FERRY_SSE_POLL_SECONDS = 0.1
     settings.FERRY_SSE_MAX_SECONDS = 1.5
