@@ -197,8 +197,10 @@ def _source_coordinates(
     if coordinates == "pytorch_half_pixel":
         return (np.zeros(n_out) if n_out == 1 else (y + 0.5) / scale - 0.5), None
     if coordinates == "half_pixel_symmetric":
-        offset = n_in / 2 * (1 - n_out / width)
-        return offset + (y + 0.5) / scale - 0.5, None
+        # the spec's n_in/2 * (1 - n_out/width) + (y + 0.5)/scale - 0.5, rearranged so that an
+        # integer coordinate comes out exact (the spec's order gives 1 + 2e-16 for 1, which the
+        # nearest modes and the cubic window then put on the wrong pixel; onnxruntime gets 1)
+        return (n_in - 1) / 2 + (2 * y + 1 - n_out) / (2 * scale), None
     # tf_crop_and_resize
     start, end = resize.roi
     if width == 1:
@@ -217,12 +219,12 @@ def _ratios(x: np.ndarray) -> np.ndarray:
 
 
 def _window(x: np.ndarray, n: int) -> np.ndarray:
-    """The n input indices (unclamped) nearest each coordinate, ties to the lower ones: (out, n)."""
-    half = n // 2
-    padded = x + half
-    p = np.floor(padded).astype(np.int64)
-    start = p + np.where(padded - p == 0, -half, 1 - half)
-    return start[:, None] + np.arange(n) - half
+    """The n input indices (unclamped) nearest each coordinate, ties to the lower ones: (out, n).
+
+    Centred on the pixel on the left exactly as _ratios counts it (x itself, not x + n/2: that
+    sum rounds 1e-16 to an integer, and the weights then landed one pixel off)."""
+    left = np.ceil(x).astype(np.int64) - 1
+    return left[:, None] + np.arange(n) - (n // 2 - 1)
 
 
 def _nearest_indices(x: np.ndarray, resize: AxisResize, n_in: int, rule: str) -> np.ndarray:
