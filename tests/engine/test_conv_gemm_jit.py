@@ -23,6 +23,7 @@ from tests.engine.test_conv_jit_chain import (  # noqa: E402
     _fused_expected,
     _laid_out,
     _with_activation,
+    pointwise_cases,
 )
 
 if not jit.enabled():
@@ -72,21 +73,6 @@ def test_gemm_clip_keeps_nan_and_inf():
     with np.errstate(invalid="ignore"):  # inf - inf: NaN, as the kernel makes it
         want = np.clip(x @ np.ones((3, 20), np.float32), -1.0, 1.0)
     np.testing.assert_array_equal(out, want)
-
-
-@st.composite
-def pointwise_cases(draw):
-    n, c, m = draw(st.integers(1, 2)), draw(st.integers(1, 40)), draw(st.integers(1, 70))
-    height, width = draw(st.integers(1, 13)), draw(st.integers(1, 13))
-    stride = draw(st.integers(1, 2))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    x = rng.standard_normal((n, c, height, width)).astype(np.float32)
-    w = rng.standard_normal((m, c, 1, 1)).astype(np.float32)
-    b = rng.standard_normal(m).astype(np.float32) if draw(st.booleans()) else None
-    out = (n, m, -(-height // stride), -(-width // stride))
-    residual = rng.standard_normal(out).astype(np.float32) if draw(st.booleans()) else None
-    attrs = {"group": 1, "kernel_shape": [1, 1], "strides": [stride, stride]}
-    return x, w, b, residual, attrs
 
 
 @SETTINGS
