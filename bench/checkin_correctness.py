@@ -1,10 +1,10 @@
-"""Correctness under load (``bench/checkin_load.py --correctness``, ~1.5 min): while the real
+"""Correctness under load (``bench/checkin_correctness.py``, ~1.5 min): while the real
 gateway serves no-change check-ins as fast as a load generator sends them, a release and then
 its rollback must reach every simulated device they target (and no other), and every
 telemetry record the gateway acknowledged must be stored exactly once.
 
 A scratch database (<name>_bench_correct) holds --devices bulk-created devices; --identities of
-them, outside the release's target, are the load generator's (checkin_load's --load: closed
+them, outside the release's target, are the load generator's (bench/checkin_load.py's --load: closed
 loop, counting every answer that carries an assignment, which must be none).  --cohort devices
 labelled ``cohort=bench`` are simulated here, one thread each, as an agent would act:
 
@@ -24,6 +24,7 @@ compare the telemetry table with the acknowledgements.  Prints one ``correctness
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import random
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "platform")]
 COHORT = {"cohort": "bench"}
 REACH_TIMEOUT_SECONDS = 30.0
 
@@ -282,8 +284,21 @@ def _seconds(value: float | None) -> str:
     return "never" if value is None else f"{value:.1f} s"
 
 
-def main(args) -> int:
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=10_000)
+    parser.add_argument("--identities", type=int, default=200, help="certificates the load cycles over")
+    parser.add_argument("--threads", type=int, default=8, help="closed-loop callers in the load generator")
+    parser.add_argument("--seconds", type=float, default=60.0, help="the whole run, load included")
+    parser.add_argument("--cohort", type=int, default=50, help="simulated devices targeted")
+    parser.add_argument("--interval", type=float, default=1.0, help="their check-in interval")
+    return parser.parse_args()
+
+
+def main() -> int:
     from bench.scratch_database import scratch_database
+
+    args = _arguments()
 
     url = os.environ.get("FERRY_DATABASE_URL", "")
     if not url or not os.environ.get("REDIS_URL"):
@@ -303,3 +318,7 @@ def main(args) -> int:
         django.setup()
         ok = run(args, data_dir)
     return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

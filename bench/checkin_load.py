@@ -25,8 +25,8 @@ answer is computed and the device row read and written as before any cache), and
 in the same run.  No release is live in the scratch fleet, so the computed row is a lower
 bound of what a computed answer costs.
 
-``--correctness`` runs bench/checkin_correctness.py instead: a release and its rollback
-under load, and telemetry stored exactly once (prints PASS or FAIL).
+bench/checkin_correctness.py runs a release and its rollback under this load, and checks
+telemetry is stored exactly once (prints PASS or FAIL).
 
 Prints check-ins/s, p50/p99 latency and the server process's CPU per check-in.
 """
@@ -400,9 +400,7 @@ def main() -> int:
         "--identities", type=int, default=200, help="client certificates the load cycles over"
     )
     parser.add_argument("--threads", type=int, default=8, help="closed-loop callers in the load generator")
-    parser.add_argument(
-        "--seconds", type=float, default=None, help="per row and round (8); with --correctness the run (60)"
-    )
+    parser.add_argument("--seconds", type=float, default=8.0, help="per row and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--rate", type=float, default=1000.0, help="offered check-ins/s of the latency rows (0: none)"
@@ -412,18 +410,7 @@ def main() -> int:
         "--only", default="", help=f"optional rows to run, comma-separated, of {','.join(ROWS)}"
     )
     parser.add_argument("--pids", default="", help="write the servers' process ids (JSON) to this file")
-    parser.add_argument(
-        "--correctness", action="store_true", help="a release and a rollback under load (PASS/FAIL)"
-    )
-    parser.add_argument("--cohort", type=int, default=50, help="--correctness: simulated devices targeted")
-    parser.add_argument("--interval", type=float, default=1.0, help="--correctness: their check-in interval")
     args = parser.parse_args()
-    if args.correctness:
-        from bench import checkin_correctness
-
-        args.seconds = args.seconds or 60.0
-        return checkin_correctness.main(args)
-    args.seconds = args.seconds or 8.0
     url = os.environ.get("FERRY_DATABASE_URL", "")
     if not url:
         sys.exit("set FERRY_DATABASE_URL to a PostgreSQL database (a scratch copy is used)")

@@ -154,7 +154,7 @@ def _gateway_wave() -> Callable[[], None]:
     alone (what a release's commit publishes), without the release's own database work."""
     import redis
     from fleet.models import Device
-    from gateway.hints import CHANNEL
+    from gateway.redis_channel import CHANNEL
 
     organisation_id = Device.objects.values_list("organisation_id", flat=True).first()
     client = redis.Redis.from_url(os.environ["REDIS_URL"])

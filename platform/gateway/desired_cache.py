@@ -22,13 +22,14 @@ Without Redis there is no shared generation, so nothing is remembered and every 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from fleet.models import Device
 from releases.models import DeviceAssignment
+
+from gateway.redis_channel import redis_client, redis_url
 
 log = logging.getLogger(__name__)
 GENERATION_KEY = "ferry:fleet-generation:{}"
@@ -47,12 +48,8 @@ CHECK_IN_FIELDS = frozenset(
 
 
 def _redis():
-    url = os.environ.get("REDIS_URL", "")
-    if not url:
-        return None
-    from gateway.hints import _redis_client
-
-    return _redis_client(url)
+    url = redis_url()
+    return redis_client(url) if url else None
 
 
 class Generations:

@@ -13,14 +13,13 @@ import asyncio
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from django.db import close_old_connections
 from django.db.models import Count, Max
 from django.utils import timezone
 
-if TYPE_CHECKING:
-    from gateway.hints import HintHub
+from gateway.redis_channel import CHANNEL
 
 log = logging.getLogger(__name__)
 REVOCATION_CHECK_SECONDS = 1.0
@@ -34,8 +33,24 @@ RESUBSCRIBE_SECONDS = 2.0
 COALESCE_SECONDS = 0.05
 
 
+class Hub(Protocol):
+    """What the listener needs of gateway.hints.HintHub (which owns it)."""
+
+    redis_url: str
+    poll_seconds: float
+
+    @property
+    def watchers(self) -> int: ...
+
+    def notify(self, organisation_id: int, reason: str) -> int: ...
+
+    def organisations(self) -> list[int]: ...
+
+    def close_device(self, device_id: str) -> bool: ...
+
+
 class Listener:
-    def __init__(self, hub: HintHub) -> None:
+    def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self._seen: dict[int, tuple] = {}  # polling mode: organisation -> (release count, newest change)
         self._revocations_checked = 0.0
@@ -64,7 +79,7 @@ class Listener:
             client = aioredis.Redis.from_url(self.hub.redis_url, socket_connect_timeout=5)
             try:
                 async with client.pubsub() as pubsub:
-                    await pubsub.subscribe(_channel())
+                    await pubsub.subscribe(CHANNEL)
                     while True:
                         message = await pubsub.get_message(
                             ignore_subscribe_messages=True, timeout=REVOCATION_CHECK_SECONDS
@@ -127,12 +142,6 @@ async def coalesced(pubsub, organisations: set[int], window: float = COALESCE_SE
         if message["type"] == "message":
             organisations.add(int(message["data"]))
     return organisations
-
-
-def _channel() -> str:
-    from gateway.hints import CHANNEL
-
-    return CHANNEL
 
 
 def _revoked_since(since: datetime) -> list[str]:

@@ -28,12 +28,14 @@ from collections import defaultdict
 from django.db import transaction
 from ferry_cloud.events import FleetChanged
 
+from gateway.desired_cache import bump_generation
+from gateway.hint_listener import Listener
 from gateway.mailbox import REPLACED, REVOKED, AsyncMailbox, Mailbox, StreamClosed, SyncMailbox
+from gateway.redis_channel import CHANNEL, redis_client, redis_url
 
 __all__ = ["CHANNEL", "REPLACED", "REVOKED", "HintHub", "StreamClosed", "fleet_changed", "hint_fleet_changed"]
 
 log = logging.getLogger(__name__)
-CHANNEL = "ferry:fleet-changed"
 # Streams one gateway process holds at most; past that, agents are told to poll.  An open stream
 # costs a few kilobytes and no thread, so the cap is about memory, not threads.
 DEFAULT_MAX_WATCHERS = 20_000
@@ -51,36 +53,19 @@ def hint_fleet_changed(event: FleetChanged) -> None:
 def fleet_changed(*, organisation_id: int) -> None:
     """The same hint for any saved or deleted Release row, the admin's and a shell's included
     (GatewayConfig.ready's post_save bridge), published after the surrounding transaction commits."""
-    if _redis_url():
+    if redis_url():
         transaction.on_commit(lambda: _publish(organisation_id))
 
 
 def _publish(organisation_id: int) -> None:
-    url = _redis_url()
+    url = redis_url()
     if not url:
         return
-    from gateway.desired_cache import bump_generation
-
     bump_generation(organisation_id)  # before the hint: a device it wakes must not get a cached answer
     try:
-        _redis_client(url).publish(CHANNEL, str(organisation_id))
+        redis_client(url).publish(CHANNEL, str(organisation_id))
     except Exception as exc:  # redis raises several types; a lost hint only delays devices
         log.warning("could not publish a fleet-changed hint: %s", exc)
-
-
-def _redis_url() -> str:
-    return os.environ.get("REDIS_URL", "")
-
-
-_clients: dict[str, object] = {}
-
-
-def _redis_client(url: str):
-    import redis
-
-    if url not in _clients:
-        _clients[url] = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-    return _clients[url]
 
 
 class HintHub:
@@ -102,14 +87,12 @@ class HintHub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Future | None = None
         self._own_loop: threading.Thread | None = None
-        from gateway.hint_listener import Listener
-
         self.listener = Listener(self)
 
     @classmethod
     def from_settings(cls) -> HintHub:
         limit = int(os.environ.get("FERRY_GATEWAY_MAX_WATCHERS", "") or DEFAULT_MAX_WATCHERS)
-        return cls(redis_url=_redis_url(), max_watchers=limit)
+        return cls(redis_url=redis_url(), max_watchers=limit)
 
     @property
     def watchers(self) -> int:
