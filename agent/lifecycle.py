@@ -59,6 +59,7 @@ from agent.errors import (
 )
 from agent.files import read_json, write_json_atomic
 from agent.install import Installer, Offer, health_check, package_check
+from agent.refusals import Refusals
 from agent.trust import AssignmentTrust, SignedOffer
 from deploy.errors import PackageRejected
 from deploy.trust.assignment import AssignmentRefused
@@ -133,6 +134,7 @@ class Lifecycle:
         self.crash_loop_starts = crash_loop_starts
         self.state_dir = installer.state_dir
         self.adapters = lora.AdapterBook(self.state_dir)
+        self.refusals = Refusals(self.state_dir)
         self.update = self._load()
         self._pause_at = {s for s in os.environ.get("FERRY_AGENT_PAUSE_AT", "").split(",") if s}
 
@@ -145,10 +147,6 @@ class Lifecycle:
     def running_file(self) -> Path:
         return self.state_dir / "running.json"
 
-    @property
-    def refused_file(self) -> Path:
-        return self.state_dir / "refused.json"
-
     def _load(self) -> UpdateState:
         data = read_json(self.update_file, None)
         if not data:
@@ -160,16 +158,6 @@ class Lifecycle:
 
     def running(self) -> dict[str, Any]:
         return read_json(self.running_file, {}) or {}
-
-    def refused(self) -> dict[str, dict[str, Any]]:
-        return read_json(self.refused_file, {}) or {}
-
-    def is_refused(self, offer: Offer) -> bool:
-        entry = self.refused().get(_refusal_key(offer))
-        if entry is None:
-            return False
-        retry_at = entry.get("retry_at")
-        return retry_at is None or time.time() < retry_at
 
     def _transition(self, event: str, **changes: Any) -> None:
         key = (self.update.state, event)
@@ -221,19 +209,14 @@ class Lifecycle:
             return 0
         if self._runs(offer.version_id):
             return offer.counter
-        refusal = self.refused().get(_refusal_key(offer))
-        return offer.counter if refusal is not None and refusal.get("retry_at") is None else 0
+        return offer.counter if self.refusals.for_good(offer) else 0
 
     def _refuse_assignment(self, signed: SignedOffer, exc: AssignmentRefused) -> None:
         """Report a refused assignment once (it comes again at every check-in); the update in
         progress, if any, carries on: a replayed or forged assignment must not disturb it."""
-        key = f"assignment:{signed.sha256}"
-        if key in self.refused():
+        if not self.refusals.remember_assignment(signed.sha256, str(exc)):
             return
         log.error("assignment refused (%s): %s", exc.code, exc)
-        refused = self.refused()
-        refused[key] = {"version_id": "", "reason": str(exc), "at": time.time(), "retry_at": None}
-        write_json_atomic(self.refused_file, refused)
         self._report_refusal("", "assignment", str(exc), exc.code)
 
     def offer(self, offer: Offer) -> None:
@@ -248,7 +231,7 @@ class Lifecycle:
             return  # finish this step first; the offer comes again at the next check-in
         if self._runs(offer.version_id):
             return
-        if self.is_refused(offer):
+        if self.refusals.blocks(offer):
             return
         if self.update.state == IDLE and self._present(offer.version_id):
             self._reassign(offer)
@@ -555,7 +538,7 @@ class Lifecycle:
     # --- failures ---------------------------------------------------------------------------
     def _roll_back(self, reason: str, stage: str, code: str = "health_check_failed") -> None:
         offer = self.update.current_offer
-        self._remember_refusal(offer, reason, None)
+        self.refusals.remember(offer, reason, None)
         self.report(
             "activation",
             {
@@ -577,7 +560,7 @@ class Lifecycle:
     ) -> None:
         log.error("update to %s refused at %s: %s", offer.version_label or offer.version_id, stage, reason)
         self.installer.discard(offer)
-        self._remember_refusal(offer, reason, retry_after)
+        self.refusals.remember(offer, reason, retry_after)
         self._report_refusal(offer.version_id, stage, reason, code or stage)
         self._transition("refused")
 
@@ -594,23 +577,6 @@ class Lifecycle:
             },
             self.installer.current_version(),
         )
-
-    def _remember_refusal(self, offer: Offer, reason: str, retry_after: float | None) -> None:
-        refused = self.refused()
-        refused[_refusal_key(offer)] = {
-            "version_id": offer.version_id,
-            "reason": reason,
-            "at": time.time(),
-            "retry_at": None if retry_after is None else time.time() + retry_after,
-        }
-        write_json_atomic(self.refused_file, refused)
-
-
-def _refusal_key(offer: Offer) -> str:
-    # the size is part of the key: a wrong size is the offer's fault, not the package's; so is
-    # the assignment's counter: a new assignment of a refused package (a re-release) is a new
-    # instruction and is tried again, the same one seen at every check-in is not
-    return f"{offer.package_digest}:{offer.package_size}:{offer.counter}"
 
 
 def _window_open(window: dict[str, Any]) -> bool:
