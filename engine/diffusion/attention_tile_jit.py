@@ -110,7 +110,9 @@ def _micro(depth: int, width: int) -> Any:
                 for i, value in ((0, q_), (2, k_), (4, v_), (7, scores_), (8, tile_))
             )
             b = _Builder(builder)
-            qs = [builder.load(b.vector(qp, builder.add(qo_, b.index(j * TILE))), align=4) for j in range(depth)]
+            qs = [
+                builder.load(b.vector(qp, builder.add(qo_, b.index(j * TILE))), align=4) for j in range(depth)
+            ]
             top = cgutils.alloca_once_value(builder, b.const(float("-inf")))
             with cgutils.for_range(builder, keys_) as loop:
                 s = b.score(qs, kp, builder.add(ko_, builder.mul(loop.index, b.index(depth))))
@@ -131,7 +133,9 @@ def _micro(depth: int, width: int) -> Any:
                     builder.store(b.fma(vj, p, builder.load(acc)), acc)
             inverse = builder.fdiv(b.const(1.0), builder.load(total))
             for j, acc in enumerate(accs):
-                builder.store(builder.fmul(builder.load(acc), inverse), b.vector(tp, b.index(j * TILE)), align=4)
+                builder.store(
+                    builder.fmul(builder.load(acc), inverse), b.vector(tp, b.index(j * TILE)), align=4
+                )
             return context.get_dummy_value()
 
         return sig, codegen

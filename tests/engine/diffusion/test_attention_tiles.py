@@ -45,7 +45,9 @@ def tile_cases(draw):
 
 @SETTINGS
 @given(tile_cases(), st.booleans())
-@example((_array(1, (2, 8, 1024, 8), 2.0), _array(2, (2, 8, 77, 8), 2.0), _array(3, (2, 8, 77, 8)), 8**-0.5), False)
+@example(
+    (_array(1, (2, 8, 1024, 8), 2.0), _array(2, (2, 8, 77, 8), 2.0), _array(3, (2, 8, 77, 8)), 8**-0.5), False
+)
 def test_tiles_match_the_reference_and_the_numpy_kernel(kernels, case, k_transposed):
     flash, fused, _ = kernels
     q, k, v, scale = case
@@ -130,4 +132,6 @@ def test_other_widths_keep_the_block_kernel(kernels):
     for d, dv in ((5, 5), (40, 40), (8, 16)):
         q, k, v = _array(7, (1, 2, 70, d)), _array(8, (1, 2, 30, d)), _array(9, (1, 2, 30, dv))
         got = flash.flash_attention([q, k, v], {"scale": d**-0.5})[0]
-        np.testing.assert_allclose(got, fused.fused_attention([q, k, v], {"scale": d**-0.5})[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            got, fused.fused_attention([q, k, v], {"scale": d**-0.5})[0], rtol=1e-4, atol=1e-5
+        )
