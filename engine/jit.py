@@ -45,6 +45,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.conv.gemm_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.conv.winograd_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.rows_jit": ("FusedMatMul", "Gelu", "FusedGeglu", "LayerNormalization"),
+    # projections with fixed weights on the conv GEMM; rides along with a UNet's norms too
+    "engine.ops.matmul_jit": ("FusedMatMul", "MatMul", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.quantized_jit": ("QMatMul",),
     "engine.ops.attention_jit": ("FusedAttention",),
     "engine.llm.gemv_jit": ("LlmGemvInt4", "LlmGemvInt8"),
