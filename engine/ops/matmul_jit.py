@@ -35,7 +35,9 @@ def _weights(w: np.ndarray) -> tuple[np.ndarray, int] | None:
     return (pack_panels(w), w.shape[1]) if w.ndim == 2 else None
 
 
-def _product(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]) -> np.ndarray | None:
+def _product(
+    a: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]
+) -> np.ndarray | None:
     """a @ W (+ bias, Relu / Clip in the tiles, other activations after); None: not this
     kernel's inputs (the caller falls back)."""
     weights = _weights(w)
