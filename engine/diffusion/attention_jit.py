@@ -13,7 +13,8 @@ with the channel loop unrolled, ~0.6x the time at 8-wide heads); 2^x is exp_jit'
 p v is eight-lane dot products along rows of v^T.  The (head, block) items run in parallel
 (prange) when the session allows two threads, one launch per node.  Without a mask (the scores
 are base 2: q carries log2(e)), float32 only; anything else takes the batched numpy kernel.  No
-fastmath.
+fastmath.  Heads 8 or 16 wide (q's and v's) take attention_tile_jit.py's register kernel
+instead, 16 query rows a tile (~0.45x this kernel's time at 1024 tokens, 8-wide heads).
 """
 
 from __future__ import annotations
