@@ -23,6 +23,7 @@ from deploy.package import write_package
 from engine import supported_operators
 from engine.format import model_files
 from engine.ops.fused import INTERNAL_OPS as FUSED_OPS
+from engine.ops.geglu import INTERNAL_OPS as GEGLU_OPS
 from engine.ops.group_norm import INTERNAL_OPS as GROUP_NORM_OPS
 from engine.ops.quantized import INTERNAL_OPS as QUANTIZED_OPS
 from engine.ops.raster import INTERNAL_OPS as RASTER_OPS
@@ -308,7 +309,9 @@ def _validated(loaded: LoadedModel, limits: Limits) -> tuple[onnx.ModelProto, in
     validate.check_initializers(loaded.model, loaded.label, limits)
     validate.check_structure(loaded.model, loaded.label)
     # ops only the converter emits are not accepted from a source model
-    supported = set(supported_operators()) - FUSED_OPS - GROUP_NORM_OPS - QUANTIZED_OPS - RASTER_OPS
+    supported = (
+        set(supported_operators()) - FUSED_OPS - GEGLU_OPS - GROUP_NORM_OPS - QUANTIZED_OPS - RASTER_OPS
+    )
     validate.check_operators(loaded.model, supported)
     model = validate.upgrade_opset(loaded.model, source_opset, loaded.label)
     validate.check_operators(model, supported)  # an upgrade may introduce ops

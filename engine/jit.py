@@ -44,7 +44,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the conv GEMM; rides along where a UNet's norms bring numba in (its convs are ungrouped)
     "engine.ops.conv.gemm_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.conv.winograd_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
-    "engine.ops.rows_jit": ("FusedMatMul", "Gelu", "LayerNormalization"),
+    "engine.ops.rows_jit": ("FusedMatMul", "Gelu", "FusedGeglu", "LayerNormalization"),
+    # projections with fixed weights on the conv GEMM; rides along with a UNet's norms too
+    "engine.ops.matmul_jit": ("FusedMatMul", "MatMul", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.quantized_jit": ("QMatMul",),
     "engine.ops.attention_jit": ("FusedAttention",),
     "engine.llm.gemv_jit": ("LlmGemvInt4", "LlmGemvInt8"),

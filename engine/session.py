@@ -447,7 +447,7 @@ def _jit_ops(program: Program) -> set[str]:
 
 
 # JIT kernels that never bring numba in on their own (see _jit_ops)
-RIDER_OPS = ("FusedMatMul", "Gelu", "FusedAttention", "LayerNormalization")
+RIDER_OPS = ("FusedMatMul", "MatMul", "Gelu", "FusedGeglu", "FusedAttention", "LayerNormalization")
 
 
 def _jit_may_serve(step: Step) -> bool:

@@ -30,6 +30,7 @@ from converter.passes import (
     fold_shape_values,
     fuse_activation,
     fuse_attention,
+    fuse_geglu,
     fuse_gelu,
     fuse_group_norm,
     fuse_group_norm_silu,
@@ -52,6 +53,7 @@ PASSES: list[Pass] = [
     simplify_transposes.run,
     simplify_reshapes.run,
     fuse_gelu.run,
+    fuse_geglu.run,  # value * Gelu(gate) over a projection's halves: a UNet's feed-forward
     fuse_layer_norm.run,
     fuse_group_norm.run,
     fuse_group_norm_silu.run,  # GroupNorm + SiLU (Sigmoid, Mul): every UNet/VAE ResNet block

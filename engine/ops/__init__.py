@@ -6,6 +6,7 @@ from engine.ops import (  # noqa: F401  (imported for their registrations)
     conv_transpose,
     elementwise,
     fused,
+    geglu,
     gemm,
     group_norm,
     normalization,

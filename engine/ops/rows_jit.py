@@ -36,6 +36,7 @@ from engine import jit
 from engine.ops import exp_jit, fastmath
 from engine.ops.common import normalize_axis
 from engine.ops.fused import apply_activation, fused_matmul
+from engine.ops.geglu import fused_geglu, halves
 from engine.ops.normalization import DEFAULT_EPSILON, layer_normalization
 from engine.ops.registry import REGISTRY, Kernel
 
@@ -152,6 +153,55 @@ def gelu_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     return [gelu_rows_into(np.array(x, np.float32, order="C"), None)]
 
 
+# -- GEGLU (FusedGeglu: value * gelu(gate), the halves of each row) ----------------------------
+
+_GEGLU = types.void(jit.array(_F32, 2, "C", readonly=True), _ROWS)
+
+
+@jit.njit([types.void(_VECTOR_IN, _VECTOR_IN, _ROW, _VECTOR_IN, _ROW, _BITS)], error_model="numpy")
+def _geglu_row(value, gate, out, zeros, mantissa, bits):  # noqa: ANN001, ANN202
+    """out = value * gelu(gate) for one row, in L1: the gate copied in, GELU in place, then the
+    product (the numpy kernel's order: gelu first, then times the value)."""
+    for k in range(out.shape[0]):
+        out[k] = gate[k]
+    _gelu_row(out, zeros, mantissa, bits)
+    for k in range(out.shape[0]):
+        out[k] = value[k] * out[k]
+
+
+@jit.njit([_GEGLU], error_model="numpy")
+def _geglu_serial(x, out):  # noqa: ANN001, ANN202
+    half = out.shape[1]
+    mantissa, bits = np.empty(half, np.float32), np.empty(half, np.int32)
+    zeros = np.zeros(half, np.float32)
+    for r in range(out.shape[0]):
+        _geglu_row(x[r, :half], x[r, half : 2 * half], out[r], zeros, mantissa, bits)
+
+
+@jit.njit([_GEGLU], parallel=True, error_model="numpy")
+def _geglu_parallel(x, out):  # noqa: ANN001, ANN202
+    half, chunks = out.shape[1], 8
+    per = (out.shape[0] + chunks - 1) // chunks
+    for c in prange(chunks):
+        mantissa, bits = np.empty(half, np.float32), np.empty(half, np.int32)
+        zeros = np.zeros(half, np.float32)
+        for r in range(c * per, min((c + 1) * per, out.shape[0])):
+            _geglu_row(x[r, :half], x[r, half : 2 * half], out[r], zeros, mantissa, bits)
+
+
+def geglu_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """FusedGeglu (exact GELU) of float32 input, C-contiguous (a projection's output)."""
+    x = inputs[0]
+    value, _ = halves(x, attrs)  # checks the width
+    plain = x.dtype == np.float32 and x.size > 0 and attrs.get("approximate", "none") == "none"
+    if not plain or not x.flags.c_contiguous:
+        return fused_geglu(inputs, attrs)
+    rows = x.reshape(-1, x.shape[-1])
+    out = np.empty((rows.shape[0], value.shape[-1]), np.float32)
+    jit.run(_geglu_serial, _geglu_parallel, rows, out)
+    return [out.reshape(value.shape)]
+
+
 # -- LayerNormalization ----------------------------------------------------------------------
 
 _ROWS_IN = jit.array(_F32, 2, "C", readonly=True)
@@ -225,7 +275,7 @@ def layer_norm_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     return [out.reshape(x.shape), means.reshape(stats), inv_stds.reshape(stats)]
 
 
-for _kernel in (fused_matmul_gelu_jit, gelu_jit, layer_norm_jit):
+for _kernel in (fused_matmul_gelu_jit, gelu_jit, geglu_jit, layer_norm_jit):
     _kernel.jit = True  # type: ignore[attr-defined]
 
 
@@ -249,6 +299,7 @@ def _layer_norm_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ..
 
 CANDIDATES = {
     "Gelu": lambda attrs, shapes: [gelu_jit] if _float32_rows(shapes) else [],
+    "FusedGeglu": lambda attrs, shapes: [geglu_jit] if _float32_rows(shapes) else [],
     "FusedMatMul": _fused_matmul,
     # offered wherever numba is loaded (this module: a GELU; not in jit.MODULES, so a LayerNorm
     # never brings numba in alone: engine.session._jit_ops weighs its RSS)

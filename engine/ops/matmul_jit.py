@@ -1,0 +1,112 @@
+"""MatMul and FusedMatMul with constant 2-D weights on the JIT GEMM (conv/gemm_jit.py).
+
+numpy's matmul hands OpenBLAS the weights on every call, and OpenBLAS packs them again each
+time; then FusedMatMul adds the bias in a second pass over the output.  Here the plan packs the
+weights once into the micro-kernel's panels (``pack``), and the bias, Relu or Clip are applied
+to each output tile while it is in L1.  A UNet's projections are this shape: a [2048, 64] by
+[64, 512] feed-forward took ~0.8x numpy's time, its [2048, 64] by [64, 64] q, k, v ones
+~0.7-0.8x.  Other activations (GELU) run after the product, as numpy's kernel runs them.
+Offered only where the weights are fixed for the plan (the search's ``_packable``); the sums
+run over K in order with fused multiply-adds, so results differ from OpenBLAS's by float32
+rounding only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from engine.ops.conv.common import fused_bounds
+from engine.ops.conv.gemm_jit import gemm, pack_panels, packed_shape
+from engine.ops.fused import apply_activation, fused_matmul
+from engine.ops.registry import REGISTRY, Kernel
+
+MIN_ROWS = 16  # fewer rows (a decode step): the GEMV paths win, and a tile is 6 rows
+
+
+def _weights(w: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """(packed panels, M) from the plan's packed weights or raw (K, M) float32 ones."""
+    if w.dtype != np.float32:
+        return None
+    if w.ndim == 3:
+        return w, packed_shape(w)[1]
+    return (pack_panels(w), w.shape[1]) if w.ndim == 2 else None
+
+
+def _product(
+    a: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]
+) -> np.ndarray | None:
+    """a @ W (+ bias, Relu / Clip in the tiles, other activations after); None: not this
+    kernel's inputs (the caller falls back)."""
+    weights = _weights(w)
+    if weights is None or a.dtype != np.float32 or a.ndim < 2 or a.size == 0:
+        return None
+    packed, m = weights
+    depth = packed.shape[1] - 2
+    if a.shape[-1] != depth or (bias is not None and (bias.dtype != np.float32 or bias.ndim != 1)):
+        return None
+    if bias is not None and bias.shape[0] % m:
+        return None
+    rows = np.ascontiguousarray(a).reshape(-1, depth)
+    out = np.empty((rows.shape[0], m), np.float32)
+    bounds = fused_bounds(attrs)
+    gemm(rows, packed, out, None if bias is None else bias[:m], bounds=bounds)  # a tiled bias: one copy
+    y = out.reshape((*a.shape[:-1], m))
+    return y if bounds is not None or attrs.get("activation") is None else apply_activation(y, attrs)
+
+
+def fused_matmul_gemm_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """FusedMatMul (A @ W + bias, then the activation) with W packed for the JIT GEMM."""
+    bias = inputs[2] if len(inputs) > 2 else None
+    y = _product(inputs[0], inputs[1], bias, attrs)
+    if y is None:
+        return fused_matmul(_unpacked(inputs), attrs)
+    return [y]
+
+
+def matmul_gemm_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """MatMul A @ W with W packed for the JIT GEMM."""
+    y = _product(inputs[0], inputs[1], None, {})
+    return [y] if y is not None else REGISTRY["MatMul"](_unpacked(inputs), attrs)
+
+
+def _unpacked(inputs: list[np.ndarray | None]) -> list[np.ndarray | None]:
+    """The inputs with packed weights turned back into (K, M) (a fallback's rare path)."""
+    w = inputs[1]
+    if w is None or w.ndim != 3:
+        return inputs
+    depth, m = packed_shape(w)
+    matrix = w[:, :depth].transpose(1, 0, 2).reshape(depth, -1)[:, :m]
+    return [inputs[0], np.ascontiguousarray(matrix), *inputs[2:]]
+
+
+def _pack(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> dict[int, np.ndarray]:
+    w = inputs[1]
+    return {1: pack_panels(np.asarray(w))} if w is not None and w.ndim == 2 and w.dtype == np.float32 else {}
+
+
+for _kernel in (fused_matmul_gemm_jit, matmul_gemm_jit):
+    _kernel.jit = True  # type: ignore[attr-defined]
+    _kernel.pack = _pack  # type: ignore[attr-defined]
+
+
+def _offered(shapes: Sequence[tuple[int, ...] | None]) -> bool:
+    """A 2-D weight and at least MIN_ROWS rows of A."""
+    if len(shapes) < 2 or shapes[0] is None or shapes[1] is None or len(shapes[1]) != 2:
+        return False
+    a = shapes[0]
+    return len(a) >= 2 and a[-1] == shapes[1][0] and math.prod(a[:-1]) >= MIN_ROWS
+
+
+def _fused_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
+    return [fused_matmul_gemm_jit] if _offered(shapes) else []
+
+
+def _matmul_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
+    return [matmul_gemm_jit] if _offered(shapes) else []
+
+
+CANDIDATES = {"FusedMatMul": _fused_candidates, "MatMul": _matmul_candidates}
