@@ -365,12 +365,14 @@ def convert(layout: Path, weights: str, name: str) -> tuple[Path, object]:
 def step_only(layout: Path, name: str, rounds: int) -> tuple[Path, dict]:
     """Convert just the UNet (fp32) of a big model, for its step timings."""
     from converter import convert as convert_graph  # noqa: PLC0415
+    from converter.diffusion.convert import diffusion_limits  # noqa: PLC0415
 
     package = OUT / f"{name}-unet.ferry"
     feeds = unet_feeds(layout, UNETS[name]["cross_attention_dim"])
     if not package.is_file():
         began = time.perf_counter()
-        convert_graph(layout / "unet" / "model.onnx", package, selftest_inputs=feeds)
+        limits = diffusion_limits()  # SD-1.5's 3.4 GB UNet: past the plain converter's 2 GiB default
+        convert_graph(layout / "unet" / "model.onnx", package, limits=limits, selftest_inputs=feeds)
         print(f"converted {name} UNet in {time.perf_counter() - began:.0f} s", flush=True)
     return package, feeds
 
