@@ -37,9 +37,7 @@ def saved_external(model: onnx.ModelProto, directory: Path) -> Path:
     """``model`` saved as ``directory/model.onnx`` with every initializer in ``weights.pb``."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "model.onnx"
-    onnx.save_model(
-        model, str(path), save_as_external_data=True, location="weights.pb", size_threshold=0
-    )
+    onnx.save_model(model, str(path), save_as_external_data=True, location="weights.pb", size_threshold=0)
     return path
 
 
