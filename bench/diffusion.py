@@ -113,7 +113,6 @@ def build_layout(name: str) -> Path:
     (root / "tokenizer" / "vocab.json").write_text(json.dumps(vocab))
     (root / "tokenizer" / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges))
     (root / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 77}))
-    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER))
     text = CLIPTextModel(
         CLIPTextConfig(vocab_size=len(vocab), max_position_embeddings=77, **TEXT[name])
     ).eval()
@@ -163,6 +162,8 @@ def build_layout(name: str) -> Path:
                 dynamic_axes=axes, opset_version=17, dynamo=False,
             )  # fmt: skip
         _external_if_large(path)
+    # written last: it marks the layout complete (an interrupted export is redone next time)
+    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER))
     return root
 
 
