@@ -403,7 +403,7 @@ def main() -> None:
         if name == "sd15":
             try:
                 package, feeds = step_only(layout, name, args.rounds)
-            except ConversionError as exc:  # e.g. past the converter's 2 GiB model limit
+            except ConversionError as exc:  # e.g. past the diffusion model limit (4 GiB)
                 print(f"\n{name}: not converted: {exc}", flush=True)
                 continue
         else:
