@@ -113,7 +113,6 @@ def build_layout(name: str) -> Path:
     (root / "tokenizer" / "vocab.json").write_text(json.dumps(vocab))
     (root / "tokenizer" / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges))
     (root / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 77}))
-    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER))
     text = CLIPTextModel(
         CLIPTextConfig(vocab_size=len(vocab), max_position_embeddings=77, **TEXT[name])
     ).eval()
@@ -163,6 +162,8 @@ def build_layout(name: str) -> Path:
                 dynamic_axes=axes, opset_version=17, dynamo=False,
             )  # fmt: skip
         _external_if_large(path)
+    # written last: it marks the layout complete (an interrupted export is redone next time)
+    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER))
     return root
 
 
@@ -365,12 +366,14 @@ def convert(layout: Path, weights: str, name: str) -> tuple[Path, object]:
 def step_only(layout: Path, name: str, rounds: int) -> tuple[Path, dict]:
     """Convert just the UNet (fp32) of a big model, for its step timings."""
     from converter import convert as convert_graph  # noqa: PLC0415
+    from converter.diffusion.convert import diffusion_limits  # noqa: PLC0415
 
     package = OUT / f"{name}-unet.ferry"
     feeds = unet_feeds(layout, UNETS[name]["cross_attention_dim"])
     if not package.is_file():
         began = time.perf_counter()
-        convert_graph(layout / "unet" / "model.onnx", package, selftest_inputs=feeds)
+        limits = diffusion_limits()  # SD-1.5's 3.4 GB UNet: past the plain converter's 2 GiB default
+        convert_graph(layout / "unet" / "model.onnx", package, limits=limits, selftest_inputs=feeds)
         print(f"converted {name} UNet in {time.perf_counter() - began:.0f} s", flush=True)
     return package, feeds
 
@@ -400,7 +403,7 @@ def main() -> None:
         if name == "sd15":
             try:
                 package, feeds = step_only(layout, name, args.rounds)
-            except ConversionError as exc:  # e.g. past the converter's 2 GiB model limit
+            except ConversionError as exc:  # e.g. past the diffusion model limit (4 GiB)
                 print(f"\n{name}: not converted: {exc}", flush=True)
                 continue
         else:

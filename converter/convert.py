@@ -21,7 +21,7 @@ from converter.options import ConversionOptions, InvalidOptionsError
 from converter.translate import FerryGraph, translate
 from deploy.package import write_package
 from engine import supported_operators
-from engine.format import model_files
+from engine.format import write_model_files
 from engine.ops.fused import INTERNAL_OPS as FUSED_OPS
 from engine.ops.geglu import INTERNAL_OPS as GEGLU_OPS
 from engine.ops.group_norm import INTERNAL_OPS as GROUP_NORM_OPS
@@ -134,7 +134,7 @@ def convert(
 
     say(0.3, "optimizing")
     opset = validate.default_opset(model, loaded.label)
-    fp32, passes = optimize.optimize(translate(model, opset))
+    fp32, passes = optimize.optimize(translate(model, opset, loaded.external_dir))
     validate.check_engine_support(fp32.nodes, opset)
     eval_feeds, eval_kind = _evaluation_inputs(options.calibration, fp32, options.quantize)
 
@@ -151,7 +151,10 @@ def convert(
         report.passes, report.fp32_package_size = passes, reference.stat().st_size
         say(0.75, "writing draft package")
         draft = Path(tmp) / "draft.ferry"
-        _write(draft, graph, {})
+        if options.quantize is None:
+            draft = reference  # the same graph: not written (and its weights read) twice
+        else:
+            _write(draft, graph, {})
         report.converted_size = draft.stat().st_size
         report.size_ratio = round(report.converted_size / report.fp32_package_size, 4)
         say(0.8, "self-testing")
@@ -315,7 +318,7 @@ def _validated(loaded: LoadedModel, limits: Limits) -> tuple[onnx.ModelProto, in
     validate.check_operators(loaded.model, supported)
     model = validate.upgrade_opset(loaded.model, source_opset, loaded.label)
     validate.check_operators(model, supported)  # an upgrade may introduce ops
-    model = validate.check_and_infer(model, loaded.label)
+    model = validate.check_and_infer(model, loaded.label, loaded.path)
     validate.check_value_sizes(model, loaded.label, limits)
     return model, source_opset
 
@@ -375,13 +378,17 @@ def _write(
     extra_tensors: dict[str, np.ndarray] | None = None,
 ) -> None:
     try:
-        write_package(
-            path,
-            files=model_files(graph=graph.graph_dict(), tensors={**graph.tensors, **(extra_tensors or {})}),
-            inputs=graph.inputs,
-            outputs=graph.outputs,
-            metadata=metadata,
-        )
+        # weights.bin streamed to a file beside the package, never whole in memory
+        with tempfile.TemporaryDirectory(prefix=".ferry-files-", dir=path.parent) as files:
+            write_package(
+                path,
+                files=write_model_files(
+                    files, graph=graph.graph_dict(), tensors={**graph.tensors, **(extra_tensors or {})}
+                ),
+                inputs=graph.inputs,
+                outputs=graph.outputs,
+                metadata=metadata,
+            )
     except OSError as exc:
         Path(str(path) + ".tmp").unlink(missing_ok=True)
         raise ConversionError(f"{path}: cannot write the package ({exc.strerror or exc})") from exc

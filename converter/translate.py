@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 from converter.errors import ConversionError, InvalidModelError
+from converter.load import external_array
 from converter.validate import DEFAULT_DOMAINS, node_names
 
 # dtypes the engine can hold in a tensor (numpy-native, fixed size).
@@ -46,11 +49,13 @@ class FerryGraph:
         return graph
 
 
-def translate(model: onnx.ModelProto, opset: int) -> FerryGraph:
+def translate(model: onnx.ModelProto, opset: int, external_dir: Path | None = None) -> FerryGraph:
+    """``external_dir``: where the initializers' external data still lies (the large-model route);
+    those tensors become memory maps of it rather than copies."""
     graph = model.graph
     if graph.sparse_initializer:
         raise ConversionError("sparse initializers are not supported")
-    tensors = {init.name: _tensor(init) for init in graph.initializer}
+    tensors = {init.name: _initializer(init, external_dir) for init in graph.initializer}
     nodes = []
     for node, name in zip(graph.node, node_names(graph), strict=True):
         if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS:
@@ -74,9 +79,23 @@ def _shape(value: onnx.ValueInfoProto) -> list[int | str] | None:
     ]
 
 
-def _tensor(proto: onnx.TensorProto) -> np.ndarray:
+def _initializer(proto: onnx.TensorProto, external_dir: Path | None) -> np.ndarray:
+    if external_dir is None or not uses_external_data(proto):
+        return _tensor(proto)
+    _check_type(proto)
+    type_name = onnx.TensorProto.DataType.Name(proto.data_type)
+    if helper.tensor_dtype_to_np_dtype(proto.data_type).name not in TENSOR_DTYPES:
+        raise ConversionError(f"tensor {proto.name!r} has type {type_name}, which the engine cannot hold")
+    return external_array(proto, external_dir, "the model")
+
+
+def _check_type(proto: onnx.TensorProto) -> None:
     if proto.data_type not in helper.get_all_tensor_dtypes() or proto.data_type == onnx.TensorProto.STRING:
         raise ConversionError(f"tensor {proto.name!r} has an unsupported data type")
+
+
+def _tensor(proto: onnx.TensorProto) -> np.ndarray:
+    _check_type(proto)
     array = numpy_helper.to_array(proto)
     if array.dtype.name not in TENSOR_DTYPES:
         type_name = onnx.TensorProto.DataType.Name(proto.data_type)

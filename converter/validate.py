@@ -6,6 +6,8 @@ because the checker rejects custom domains with a less useful message.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import helper, version_converter
@@ -199,10 +201,21 @@ def upgrade_opset(model: onnx.ModelProto, opset: int, label: str) -> onnx.ModelP
         ) from exc
 
 
-def check_and_infer(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
-    """onnx.checker (full) then strict shape inference; return the model with inferred shapes."""
+def check_and_infer(model: onnx.ModelProto, label: str, path: Path | None = None) -> onnx.ModelProto:
+    """onnx.checker (full) then strict shape inference; return the model with inferred shapes.
+
+    ``path``: the large-model route, whose ``model`` holds no weight data (it stays in external
+    files next to ``path``).  The checker then reads the file at ``path`` itself (so it resolves
+    the external files against the model's own directory, and nothing is serialized whole), and
+    shape inference (strict, types checked) runs on the weightless ``model``, which is small.
+    After an opset upgrade the checker has seen the source at its own opset, and the upgraded
+    graph gets that strict shape inference only (checking it in memory would look for its
+    external files relative to the working directory)."""
     try:
-        onnx.checker.check_model(model, full_check=True)
+        if path is None:
+            onnx.checker.check_model(model, full_check=True)
+        else:
+            onnx.checker.check_model(str(path), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise InvalidModelError(f"{label}: the model fails the ONNX checker: {_one_line(exc)}") from exc
     try:

@@ -32,7 +32,7 @@ import os
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -78,24 +78,36 @@ def canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def pack_tensors(tensors: dict[str, np.ndarray]) -> tuple[bytes, dict[str, dict[str, Any]]]:
-    """Lay tensors out in one buffer, each 64-byte aligned; return the buffer and its table."""
-    buf = io.BytesIO()
+def write_tensors(tensors: dict[str, np.ndarray], out: IO[bytes]) -> dict[str, dict[str, Any]]:
+    """Write tensors to ``out`` one after another, each 64-byte aligned; return their table.
+
+    One tensor's bytes are in flight at a time, so a model of several GB (offsets are plain
+    integers: weights.bin has no 2 or 4 GiB limit) needs no second copy of its weights."""
     table: dict[str, dict[str, Any]] = {}
+    position = 0
     for name in sorted(tensors):
         # not np.ascontiguousarray: it turns 0-d tensors (scalar Gather indices...) into 1-d
         array = np.asarray(tensors[name], order="C")
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
-        pad = (-buf.tell()) % ALIGNMENT
-        buf.write(b"\0" * pad)
+        pad = (-position) % ALIGNMENT
+        out.write(b"\0" * pad)
+        position += pad
         table[name] = {
             "dtype": array.dtype.name,
             "shape": list(array.shape),
-            "offset": buf.tell(),
+            "offset": position,
             "nbytes": int(array.nbytes),
         }
-        buf.write(array.tobytes())
+        out.write(memoryview(array.reshape(-1)).cast("B") if array.size else b"")
+        position += int(array.nbytes)
+    return table
+
+
+def pack_tensors(tensors: dict[str, np.ndarray]) -> tuple[bytes, dict[str, dict[str, Any]]]:
+    """Lay tensors out in one buffer, each 64-byte aligned; return the buffer and its table."""
+    buf = io.BytesIO()
+    table = write_tensors(tensors, buf)
     return buf.getvalue(), table
 
 
@@ -108,6 +120,18 @@ def model_files(*, graph: dict[str, Any], tensors: dict[str, np.ndarray]) -> lis
     """
     weights, table = pack_tensors(tensors)
     return [(GRAPH, canonical_json({**graph, "tensors": table})), (WEIGHTS, weights)]
+
+
+def write_model_files(
+    directory: str | os.PathLike[str], *, graph: dict[str, Any], tensors: dict[str, np.ndarray]
+) -> list[tuple[str, Path]]:
+    """``model_files`` written as files into ``directory`` (the weights streamed, never whole
+    in memory), as (name, path) in manifest order."""
+    directory = Path(directory)
+    with open(directory / WEIGHTS, "wb") as out:
+        table = write_tensors(tensors, out)
+    (directory / GRAPH).write_bytes(canonical_json({**graph, "tensors": table}))
+    return [(GRAPH, directory / GRAPH), (WEIGHTS, directory / WEIGHTS)]
 
 
 def _open_files(path: Path) -> dict[str, tuple[Path, int, int]]:

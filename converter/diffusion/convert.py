@@ -29,6 +29,7 @@ import onnx
 from converter.convert import CONVERTER_VERSION, convert, package_destination
 from converter.diffusion.layout import Layout, read_layout
 from converter.errors import ConversionError
+from converter.limits import GIB, Limits
 from deploy.package import MANIFEST, Manifest, SignedClaims, file_sha256, sign_package
 from deploy.package.writer import write_entries
 from engine import Session
@@ -51,6 +52,18 @@ PRECISIONS = ("fp32", "fp16", "int8")
 ACCURACY_PROMPT = "a red ferry crossing a calm sea at sunset"
 ACCURACY_SEED = 1234
 Progress = Callable[[float, str], None]
+# SD-1.5's UNet is 3.4 GB of float32 weights (in an external file): past the converter's 2 GiB
+# default, so a diffusion layout's graphs get this default instead (FERRY_CONVERTER_MAX_MODEL_BYTES
+# still sets it).  Graphs this large take the converter's large-model route (converter.limits).
+MAX_MODEL_BYTES = 4 * GIB
+
+
+def diffusion_limits() -> Limits:
+    """The size limits a diffusion layout's graphs are converted under."""
+    try:
+        return Limits.from_env(max_model_bytes=MAX_MODEL_BYTES)
+    except ValueError as exc:
+        raise ConversionError(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -218,6 +231,7 @@ def _convert_graphs(
 ) -> dict[str, dict[str, Any]]:
     """Each graph through the converter, on the inputs the pipeline feeds it at the default size."""
     rng = np.random.default_rng(ACCURACY_SEED)
+    limits = diffusion_limits()
     ids_dtype = _input_dtype(layout.graphs["text_encoder"])
     ids = np.array([layout.tokenizer.encode(p) for p in ("", ACCURACY_PROMPT)], dtype=ids_dtype)
     latent = (options.size // spec.vae_scale_factor,) * 2
@@ -239,7 +253,9 @@ def _convert_graphs(
             sample = rng.standard_normal((1, spec.latent_channels, *latent), dtype=np.float32)
             feeds = {key: sample / np.float32(spec.scaling_factor)}
         say(0.05 + 0.2 * index, f"converting {name}")
-        fp32 = convert(layout.graphs[name], reference / spec.graphs[name], selftest_inputs=feeds)
+        fp32 = convert(
+            layout.graphs[name], reference / spec.graphs[name], limits=limits, selftest_inputs=feeds
+        )
         entry: dict[str, Any] = {
             "nodes_before": fp32.nodes_before,
             "nodes_after": fp32.nodes_after,
@@ -252,6 +268,7 @@ def _convert_graphs(
                 converted / spec.graphs[name],
                 quantize=options.weights,
                 calibration=feeds,
+                limits=limits,
                 selftest_inputs=feeds,
             )
             entry |= {"size": report.package_size, "accuracy": report.accuracy}

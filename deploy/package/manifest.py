@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.package.digest import bytes_sha256
+from deploy.package.digest import bytes_sha256, file_sha256
 
 FORMAT = "ferry-package"
 FORMAT_VERSION = 2
@@ -34,8 +34,11 @@ def canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def file_entry(path: str, data: bytes) -> dict[str, Any]:
-    """A manifest's line for one file: its name, sha256 and size."""
+def file_entry(path: str, data: bytes | Path) -> dict[str, Any]:
+    """A manifest's line for one file: its name, sha256 and size.  ``data``: its bytes, or the
+    file holding them (read in blocks: a model's weights may be several GB)."""
+    if isinstance(data, Path):
+        return {"path": path, "sha256": file_sha256(data), "size": data.stat().st_size}
     return {"path": path, "sha256": bytes_sha256(data), "size": len(data)}
 
 
@@ -56,7 +59,7 @@ class Manifest:
     @classmethod
     def listing(
         cls,
-        files: list[tuple[str, bytes]],
+        files: list[tuple[str, bytes | Path]],
         *,
         inputs: list[dict[str, Any]],
         outputs: list[dict[str, Any]],

@@ -10,6 +10,7 @@ fsynced and renamed, so a crash never leaves half a package under the final name
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tarfile
@@ -47,21 +48,29 @@ def write_entries(dst: str | os.PathLike[str], entries: Iterable[Entry]) -> None
     os.replace(tmp, dst)
 
 
-def write_archive(dst: str | os.PathLike[str], members: list[tuple[str, bytes]]) -> None:
-    """Write (name, bytes) members, in this order, to a deterministic tar at dst."""
-    write_entries(dst, ((name, len(data), io.BytesIO(data)) for name, data in members))
+def write_archive(dst: str | os.PathLike[str], members: list[tuple[str, bytes | Path]]) -> None:
+    """Write (name, bytes or file) members, in this order, to a deterministic tar at dst."""
+    with contextlib.ExitStack() as stack:
+        entries = [
+            (name, data.stat().st_size, stack.enter_context(open(data, "rb")))
+            if isinstance(data, Path)
+            else (name, len(data), io.BytesIO(data))
+            for name, data in members
+        ]
+        write_entries(dst, entries)
 
 
 def write_package(
     dst: str | os.PathLike[str],
     *,
-    files: list[tuple[str, bytes]],
+    files: list[tuple[str, bytes | Path]],
     inputs: list[dict[str, Any]],
     outputs: list[dict[str, Any]],
     metadata: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write an unsigned package of these files (the manifest lists them in this order); return
-    its manifest.  The converter passes the engine's model files (graph.json, weights.bin)."""
+    its manifest.  The converter passes the engine's model files (graph.json, weights.bin),
+    as bytes or as the files holding them (a model's weights may be several GB)."""
     manifest = Manifest.listing(files, inputs=inputs, outputs=outputs, metadata=metadata)
     write_archive(dst, [(MANIFEST, manifest.to_bytes()), *files])
     return manifest.as_dict()
