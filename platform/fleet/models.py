@@ -52,6 +52,32 @@ class Device(models.Model):
         return self.name
 
 
+class DeviceVersionCount(models.Model):
+    """Live (unrevoked) devices per organisation and running version (null: none), for a
+    release's "on its version / on others" figures without counting the whole fleet.
+
+    Owner: PostgreSQL. Triggers on fleet_device (migration 0007) move a device's one from row
+    to row whenever its organisation, running version or revocation changes, in the same
+    transaction, whoever writes (a check-in, a bulk revoke, a version deleted under devices,
+    raw SQL); nothing in Python writes here. A row can reach 0 and stay. On other databases
+    there are no triggers and fleet.selectors counts the devices instead."""
+
+    # plain columns, no foreign keys: the triggers keep rows of deleted organisations and
+    # versions at 0 rather than race their cascades
+    organisation_id = models.BigIntegerField()
+    version_id = models.UUIDField(null=True)
+    devices = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organisation_id", "version_id"],
+                name="device_version_count_key",
+                nulls_distinct=False,
+            )
+        ]
+
+
 class DeviceGroup(models.Model):
     """A named set of devices: static (explicit members) or dynamic (a saved filter, so devices
     that enrol later join, also into running releases)."""

@@ -11,6 +11,7 @@ from django.db.models import Count, Q, QuerySet
 from ferry_cloud.errors import NotFound
 from ferry_cloud.events import EVENT_TYPES
 from fleet.models import Device, DeviceGroup, DeviceVersionChange
+from fleet.selectors import fleet_version_counts
 from registry.models import ModelVersion
 
 from deploy.errors import PolicyError
@@ -258,14 +259,9 @@ def desired_release_for(device: Device) -> Release | None:
 
 
 def fleet_version_spread(*, organisation_id) -> dict:
-    """{running version id (or None): live devices running it} for the organisation: one query,
-    shared by every release shown in one answer."""
-    rows = (
-        Device.objects.filter(organisation_id=organisation_id, revoked_at__isnull=True)
-        .values("running_version_id")
-        .annotate(n=Count("id"))
-    )
-    return {r["running_version_id"]: r["n"] for r in rows}
+    """{running version id (or None): live devices running it} for the organisation: one small
+    query (fleet.selectors.fleet_version_counts), shared by every release shown in one answer."""
+    return fleet_version_counts(organisation_id=organisation_id)
 
 
 def release_device_counts(*, release: Release, spread: dict | None = None) -> dict[str, int]:
