@@ -41,6 +41,7 @@ from releases.selectors import (
     release_phases,
     release_selection,
 )
+from releases.status_counts import release_split_keep
 
 log = logging.getLogger(__name__)
 State = Release.State
@@ -312,6 +313,7 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
     phases = release_phases(release)
     thresholds = GateThresholds.from_dict(release.gate)
     selection = _refresh_selection(release)  # devices that enrolled or changed since join here
+    release_split_keep(release=release, selection=selection)  # the detail's, so no request computes it
     # a device pinned to another version is not the release's: none of its figures count, in
     # the cohort or in the baseline (the release's population still on another version)
     away = pinned_away(release, set(selection.matching))

@@ -7,13 +7,17 @@ else pending), without building those rows: at 100,000 devices that list costs s
 - The stored reports are counted by state in the database, on every call (one GROUP BY on the
   (release, state) index).
 - The selected devices without a report need the selection, which reads every matching
-  device (seconds of CPU at 100,000). Their running/pending split is kept UNREPORTED_SECONDS
-  per release, and computed again at once when the release's revision, phase, state or
-  threshold changes. What else moves it (an enrolment or a revocation, an install by an agent
-  that sends no status, attributes that move a device in or out of the target) is seen within
-  UNREPORTED_SECONDS, as the answer's ``matching`` is as of the last gate evaluation. A device
-  that sent its first report since the split was kept leaves it at once (its stored row is
-  counted; it is taken off pending, then running).
+  device (seconds of CPU at 100,000). Their running/pending split is kept per release: the
+  gate's evaluation of an active release, which computes the selection anyway, keeps it
+  (release_split_keep, GATE_KEPT_SECONDS), so a request only reads it; a request that finds
+  none (a paused or completed release, a gate not running) computes it and keeps it
+  UNREPORTED_SECONDS. A kept split whose release's revision, phase, state or threshold has
+  changed since is computed again at once. What else moves it (an enrolment or a revocation,
+  an install by an agent that sends no status, attributes that move a device in or out of the
+  target) is seen at the next gate evaluation, or within UNREPORTED_SECONDS, as the answer's
+  ``matching`` is as of the last gate evaluation. A device that sent its first report since
+  the split was kept leaves it at once (its stored row is counted; it is taken off pending,
+  then running).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from django.db.models import CharField, Count, F, QuerySet
 from django.db.models.functions import Cast, Collate
 
 from releases.models import DeviceReleaseStatus, Release
-from releases.selectors import release_selection
+from releases.selectors import Selection, release_selection
 
 UNREPORTED_SECONDS = 30  # FERRY_GATE_INTERVAL_SECONDS' default: matching's own age
+# three gate intervals: a tick that runs late does not hand the recompute back to a request
+GATE_KEPT_SECONDS = 3 * UNREPORTED_SECONDS
 SELECTING_STATES = ("active", "paused", "completed")  # the others select no device
 
 
@@ -48,15 +54,30 @@ def release_device_summary(*, release: Release, keep: bool = True) -> dict[str, 
     return summary
 
 
+def release_split_keep(*, release: Release, selection: Selection) -> None:
+    """Keep the release's running/pending split of selected devices without a report, from a
+    selection just computed (the gate's), for GATE_KEPT_SECONDS."""
+    entry = {**_unreported_from(release, selection), "fingerprint": _fingerprint(release)}
+    cache.set(_key(release), entry, GATE_KEPT_SECONDS)
+
+
+def _key(release: Release) -> str:
+    return f"releases:unreported:{release.pk}"  # one entry per release, replaced when it moves
+
+
+def _fingerprint(release: Release) -> str:
+    return f"{release.revision}:{release.current_phase}:{release.state}:{release.bucket_threshold}"
+
+
 def _unreported(release: Release, *, reported: int, keep: bool) -> dict[str, int]:
     """{"running", "pending"}: the selected devices without a stored report."""
-    # one entry per release, replaced when the release moves
-    key = f"releases:unreported:{release.pk}"
-    fingerprint = f"{release.revision}:{release.current_phase}:{release.state}:{release.bucket_threshold}"
-    entry = cache.get(key) if keep else None
-    if entry is None or entry.get("fingerprint") != fingerprint:
-        entry = {**_unreported_now(release), "fingerprint": fingerprint}
-        cache.set(key, entry, UNREPORTED_SECONDS)
+    entry = cache.get(_key(release)) if keep else None
+    if entry is None or entry.get("fingerprint") != _fingerprint(release):
+        entry = {
+            **_unreported_from(release, release_selection(release)),
+            "fingerprint": _fingerprint(release),
+        }
+        cache.set(_key(release), entry, UNREPORTED_SECONDS)
     # reports that arrived since: each was (as good as always) a pending selected device's first
     new = max(0, reported - entry["reported"])
     pending = max(0, entry["pending"] - new)
@@ -64,8 +85,7 @@ def _unreported(release: Release, *, reported: int, keep: bool) -> dict[str, int
     return {"running": running, "pending": pending}
 
 
-def _unreported_now(release: Release) -> dict[str, int]:
-    selection = release_selection(release)
+def _unreported_from(release: Release, selection: Selection) -> dict[str, int]:
     reported = {
         str(d)
         for d in DeviceReleaseStatus.objects.filter(release=release).values_list("device_id", flat=True)
