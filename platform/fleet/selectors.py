@@ -11,7 +11,7 @@ from datetime import timedelta
 from accounts.models import Organisation
 from django.core.exceptions import ValidationError
 from django.db import connection
-from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 from ferry_cloud.errors import NotFound
 
@@ -72,8 +72,10 @@ def fleet_version_counts(*, organisation_id) -> dict:
     else:
         rows = (
             DeviceVersionCount.objects.filter(organisation_id=organisation_id)
-            .exclude(devices=0)
-            .values_list("version_id", "devices")
+            .values_list("version_id")
+            .annotate(n=Sum("devices"))
+            .filter(n__gt=0)
+            .order_by()
         )
     return dict(rows)
 

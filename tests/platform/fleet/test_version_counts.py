@@ -3,10 +3,12 @@ by PostgreSQL triggers) equal counting the devices, after every kind of write a 
 
 from __future__ import annotations
 
+import importlib
 import random
 
 import pytest
 from accounts.services import organisation_ensure
+from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 from fleet.models import Device
@@ -105,3 +107,21 @@ def test_a_fleet_that_left_counts_nothing(org):
     assert fleet_version_counts(organisation_id=org.pk) == {}
     Device.objects.filter(organisation=org).delete()
     assert fleet_version_counts(organisation_id=org.pk) == {}
+
+
+@pytest.mark.django_db
+def test_the_migration_counts_the_devices_already_there(org):
+    if connection.vendor != "postgresql":
+        pytest.skip("the counts are kept by PostgreSQL triggers; other databases count the devices")
+    migration = importlib.import_module("fleet.migrations.0007_device_version_count")
+    versions = _versions(org, 2)
+    for i in range(40):
+        revoked = timezone.now() if i % 7 == 0 else None
+        Device.objects.create(
+            organisation=org, name=f"d{i}", running_version=[None, *versions][i % 3], revoked_at=revoked
+        )
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM fleet_deviceversioncount")  # as before the migration
+        cursor.execute(migration.BACKFILL)
+    assert fleet_version_counts(organisation_id=org.pk) == _counted(org.pk)
+    assert len(_counted(org.pk)) == 3
