@@ -4,8 +4,8 @@ The same figures as counting releases.selectors.release_device_statuses row by r
 stored report, plus each selected device with none: running if it runs the release's version,
 else pending), without building those rows: at 100,000 devices that list costs seconds.
 
-- The stored reports are counted by state in the database, on every call (one GROUP BY on the
-  (release, state) index).
+- The stored reports by state are read on every call: on PostgreSQL from the counts its
+  triggers keep (releases.models.ReleaseStateCount, a few rows), elsewhere counted.
 - The selected devices without a report need the selection, which reads every matching
   device (seconds of CPU at 100,000). Their running/pending split is kept per release: the
   gate's evaluation of an active release, which computes the selection anyway, keeps it
@@ -23,11 +23,11 @@ else pending), without building those rows: at 100,000 devices that list costs s
 from __future__ import annotations
 
 from django.core.cache import cache
-from django.db.models import CharField, Count, F, QuerySet
+from django.db.models import CharField, F, QuerySet
 from django.db.models.functions import Cast, Collate
 
 from releases.models import DeviceReleaseStatus, Release
-from releases.selectors import Selection, release_selection
+from releases.selectors import Selection, release_selection, release_state_counts
 
 UNREPORTED_SECONDS = 30  # FERRY_GATE_INTERVAL_SECONDS' default: matching's own age
 # three gate intervals: a tick that runs late does not hand the recompute back to a request
@@ -38,12 +38,7 @@ SELECTING_STATES = ("active", "paused", "completed")  # the others select no dev
 def release_device_summary(*, release: Release, keep: bool = True) -> dict[str, int]:
     """{state: devices}: stored reports by state, plus the selected devices with none
     (``keep``: their split as kept, see above; False computes it now)."""
-    stored = dict(
-        DeviceReleaseStatus.objects.filter(release=release)
-        .values_list("state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+    stored = release_state_counts(release_ids=[release.pk])[str(release.pk)]
     summary = {state: n for state, n in stored.items() if n}
     if release.state not in SELECTING_STATES:
         return summary
