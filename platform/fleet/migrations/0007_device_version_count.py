@@ -26,18 +26,23 @@ JOINED = f"SELECT organisation_id, running_version_id, {SLOT}, 1 FROM new_device
 
 def _function(name: str, moves: str) -> str:
     body = MOVES.format(moves=moves)
-    return f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\nBEGIN{body}    RETURN NULL;\nEND\n$$;"
+    return (
+        f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+        f"BEGIN{body}    RETURN NULL;\nEND\n$$;"
+    )
 
 
-FUNCTIONS = "\n".join(
-    [
-        _function("fleet_device_version_count_inserted", JOINED),
-        _function("fleet_device_version_count_deleted", LEFT),
-        # every UPDATE: a row whose organisation, version and revocation did not change
-        # leaves and rejoins the same count, and the HAVING drops it (no write)
-        _function("fleet_device_version_count_updated", f"{LEFT} UNION ALL {JOINED}"),
-    ]
-) + """
+FUNCTIONS = (
+    "\n".join(
+        [
+            _function("fleet_device_version_count_inserted", JOINED),
+            _function("fleet_device_version_count_deleted", LEFT),
+            # every UPDATE: a row whose organisation, version and revocation did not change
+            # leaves and rejoins the same count, and the HAVING drops it (no write)
+            _function("fleet_device_version_count_updated", f"{LEFT} UNION ALL {JOINED}"),
+        ]
+    )
+    + """
 CREATE FUNCTION fleet_device_version_count_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM fleet_deviceversioncount;
@@ -45,6 +50,7 @@ BEGIN
 END
 $$;
 """
+)
 
 TRIGGERS = """
 CREATE TRIGGER fleet_device_version_count_insert AFTER INSERT ON fleet_device

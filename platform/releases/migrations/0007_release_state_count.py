@@ -24,18 +24,23 @@ JOINED = f"SELECT release_id, state, {SLOT}, 1 FROM new_statuses"
 
 def _function(name: str, moves: str) -> str:
     body = MOVES.format(moves=moves)
-    return f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\nBEGIN{body}    RETURN NULL;\nEND\n$$;"
+    return (
+        f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+        f"BEGIN{body}    RETURN NULL;\nEND\n$$;"
+    )
 
 
-FUNCTIONS = "\n".join(
-    [
-        _function("release_state_count_inserted", JOINED),
-        _function("release_state_count_deleted", LEFT),
-        # every UPDATE: a report whose state did not change leaves and rejoins the same count,
-        # and the HAVING drops it (no write)
-        _function("release_state_count_updated", f"{LEFT} UNION ALL {JOINED}"),
-    ]
-) + """
+FUNCTIONS = (
+    "\n".join(
+        [
+            _function("release_state_count_inserted", JOINED),
+            _function("release_state_count_deleted", LEFT),
+            # every UPDATE: a report whose state did not change leaves and rejoins the same count,
+            # and the HAVING drops it (no write)
+            _function("release_state_count_updated", f"{LEFT} UNION ALL {JOINED}"),
+        ]
+    )
+    + """
 CREATE FUNCTION release_state_count_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM releases_releasestatecount;
@@ -43,6 +48,7 @@ BEGIN
 END
 $$;
 """
+)
 
 TRIGGERS = """
 CREATE TRIGGER release_state_count_insert AFTER INSERT ON releases_devicereleasestatus
@@ -98,7 +104,12 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="ReleaseStateCount",
             fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
                 ("release_id", models.UUIDField()),
                 ("state", models.CharField(max_length=16)),
                 ("slot", models.SmallIntegerField(default=0)),
