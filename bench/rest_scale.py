@@ -19,6 +19,12 @@ alike (a row slower than --slow-seconds stops after a few requests). Prints p50/
 each, the gunicorn worker's CPU per request (user + system, from /proc: the figure the
 host's load does not inflate), the queries per request and Ferry's overhead (p50 over
 PostgreSQL alone's p50).
+
+As Celery beat runs the release gate every 30 s in production, a ticker process keeps the
+active release's pending/running split the way the gate's evaluation does
+(releases.status_counts.release_split_keep, every --gate-seconds; the whole gate is not run,
+as the fill's refusals would abort the release). A tree without that function has no ticker:
+its detail computes the split inside a request.
 """
 
 from __future__ import annotations
@@ -151,6 +157,38 @@ def _cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far (the worker's, whatever the host's load)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_gate_ticker(scratch_url: str, data_dir: str, release_id: str, seconds: float) -> subprocess.Popen:
+    """A process of its own, so its seconds of selection work hold no lock of this client's."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "platform")]),
+        "FERRY_DATABASE_URL": scratch_url,
+        "FERRY_DATA_DIR": data_dir,
+    }
+    argv = [sys.executable, __file__, "--gate-ticker", release_id, "--gate-seconds", str(seconds)]
+    return subprocess.Popen(argv, cwd=ROOT, env=env)
+
+
+def _gate_ticker(release_id: str, seconds: float) -> None:
+    """Keep the release's split every ``seconds``, as the gate's evaluation does, until killed."""
+    import django
+
+    django.setup()
+    try:
+        from releases.status_counts import release_split_keep
+    except ImportError:
+        print("gate ticker: this tree has no release_split_keep; requests compute the split")
+        return
+    from releases.models import Release
+    from releases.selectors import release_selection
+
+    while True:
+        start = time.monotonic()
+        release = Release.objects.get(pk=release_id)
+        release_split_keep(release=release, selection=release_selection(release))
+        time.sleep(max(0.0, seconds - (time.monotonic() - start)))
 
 
 # --- the SQL of each request, and PostgreSQL alone ---------------------------------------
@@ -290,11 +328,14 @@ def _run(args, url: str) -> None:
         fill_seconds = time.monotonic() - start
         log = Path(data_dir) / "gunicorn.log"
         server, port = _start_gunicorn(data_dir, log)
+        ticker = _start_gate_ticker(scratch, data_dir, fleet.release_id, args.gate_seconds)
         try:
             if args.pid_file:  # for a profiler: the worker is the master's child
                 Path(args.pid_file).write_text(str(server.pid))
             rows = _measure(args, fleet, port, scratch, _worker_pid(server.pid))
         finally:
+            ticker.kill()
+            ticker.wait(timeout=30)
             server.terminate()
             server.wait(timeout=30)
         if args.keep_log:
@@ -315,6 +356,10 @@ def main() -> int:
     )
     parser.add_argument("--pid-file", default="", help="write gunicorn's master pid here")
     parser.add_argument("--keep-log", default="", help="copy gunicorn's log here")
+    parser.add_argument(
+        "--gate-seconds", type=float, default=30.0, help="how often the ticker keeps the release's split"
+    )
+    parser.add_argument("--gate-ticker", default="", help=argparse.SUPPRESS)  # the ticker process
     args = parser.parse_args()
     url = os.environ.get("FERRY_DATABASE_URL", "")
     if not url:
@@ -322,6 +367,9 @@ def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ferry_cloud.settings")
     os.environ.setdefault("FERRY_API_RATE", "off")
     os.environ.setdefault("FERRY_LOG_LEVEL", "WARNING")  # this process; the server logs at info
+    if args.gate_ticker:
+        _gate_ticker(args.gate_ticker, args.gate_seconds)
+        return 0
     _run(args, url)
     return 0
 

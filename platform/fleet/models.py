@@ -52,6 +52,35 @@ class Device(models.Model):
         return self.name
 
 
+class DeviceVersionCount(models.Model):
+    """Live (unrevoked) devices per organisation and running version (null: none), for a
+    release's "on its version / on others" figures without counting the whole fleet.
+
+    Owner: PostgreSQL. Statement-level triggers on fleet_device (migration 0007) move the
+    devices a statement changed from count to count (organisation, running version or
+    revocation), in the same transaction, whoever writes (a check-in, a bulk revoke, a version
+    deleted under devices, raw SQL); nothing in Python writes here. Each count is spread over
+    16 ``slot`` rows (by device id) so devices installing the same version at once do not
+    queue on one row lock; readers add the slots up. A row can reach 0 and stay. On other
+    databases there are no triggers and fleet.selectors counts the devices instead."""
+
+    # plain columns, no foreign keys: the triggers keep rows of deleted organisations and
+    # versions at 0 rather than race their cascades
+    organisation_id = models.BigIntegerField()
+    version_id = models.UUIDField(null=True)
+    slot = models.SmallIntegerField(default=0)
+    devices = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organisation_id", "version_id", "slot"],
+                name="device_version_count_key",
+                nulls_distinct=False,
+            )
+        ]
+
+
 class DeviceGroup(models.Model):
     """A named set of devices: static (explicit members) or dynamic (a saved filter, so devices
     that enrol later join, also into running releases)."""

@@ -10,13 +10,14 @@ from datetime import timedelta
 
 from accounts.models import Organisation
 from django.core.exceptions import ValidationError
-from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery
+from django.db import connection
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 from ferry_cloud.errors import NotFound
 
 from deploy.filters import Filter
 from fleet import filter_sql
-from fleet.models import Device, DeviceGroup, DeviceVersionChange, EnrolmentToken
+from fleet.models import Device, DeviceGroup, DeviceVersionChange, DeviceVersionCount, EnrolmentToken
 
 
 def device_list(*, organisation: Organisation) -> QuerySet[Device]:
@@ -53,6 +54,30 @@ def devices_per_version(*, organisation: Organisation) -> list[dict]:
         }
         for r in rows
     ]
+
+
+def fleet_version_counts(*, organisation_id) -> dict:
+    """{running version id (None: none): live devices running it} for the organisation.
+
+    On PostgreSQL, read from the rows its triggers keep (fleet.models.DeviceVersionCount): a
+    handful of rows however large the fleet, and as current as the devices themselves. Elsewhere
+    the devices are counted (one scan of the organisation's live devices)."""
+    if connection.vendor != "postgresql":
+        rows = (
+            Device.objects.filter(organisation_id=organisation_id, revoked_at__isnull=True)
+            .values_list("running_version_id")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+    else:
+        rows = (
+            DeviceVersionCount.objects.filter(organisation_id=organisation_id)
+            .values_list("version_id")
+            .annotate(n=Sum("devices"))
+            .filter(n__gt=0)
+            .order_by()
+        )
+    return dict(rows)
 
 
 def device_group_list(*, organisation: Organisation) -> QuerySet[DeviceGroup]:

@@ -149,3 +149,24 @@ class DeviceAssignment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.device_id} #{self.counter} -> {self.version_id}"
+
+
+class ReleaseStateCount(models.Model):
+    """Stored reports per release and state, for the detail's by_state without counting every
+    report of a large release.
+
+    Owner: PostgreSQL, as fleet.models.DeviceVersionCount: statement-level triggers on
+    releases_devicereleasestatus (migration 0007) move the reports a statement changed from
+    state to state in the same transaction; nothing in Python writes here. Each count is spread
+    over 16 ``slot`` rows (by device id); readers add them up. On other databases there are no
+    triggers and releases.selectors counts the reports instead."""
+
+    release_id = models.UUIDField()  # no foreign key: a deleted release's rows stay, at 0
+    state = models.CharField(max_length=16)
+    slot = models.SmallIntegerField(default=0)
+    devices = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["release_id", "state", "slot"], name="release_state_count_key")
+        ]

@@ -7,10 +7,12 @@ from typing import Any
 
 from accounts.models import Organisation
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Q, QuerySet
+from django.db import connection
+from django.db.models import Count, Q, QuerySet, Sum
 from ferry_cloud.errors import NotFound
 from ferry_cloud.events import EVENT_TYPES
 from fleet.models import Device, DeviceGroup, DeviceVersionChange
+from fleet.selectors import fleet_version_counts
 from registry.models import ModelVersion
 
 from deploy.errors import PolicyError
@@ -28,7 +30,7 @@ from deploy.rollout import (
     selection_threshold,
 )
 from deploy.windows import MaintenanceWindow
-from releases.models import DeviceReleaseStatus, Release, ReleaseEvent
+from releases.models import DeviceReleaseStatus, Release, ReleaseEvent, ReleaseStateCount
 
 TARGET_FIELDS = frozenset({"labels", "device_ids", "group_ids", "filter", "percentage"})
 # releases that have a say over devices (drafts have none yet)
@@ -258,14 +260,9 @@ def desired_release_for(device: Device) -> Release | None:
 
 
 def fleet_version_spread(*, organisation_id) -> dict:
-    """{running version id (or None): live devices running it} for the organisation: one query,
-    shared by every release shown in one answer."""
-    rows = (
-        Device.objects.filter(organisation_id=organisation_id, revoked_at__isnull=True)
-        .values("running_version_id")
-        .annotate(n=Count("id"))
-    )
-    return {r["running_version_id"]: r["n"] for r in rows}
+    """{running version id (or None): live devices running it} for the organisation: one small
+    query (fleet.selectors.fleet_version_counts), shared by every release shown in one answer."""
+    return fleet_version_counts(organisation_id=organisation_id)
 
 
 def release_device_counts(*, release: Release, spread: dict | None = None) -> dict[str, int]:
@@ -502,15 +499,22 @@ def release_device_statuses(*, release: Release, state: str | None = None) -> li
 
 def release_state_counts(*, release_ids: list) -> dict[str, dict[str, int]]:
     """{release id: {reported state: devices}} for many releases in one query (stored reports
-    only: a selected device that has not reported is not counted here)."""
+    only: a selected device that has not reported is not counted here). On PostgreSQL, read
+    from the rows its triggers keep (releases.models.ReleaseStateCount), elsewhere counted."""
     counts: dict[str, dict[str, int]] = {str(r): {} for r in release_ids}
-    rows = (
-        DeviceReleaseStatus.objects.filter(release_id__in=release_ids)
-        .values_list("release_id", "state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    for release_id, state, n in rows:
+    if connection.vendor == "postgresql":
+        rows = (
+            ReleaseStateCount.objects.filter(release_id__in=release_ids)
+            .values_list("release_id", "state")
+            .annotate(n=Sum("devices"))
+            .filter(n__gt=0)
+        )
+    else:
+        rows = DeviceReleaseStatus.objects.filter(release_id__in=release_ids).values_list(
+            "release_id", "state"
+        )
+        rows = rows.annotate(n=Count("id"))
+    for release_id, state, n in rows.order_by():
         counts[str(release_id)][state] = n
     return counts
 

@@ -16,7 +16,7 @@ from ferry_cloud.errors import Conflict, Invalid
 from ferry_cloud.events import AuditEventRecorded, FleetChanged, publish
 from registry.models import ModelVersion
 from registry.services import version_mark_released
-from telemetry.selectors import failed_activations, first_report_at, release_cohort_figures
+from telemetry.selectors import first_report_at, release_gate_telemetry
 
 from deploy.errors import PolicyError
 from deploy.gates import GateThresholds, evaluate_gate, refusal_failure
@@ -41,6 +41,7 @@ from releases.selectors import (
     release_phases,
     release_selection,
 )
+from releases.status_counts import release_split_keep
 
 log = logging.getLogger(__name__)
 State = Release.State
@@ -290,17 +291,33 @@ COMPARABLE_KINDS = {
 }
 
 
-def comparable_version_ids(version: ModelVersion) -> set[str]:
+def comparable_version_ids(version: ModelVersion, *, versions: dict[str, set[str]] | None = None) -> set[str]:
     """The organisation's versions whose devices can be the gate's baseline for ``version``:
     those of a kind whose figures mean the same (a first LLM release onto a fleet of
-    classifiers has no baseline, so its latency ratio waits instead of failing)."""
+    classifiers has no baseline, so its latency ratio waits instead of failing). ``versions``:
+    the organisation's {kind: version ids}, read once for a whole gate tick (else read here)."""
+    if versions is None:
+        versions = organisation_versions_by_kind([version.model.organisation_id]).get(
+            version.model.organisation_id, {}
+        )
     kinds = COMPARABLE_KINDS.get(version.kind, (version.kind,))
-    ids = ModelVersion.objects.filter(model__organisation_id=version.model.organisation_id, kind__in=kinds)
-    return {str(pk) for pk in ids.values_list("pk", flat=True)}
+    return set().union(*(versions.get(kind, set()) for kind in kinds))
 
 
-def release_gate_evaluate(*, release_id, now=None) -> dict:
+def organisation_versions_by_kind(organisation_ids) -> dict[int, dict[str, set[str]]]:
+    """{organisation id: {kind: version ids}} of these organisations: one query."""
+    rows = ModelVersion.objects.filter(model__organisation_id__in=organisation_ids).values_list(
+        "model__organisation_id", "kind", "pk"
+    )
+    found: dict[int, dict[str, set[str]]] = {}
+    for organisation_id, kind, pk in rows:
+        found.setdefault(organisation_id, {}).setdefault(kind, set()).add(str(pk))
+    return found
+
+
+def release_gate_evaluate(*, release_id, now=None, versions: dict[str, set[str]] | None = None) -> dict:
     """Evaluate an active release's gate once and act on it (advance, complete, pause, abort).
+    ``versions``: see comparable_version_ids.
 
     Idempotent: the action names the phase it leaves and the revision it saw, so a second
     worker evaluating the same release at the same time changes nothing twice.
@@ -312,6 +329,7 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
     phases = release_phases(release)
     thresholds = GateThresholds.from_dict(release.gate)
     selection = _refresh_selection(release)  # devices that enrolled or changed since join here
+    release_split_keep(release=release, selection=selection)  # the detail's, so no request computes it
     # a device pinned to another version is not the release's: none of its figures count, in
     # the cohort or in the baseline (the release's population still on another version)
     away = pinned_away(release, set(selection.matching))
@@ -319,15 +337,16 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
     started = release.phase_started_at or release.updated_at
     reporting_since = _phase_reporting_since(release, cohort, started)
     since = max(started, now - GATE_LOOKBACK)
-    treated, baseline = release_cohort_figures(
+    telemetry = release_gate_telemetry(
         organisation_id=release.organisation_id,
         version_id=str(release.version_id),
         since=since,
         device_ids=set(cohort),
         baseline_ids=set(selection.matching) - away,
-        baseline_version_ids=comparable_version_ids(release.version),
+        baseline_version_ids=comparable_version_ids(release.version, versions=versions),
     )
-    treated = _with_refusals(release, cohort, treated, since)
+    treated = _with_refusals(release, cohort, telemetry.treated, telemetry.failed_activations)
+    baseline = telemetry.baseline
     result = evaluate_gate(thresholds, treated, baseline)
     result.figures.update(
         devices_matching=len(selection.matching),
@@ -364,15 +383,14 @@ def release_gate_evaluate(*, release_id, now=None) -> dict:
     return status
 
 
-def _with_refusals(release: Release, cohort: frozenset[str], figures, since):
+def _with_refusals(release: Release, cohort: frozenset[str], figures, failed_activations: dict[str, str]):
     """The cohort's figures with the cohort's devices that refused, failed or rolled back the
     release: failures, no longer pending. Either channel counts, the update status a check-in
-    carries or the activation record telemetry carries, whichever arrives first, so the gate's
-    decision (abort: a refusal is evidence enough) does not depend on their order."""
+    carries or the activation record telemetry carries (``failed_activations``, read with the
+    cohort's figures), whichever arrives first, so the gate's decision (abort: a refusal is
+    evidence enough) does not depend on their order."""
     failed = release_device_failures(release=release, device_ids=cohort)
-    for device, code in failed_activations(
-        version_id=str(release.version_id), device_ids=cohort, since=since
-    ).items():
+    for device, code in failed_activations.items():
         failed.setdefault(device, code)
     if not failed:
         return figures
@@ -403,10 +421,14 @@ def release_gates_evaluate_all() -> list[dict]:
     recorded in that release's gate_status; the loop goes on with the others, of every tenant.
     """
     results = []
-    for release_id in Release.objects.filter(state=State.ACTIVE).values_list("pk", flat=True):
+    active = list(Release.objects.filter(state=State.ACTIVE).values_list("pk", "organisation_id"))
+    versions = organisation_versions_by_kind({organisation_id for _, organisation_id in active})
+    for release_id, organisation_id in active:
         try:
             with transaction.atomic():  # a savepoint: a failed query cannot poison the next release
-                status = release_gate_evaluate(release_id=release_id)
+                status = release_gate_evaluate(
+                    release_id=release_id, versions=versions.get(organisation_id, {})
+                )
             results.append({"release": str(release_id), **status})
         except Release.DoesNotExist:
             continue  # deleted meanwhile

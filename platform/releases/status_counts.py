@@ -4,40 +4,41 @@ The same figures as counting releases.selectors.release_device_statuses row by r
 stored report, plus each selected device with none: running if it runs the release's version,
 else pending), without building those rows: at 100,000 devices that list costs seconds.
 
-- The stored reports are counted by state in the database, on every call (one GROUP BY on the
-  (release, state) index).
+- The stored reports by state are read on every call: on PostgreSQL from the counts its
+  triggers keep (releases.models.ReleaseStateCount, a few rows), elsewhere counted.
 - The selected devices without a report need the selection, which reads every matching
-  device (seconds of CPU at 100,000). Their running/pending split is kept UNREPORTED_SECONDS
-  per release, and computed again at once when the release's revision, phase, state or
-  threshold changes. What else moves it (an enrolment or a revocation, an install by an agent
-  that sends no status, attributes that move a device in or out of the target) is seen within
-  UNREPORTED_SECONDS, as the answer's ``matching`` is as of the last gate evaluation. A device
-  that sent its first report since the split was kept leaves it at once (its stored row is
-  counted; it is taken off pending, then running).
+  device (seconds of CPU at 100,000). Their running/pending split is kept per release: the
+  gate's evaluation of an active release, which computes the selection anyway, keeps it
+  (release_split_keep, GATE_KEPT_SECONDS), so a request only reads it; a request that finds
+  none (a paused or completed release, a gate not running) computes it and keeps it
+  UNREPORTED_SECONDS. A kept split whose release's revision, phase, state or threshold has
+  changed since is computed again at once. What else moves it (an enrolment or a revocation,
+  an install by an agent that sends no status, attributes that move a device in or out of the
+  target) is seen at the next gate evaluation, or within UNREPORTED_SECONDS, as the answer's
+  ``matching`` is as of the last gate evaluation. A device that sent its first report since
+  the split was kept leaves it at once (its stored row is counted; it is taken off pending,
+  then running).
 """
 
 from __future__ import annotations
 
 from django.core.cache import cache
-from django.db.models import CharField, Count, F, QuerySet
+from django.db.models import CharField, F, QuerySet
 from django.db.models.functions import Cast, Collate
 
 from releases.models import DeviceReleaseStatus, Release
-from releases.selectors import release_selection
+from releases.selectors import Selection, release_selection, release_state_counts
 
 UNREPORTED_SECONDS = 30  # FERRY_GATE_INTERVAL_SECONDS' default: matching's own age
+# three gate intervals: a tick that runs late does not hand the recompute back to a request
+GATE_KEPT_SECONDS = 3 * UNREPORTED_SECONDS
 SELECTING_STATES = ("active", "paused", "completed")  # the others select no device
 
 
 def release_device_summary(*, release: Release, keep: bool = True) -> dict[str, int]:
     """{state: devices}: stored reports by state, plus the selected devices with none
     (``keep``: their split as kept, see above; False computes it now)."""
-    stored = dict(
-        DeviceReleaseStatus.objects.filter(release=release)
-        .values_list("state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+    stored = release_state_counts(release_ids=[release.pk])[str(release.pk)]
     summary = {state: n for state, n in stored.items() if n}
     if release.state not in SELECTING_STATES:
         return summary
@@ -48,15 +49,30 @@ def release_device_summary(*, release: Release, keep: bool = True) -> dict[str, 
     return summary
 
 
+def release_split_keep(*, release: Release, selection: Selection) -> None:
+    """Keep the release's running/pending split of selected devices without a report, from a
+    selection just computed (the gate's), for GATE_KEPT_SECONDS."""
+    entry = {**_unreported_from(release, selection), "fingerprint": _fingerprint(release)}
+    cache.set(_key(release), entry, GATE_KEPT_SECONDS)
+
+
+def _key(release: Release) -> str:
+    return f"releases:unreported:{release.pk}"  # one entry per release, replaced when it moves
+
+
+def _fingerprint(release: Release) -> str:
+    return f"{release.revision}:{release.current_phase}:{release.state}:{release.bucket_threshold}"
+
+
 def _unreported(release: Release, *, reported: int, keep: bool) -> dict[str, int]:
     """{"running", "pending"}: the selected devices without a stored report."""
-    # one entry per release, replaced when the release moves
-    key = f"releases:unreported:{release.pk}"
-    fingerprint = f"{release.revision}:{release.current_phase}:{release.state}:{release.bucket_threshold}"
-    entry = cache.get(key) if keep else None
-    if entry is None or entry.get("fingerprint") != fingerprint:
-        entry = {**_unreported_now(release), "fingerprint": fingerprint}
-        cache.set(key, entry, UNREPORTED_SECONDS)
+    entry = cache.get(_key(release)) if keep else None
+    if entry is None or entry.get("fingerprint") != _fingerprint(release):
+        entry = {
+            **_unreported_from(release, release_selection(release)),
+            "fingerprint": _fingerprint(release),
+        }
+        cache.set(_key(release), entry, UNREPORTED_SECONDS)
     # reports that arrived since: each was (as good as always) a pending selected device's first
     new = max(0, reported - entry["reported"])
     pending = max(0, entry["pending"] - new)
@@ -64,8 +80,7 @@ def _unreported(release: Release, *, reported: int, keep: bool) -> dict[str, int
     return {"running": running, "pending": pending}
 
 
-def _unreported_now(release: Release) -> dict[str, int]:
-    selection = release_selection(release)
+def _unreported_from(release: Release, selection: Selection) -> dict[str, int]:
     reported = {
         str(d)
         for d in DeviceReleaseStatus.objects.filter(release=release).values_list("device_id", flat=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from statistics import median
 
@@ -86,6 +87,16 @@ def _cohort(
     )
 
 
+@dataclass(frozen=True)
+class GateTelemetry:
+    """What a release's gate reads of telemetry, gathered in one pass over the records."""
+
+    treated: CohortFigures
+    baseline: CohortFigures
+    # {device id: reason code}: see release_gate_telemetry
+    failed_activations: dict[str, str] = field(default_factory=dict)
+
+
 def release_cohort_figures(
     *,
     organisation_id,
@@ -107,16 +118,45 @@ def release_cohort_figures(
     whose figures are not numbers is skipped and counted (records_skipped), never raised: one
     device's bad telemetry must not stop the evaluation.
     """
+    read = release_gate_telemetry(
+        organisation_id=organisation_id,
+        version_id=version_id,
+        since=since,
+        device_ids=device_ids,
+        baseline_ids=baseline_ids,
+        baseline_version_ids=baseline_version_ids,
+    )
+    return read.treated, read.baseline
+
+
+def release_gate_telemetry(
+    *,
+    organisation_id,
+    version_id: str,
+    since: datetime,
+    device_ids: set[str] | None = None,
+    baseline_ids: set[str] | None = None,
+    baseline_version_ids: set[str] | None = None,
+) -> GateTelemetry:
+    """release_cohort_figures' two cohorts and, from the same records, ``failed_activations``:
+    the devices of `device_ids` whose latest activation record about version_id (the payload's
+    version_id: the record is filed under the version the device runs) is a failure, with its
+    reason code (a refusal or a rollback, as telemetry: it may arrive before the check-in that
+    carries the same outcome as the device's update status; a later success, a retry that
+    worked, clears it). Without `device_ids`, no failures are gathered."""
     records = TelemetryRecord.objects.filter(
         device__organisation_id=organisation_id, received_at__gte=since, kind__in=("metrics", "activation")
-    ).values_list("device_id", "kind", "version_id", "payload")
+    ).values_list("device_id", "kind", "version_id", "payload", "received_at", "pk")
     treated: list[tuple[str, dict]] = []
     baseline: list[tuple[str, dict]] = []
     activations: list[dict] = []
+    latest = _LatestActivations(version_id)
     skipped = 0
-    for device_id, kind, record_version, payload in records.iterator(chunk_size=2000):
+    for device_id, kind, record_version, payload, received_at, pk in records.iterator(chunk_size=2000):
         device = str(device_id)
         mine = device_ids is None or device in device_ids
+        if kind == "activation" and device_ids is not None and mine:
+            latest.see(device, payload, (received_at, pk))  # well-formed or not, as a failure reads
         if not isinstance(payload, dict) or not _well_formed(payload):
             skipped += mine and record_version == version_id
             continue
@@ -133,35 +173,33 @@ def release_cohort_figures(
         ):
             baseline.append((device, payload))
     selected = None if device_ids is None else len(device_ids)
-    return _cohort(treated, activations, selected=selected, skipped=skipped), _cohort(baseline, [])
-
-
-def failed_activations(
-    *, version_id: str, device_ids: set[str] | frozenset[str], since: datetime
-) -> dict[str, str]:
-    """{device id: reason code} of these devices whose latest activation record of version_id
-    since ``since`` is a failure (a refusal or a rollback, as telemetry: it may arrive before the
-    check-in that carries the same outcome as the device's update status; a later success, a
-    retry that worked, clears it). The record is filed under the version the device runs; the
-    payload names the version it is about."""
-    if not device_ids:
-        return {}
-    rows = (
-        TelemetryRecord.objects.filter(
-            kind="activation",
-            device_id__in=device_ids,
-            received_at__gte=since,
-            payload__version_id=version_id,
-        )
-        .order_by("received_at", "pk")
-        .values_list("device_id", "payload")
+    return GateTelemetry(
+        treated=_cohort(treated, activations, selected=selected, skipped=skipped),
+        baseline=_cohort(baseline, []),
+        failed_activations=latest.failures(),
     )
-    latest = {str(device_id): payload for device_id, payload in rows if isinstance(payload, dict)}
-    return {
-        device: str(payload.get("code") or payload.get("stage") or "")
-        for device, payload in latest.items()
-        if payload.get("ok") is False
-    }
+
+
+class _LatestActivations:
+    """Each device's latest activation record about one version, by (received_at, id)."""
+
+    def __init__(self, version_id: str) -> None:
+        self._version_id = version_id
+        self._latest: dict[str, tuple[tuple, dict]] = {}
+
+    def see(self, device: str, payload: object, order: tuple) -> None:
+        if not isinstance(payload, dict) or payload.get("version_id") != self._version_id:
+            return
+        kept = self._latest.get(device)
+        if kept is None or order > kept[0]:
+            self._latest[device] = (order, payload)
+
+    def failures(self) -> dict[str, str]:
+        return {
+            device: str(payload.get("code") or payload.get("stage") or "")
+            for device, (_, payload) in self._latest.items()
+            if payload.get("ok") is False
+        }
 
 
 def first_report_at(

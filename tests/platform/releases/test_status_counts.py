@@ -11,7 +11,7 @@ from django.utils import timezone
 from fleet.models import Device
 from releases.models import DeviceReleaseStatus
 from releases.selectors import release_device_statuses, release_selection
-from releases.services import release_create, release_transition
+from releases.services import release_create, release_gate_evaluate, release_transition
 from releases.status_counts import (
     REPORTED_ONLY_STATES,
     release_device_statuses_in,
@@ -144,3 +144,24 @@ def test_a_reported_only_state_pages_the_same_rows_in_the_same_order(org, ready_
         assert list(release_device_statuses_in(release=release, state=state)) == expected, state
     with pytest.raises(ValueError):
         release_device_statuses_in(release=release, state="pending")
+
+
+@pytest.mark.django_db
+def test_the_gate_keeps_the_split_so_the_detail_only_reads_it(org, ready_version, django_assert_num_queries):
+    _fleet(org, random.Random(5), 20, ready_version)
+    release = release_create(
+        organisation=org,
+        version=ready_version,
+        name="r",
+        target={"filter": "hw == pi"},
+        phases=[{"percentage": 60, "min_soak_seconds": 3600}],
+        start=True,
+    )
+    Device.objects.create(organisation=org, name="late", attributes={"hw": "pi"})  # seen by the gate
+    cache.delete(f"releases:unreported:{release.pk}")
+    assert release_gate_evaluate(release_id=release.pk)["step"] == "wait"
+    release.refresh_from_db()
+    with django_assert_num_queries(1):  # the stored reports by state: no selection computed
+        summary = release_device_summary(release=release)
+    assert summary == _by_rows(release)
+    assert sum(summary.values()) == len(release_selection(release).selected) > 0
