@@ -119,7 +119,7 @@ class Session:
         self._split_refs: dict[Signature, tuple[dict, dict]] = {}
         self._part_search: KernelSearch | None = None  # the parts' kernels, measured on one thread
         if self.jit:
-            jit_tier.load(ops=_jit_ops(self._program))
+            jit_tier.load(ops=_jit_ops(self._program), threads=threads)
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, inputs={[s.name for s in self.inputs]}, threads={self.threads})"
