@@ -109,12 +109,15 @@ def set_cache_dir(path: str | os.PathLike[str]) -> None:
 
 
 def load(
-    path: str | os.PathLike[str] | None = None, ops: Iterable[str] | None = None, threads: int = 1
+    path: str | os.PathLike[str] | None = None,
+    ops: Iterable[str] | None = None,
+    threads: int = 1,
+    skip: Iterable[str] = (),
 ) -> float:
     """Compile (or load from the cache) the JIT kernels for ``ops`` (default: all) now, their
-    parallel variants too when ``threads`` > 1; returns the seconds it took (0 when the JIT tier
-    is off).  A Session calls it when it is created (package activation), so no inference pays
-    for it."""
+    parallel variants too when ``threads`` > 1, but not the modules in ``skip`` (none of the
+    model's nodes can use them); returns the seconds it took (0 when the JIT tier is off).  A
+    Session calls it when it is created (package activation), so no inference pays for it."""
     if path is not None:
         set_cache_dir(path)
     if not enabled():
@@ -122,7 +125,7 @@ def load(
     wanted = None if ops is None else set(ops)
     start = time.perf_counter()
     for name, handled in MODULES.items():
-        if wanted is None or wanted.intersection(handled):
+        if name not in skip and (wanted is None or wanted.intersection(handled)):
             module(name)
             if threads > 1:
                 _compile_deferred(name)

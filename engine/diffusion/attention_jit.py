@@ -25,13 +25,12 @@ import numpy as np
 from numba import prange, types
 
 from engine import jit
+from engine.diffusion.flash import shape_fits
 from engine.ops.exp_jit import exp2_row
 from engine.ops.fused import _attention_inputs, _attention_output, fused_attention, view_layout
 from engine.ops.registry import Kernel
 
 BLOCK = 64  # query rows per work item: the scores of a block, [T, 64], stay in L2
-MIN_QUERIES = 256  # below this the BLAS kernels' whole-matrix passes are cheap enough
-MAX_HEAD = 64  # wider heads: the BLAS products win
 
 _F32 = types.float32
 _IN3 = jit.array(_F32, 3, "C", readonly=True)
@@ -190,7 +189,7 @@ def _candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None])
     masked = len(shapes) > 3 and shapes[3] is not None
     if masked or q_shape is None or len(q_shape) < 2:
         return []
-    return [flash_attention] if q_shape[-2] >= MIN_QUERIES and q_shape[-1] <= MAX_HEAD else []
+    return [flash_attention] if shape_fits(q_shape) else []
 
 
 CANDIDATES = {"FusedAttention": _candidates}
