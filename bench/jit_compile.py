@@ -9,7 +9,9 @@ activation) and again on the cache that left (a restart).  It prints wall and CP
 Session creation and the JIT modules loaded; ``all`` is every JIT module (``jit.load()``, the
 figure bench/engine.py prints).  ``--breakdown`` adds, per compiled function, its signatures
 and seconds under numba's compiler lock, and numba's compiler passes summed: where a cold
-compile goes.  Packages are converted once into ``var/jit-bench/``.
+compile goes.  ``--peer DIR`` measures another checkout's engine (``git archive <commit> engine |
+tar -x -C DIR``) the same way, interleaved model by model, and prints Ferry-now / peer ratios:
+the host's load moves both alike.  Packages are converted once into ``var/jit-bench/``.
 
 It prints a table; it is not a test and asserts nothing.
 """
@@ -53,13 +55,21 @@ def packages() -> dict[str, Path]:
         if not package.is_file():
             import diffusion  # noqa: PLC0415 - bench/diffusion.py: the UNet's feeds
 
-            convert(unet, package, selftest_inputs=diffusion.unet_feeds(unet.parent.parent, diffusion.UNETS["small"]["cross_attention_dim"]))
+            convert(
+                unet,
+                package,
+                selftest_inputs=diffusion.unet_feeds(
+                    unet.parent.parent, diffusion.UNETS["small"]["cross_attention_dim"]
+                ),
+            )
         found["unet-small"] = package
     return found
 
 
-def child(package: str, cache: str, threads: int, breakdown: bool) -> None:
+def child(package: str, cache: str, threads: int, breakdown: bool, engine_root: str | None) -> None:
     """In a fresh process: create the Session (or load every JIT module for ``all``), print figures."""
+    if engine_root:
+        sys.path.insert(0, engine_root)
     from engine import Session, jit  # noqa: PLC0415
 
     jit.set_cache_dir(cache)
@@ -123,23 +133,38 @@ def _functions(modules: list) -> list[tuple[str, int, float, float]]:
     return sorted(rows, key=lambda row: -row[2])
 
 
-def fresh(package: str, cache: str, threads: int, breakdown: bool = False) -> dict:
+def fresh(package: str, cache: str, threads: int, breakdown: bool = False, engine_root: str = "") -> dict:
     argv = [sys.executable, __file__, "--child", package, cache, str(threads)]
     argv += ["--breakdown"] if breakdown else []
+    argv += ["--engine-root", engine_root] if engine_root else []
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(label: str, package: str, threads: int, breakdown: bool) -> None:
+def cold_and_warm(package: str, threads: int, breakdown: bool, engine_root: str = "") -> tuple[dict, dict]:
     with tempfile.TemporaryDirectory(prefix="ferry-jit-cache-") as cache:
-        cold = fresh(package, cache, threads, breakdown)
-        warm = fresh(package, cache, threads)
+        cold = fresh(package, cache, threads, breakdown, engine_root)
+        warm = fresh(package, cache, threads, engine_root=engine_root)
+    return cold, warm
+
+
+def measure(label: str, package: str, threads: int, breakdown: bool, peer: str) -> None:
+    cold, warm = cold_and_warm(package, threads, breakdown)
     modules = ",".join(cold["modules"]) or "(no numba)"
     print(
         f"{label:<24} cold {cold['wall_s']:6.1f} s wall {cold['cpu_s']:6.1f} s CPU | "
         f"warm {warm['wall_s']:5.2f} s wall {warm['cpu_s']:5.2f} s CPU | {modules}",
         flush=True,
     )
+    if peer and cold["modules"]:
+        old_cold, old_warm = cold_and_warm(package, threads, False, peer)
+        print(
+            f"{'  peer':<24} cold {old_cold['wall_s']:6.1f} s wall {old_cold['cpu_s']:6.1f} s CPU | "
+            f"warm {old_warm['wall_s']:5.2f} s wall {old_warm['cpu_s']:5.2f} s CPU | now/peer: cold CPU "
+            f"{cold['cpu_s'] / old_cold['cpu_s']:.2f}, cold wall {cold['wall_s'] / old_cold['wall_s']:.2f}, "
+            f"warm wall {warm['wall_s'] / old_warm['wall_s']:.2f}",
+            flush=True,
+        )
     if breakdown and cold["modules"]:
         for name, signatures, seconds, llvm in cold["breakdown"]:
             print(f"    {name:<44} {signatures} sig  {seconds:6.2f} s (LLVM lock {llvm:5.2f})")
@@ -150,21 +175,25 @@ def measure(label: str, package: str, threads: int, breakdown: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", help="labels, comma-separated (default: every package, then all)")
     parser.add_argument("--threads", type=int, default=1, help="the Session's (the agent serves on 1)")
     parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--peer", default="", help="another checkout's root, its engine/ measured alike")
     parser.add_argument("--child", nargs=3, metavar=("PACKAGE", "CACHE", "THREADS"), help=argparse.SUPPRESS)
+    parser.add_argument("--engine-root", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], args.child[1], int(args.child[2]), args.breakdown)
+        child(args.child[0], args.child[1], int(args.child[2]), args.breakdown, args.engine_root)
         return
     found = {label: str(path) for label, path in packages().items()} | {"all": "all"}
     labels = args.models.split(",") if args.models else list(found)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"{stamp}, Session(threads={args.threads}), load {_load()}", flush=True)
     for label in labels:
-        measure(label, found[label], args.threads, args.breakdown)
+        measure(label, found[label], args.threads, args.breakdown, args.peer)
     print(f"load after: {_load()}")
 
 
