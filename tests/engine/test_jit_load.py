@@ -14,23 +14,22 @@ from engine.program import Program, Step
 needs_numba = pytest.mark.skipif(not jit.enabled(), reason="the JIT tier is off or numba is missing")
 
 
-def _double(x, out):  # noqa: ANN001, ANN202 - compiled by the tests below
+def _double(x, out):  # noqa: ANN001, ANN202 - compiled by the test below
     for i in range(x.shape[0]):
         out[i] = 2 * x[i]
 
 
+def _double_parallel(x, out):  # noqa: ANN001, ANN202 - compiled with parallel=True below
+    out[:] = 2 * x
+
+
 def _kernels() -> tuple:
-    """A fresh serial / parallel pair, declared as the engine's kernel modules declare theirs."""
-    from numba import prange, types  # noqa: PLC0415 - numba is optional
+    """A serial / parallel pair, declared as the engine's kernel modules declare theirs (at
+    module level: numba's disk cache keeps no closures)."""
+    from numba import types  # noqa: PLC0415 - numba is optional
 
     signature = types.void(jit.array(types.float32, 1, "C", readonly=True), jit.array(types.float32, 1, "C"))
-
-    def parallel(x, out):  # noqa: ANN001, ANN202
-        for i in prange(x.shape[0]):
-            out[i] = 2 * x[i]
-
-    parallel.__module__ = f"{__name__}.fresh{id(parallel)}"  # its own entry in jit's pending list
-    return jit.njit([signature])(_double), jit.njit([signature], parallel=True)(parallel)
+    return jit.njit([signature])(_double), jit.njit([signature], parallel=True)(_double_parallel)
 
 
 @needs_numba
