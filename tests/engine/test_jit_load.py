@@ -28,6 +28,7 @@ def _kernels() -> tuple:
     module level: numba's disk cache keeps no closures)."""
     from numba import types  # noqa: PLC0415 - numba is optional
 
+    jit.set_cache_dir(jit.cache_dir())  # numba's cache where the engine's kernels go, not __pycache__
     signature = types.void(jit.array(types.float32, 1, "C", readonly=True), jit.array(types.float32, 1, "C"))
     return jit.njit([signature])(_double), jit.njit([signature], parallel=True)(_double_parallel)
 
