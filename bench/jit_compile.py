@@ -76,7 +76,10 @@ def child(package: str, cache: str, threads: int, breakdown: bool, engine_root: 
     recorder = _install_recorder() if breakdown else None
     wall, cpu = time.perf_counter(), time.process_time()
     if package == "all":
-        jit.load(threads=threads) if threads > 1 else jit.load()  # a peer may predate threads=
+        try:
+            jit.load(threads=threads)
+        except TypeError:  # a peer from before load() took threads: it compiles every variant
+            jit.load()
     else:
         Session(package, threads=threads)
     figures = {
