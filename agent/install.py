@@ -316,7 +316,10 @@ def health_check(directory: Path, recent_events: Path | None = None) -> None:
             return
 
         spec = pipeline_spec(directory)  # a package whose pipeline is invalid must not go live
-        session = Session(directory)
+        # one thread, as inference.py serves it: the JIT kernels compiled here (into the state
+        # directory's cache, so restarts load warm) are then the ones serving runs; a
+        # multi-thread session would also compile parallel variants nothing here runs
+        session = Session(directory, threads=1)
         package = read_package(directory, verify=False)  # the unpack just verified every byte
         if spec is not None:
             _check_pipeline_fits(spec, package.manifest)

@@ -6,7 +6,8 @@ kernel search (engine/search.py) measures both per device and node.  Nothing her
 until a JIT kernel is needed: importing it costs ~0.3 s and ~65 MB of resident LLVM.
 
 Compiling is kept out of the hot path.  Every JIT kernel is compiled for explicit signatures when
-its module is imported, with numba's on-disk cache in a directory the engine is told
+its module is imported (a ``parallel=True`` variant when a session that may use more than one
+thread loads its module, see ``njit``), with numba's on-disk cache in a directory the engine is told
 (``set_cache_dir``; the agent passes its state directory) or ``FERRY_JIT_CACHE`` (default
 ``~/.cache/ferry/jit``); ``load()`` imports them (a Session, those its model can use), so a
 package activation pays the compile, or the cache load, before the first inference.
@@ -65,6 +66,8 @@ _parallel = threading.Lock()
 _local = threading.local()
 _cache_dir: Path | None = None
 _loaded: dict[str, ModuleType] = {}
+# parallel variants not compiled yet, per module: id(dispatcher) -> (dispatcher, signatures)
+_deferred: dict[str, dict[int, tuple[Any, list[Any]]]] = {}
 
 
 def enabled() -> bool:
@@ -107,10 +110,16 @@ def set_cache_dir(path: str | os.PathLike[str]) -> None:
             _configure_numba()
 
 
-def load(path: str | os.PathLike[str] | None = None, ops: Iterable[str] | None = None) -> float:
-    """Compile (or load from the cache) the JIT kernels for ``ops`` (default: all) now; returns
-    the seconds it took (0 when the JIT tier is off).  A Session calls it when it is created
-    (package activation), so no inference pays for it."""
+def load(
+    path: str | os.PathLike[str] | None = None,
+    ops: Iterable[str] | None = None,
+    threads: int = 1,
+    skip: Iterable[str] = (),
+) -> float:
+    """Compile (or load from the cache) the JIT kernels for ``ops`` (default: all) now, their
+    parallel variants too when ``threads`` > 1, but not the modules in ``skip`` (none of the
+    model's nodes can use them); returns the seconds it took (0 when the JIT tier is off).  A
+    Session calls it when it is created (package activation), so no inference pays for it."""
     if path is not None:
         set_cache_dir(path)
     if not enabled():
@@ -118,8 +127,10 @@ def load(path: str | os.PathLike[str] | None = None, ops: Iterable[str] | None =
     wanted = None if ops is None else set(ops)
     start = time.perf_counter()
     for name, handled in MODULES.items():
-        if wanted is None or wanted.intersection(handled):
+        if name not in skip and (wanted is None or wanted.intersection(handled)):
             module(name)
+            if threads > 1:
+                _compile_deferred(name)
     return time.perf_counter() - start
 
 
@@ -141,12 +152,41 @@ def loaded() -> list[ModuleType]:
         return [_loaded[name] for name in MODULES if name in _loaded]
 
 
-def njit(signatures: list[Any] | str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
-    """numba.njit with Ferry's defaults: compiled eagerly for ``signatures`` (a call with other
-    types raises TypeError instead of compiling in a run), cached on disk, GIL released."""
+def njit(signatures: list[Any] | Any, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """numba.njit with Ferry's defaults: compiled for ``signatures`` only (a call with other types
+    raises TypeError instead of compiling in a run), cached on disk, GIL released.
+
+    Compiled when its module is imported, except ``parallel=True`` variants: those only run for
+    sessions allowed more than one thread (``run``), and numba's parfor lowering makes each cost
+    2-4x its serial twin (MobileNetV2's four: 11 of its 25 s of first-compile CPU), so ``load``
+    compiles them for such sessions only (``run`` would compile one a caller reached without)."""
     import numba  # noqa: PLC0415 - only JIT kernel modules call this
 
-    return numba.njit(signatures, cache=True, nogil=True, **options)
+    if not options.get("parallel"):
+        return numba.njit(signatures, cache=True, nogil=True, **options)
+    wanted = list(signatures) if isinstance(signatures, list) else [signatures]
+
+    def deferred(function: Callable[..., Any]) -> Any:
+        dispatcher = numba.njit(cache=True, nogil=True, **options)(function)
+        with _lock:
+            _deferred.setdefault(function.__module__, {})[id(dispatcher)] = (dispatcher, wanted)
+        return dispatcher
+
+    return deferred
+
+
+def _compile_deferred(name: str, only: Any = None) -> None:
+    """Compile module ``name``'s parallel variants (or just ``only``) for their signatures, as
+    numba.njit(signatures) would have: then no other signature compiles."""
+    with _lock:
+        pending = _deferred.get(name, {})
+        for key in [id(only)] if only is not None else list(pending):
+            found = pending.pop(key, None)
+            if found is not None:
+                dispatcher, signatures = found
+                for signature in signatures:
+                    dispatcher.compile(signature)
+                dispatcher.disable_compile()
 
 
 def array(dtype: Any, ndim: int, layout: str = "A", readonly: bool = False) -> Any:
@@ -181,6 +221,8 @@ def run(serial: Callable[..., Any], parallel: Callable[..., Any], *args: Any) ->
         try:
             import numba  # noqa: PLC0415 - loaded already: a JIT kernel is calling
 
+            if id(parallel) in _deferred.get(parallel.py_func.__module__, ()):
+                _compile_deferred(parallel.py_func.__module__, parallel)  # a caller outside load
             numba.set_num_threads(min(wanted, numba.config.NUMBA_NUM_THREADS))
             return parallel(*args)
         finally:

@@ -17,6 +17,7 @@ from threadpoolctl import ThreadpoolController
 from engine import batch_split, debug, planner, selftest
 from engine import jit as jit_tier
 from engine.allocator import tune_malloc
+from engine.diffusion import flash
 from engine.errors import EngineError, InputError, NodeExecutionError, PackageError
 from engine.format import read_package, release_pages
 from engine.ops.registry import kernel_name
@@ -119,7 +120,7 @@ class Session:
         self._split_refs: dict[Signature, tuple[dict, dict]] = {}
         self._part_search: KernelSearch | None = None  # the parts' kernels, measured on one thread
         if self.jit:
-            jit_tier.load(ops=_jit_ops(self._program))
+            jit_tier.load(ops=_jit_ops(self._program), threads=threads, skip=_jit_unused(self._program))
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, inputs={[s.name for s in self.inputs]}, threads={self.threads})"
@@ -444,6 +445,16 @@ def _jit_ops(program: Program) -> set[str]:
     served = set().union(*jit_tier.MODULES.values())
     ops = {step.op for step in program.steps if step.op in served and _jit_may_serve(step)}
     return ops if ops - set(RIDER_OPS) else set()
+
+
+def _jit_unused(program: Program) -> set[str]:
+    """JIT modules serving this model's ops that none of its nodes can use: flash attention where
+    every attention node's static views are too short (ViT-Tiny's 197 queries, BERT's 128, a
+    decode step's 1); its kernels were ~3 s of a first compile's CPU for nothing."""
+    attention = [step for step in program.steps if step.op == "FusedAttention"]
+    if attention and not any(flash.may_serve(step.attrs) for step in attention):
+        return {"engine.diffusion.attention_jit"}
+    return set()
 
 
 # JIT kernels that never bring numba in on their own (see _jit_ops)

@@ -27,13 +27,12 @@ from numba import prange, types
 
 from engine import jit
 from engine.diffusion.attention_tile_jit import TILE, WIDTHS, micro8, micro16
+from engine.diffusion.flash import shape_fits
 from engine.ops.exp_jit import exp2_row
 from engine.ops.fused import _attention_inputs, _attention_output, fused_attention, view_layout
 from engine.ops.registry import Kernel
 
 BLOCK = 64  # query rows per work item: the scores of a block, [T, 64], stay in L2
-MIN_QUERIES = 256  # below this the BLAS kernels' whole-matrix passes are cheap enough
-MAX_HEAD = 64  # wider heads: the BLAS products win
 
 _F32 = types.float32
 _IN3 = jit.array(_F32, 3, "C", readonly=True)
@@ -41,8 +40,9 @@ _IN4 = jit.array(_F32, 4, "C", readonly=True)
 _OUT3 = jit.array(_F32, 3, "C")
 _ROW = jit.array(_F32, 1, "C")
 _BITS = jit.array(types.int32, 1, "C")
-# q as [H, S / BLOCK, D, BLOCK] (a block's rows side by side), k [H, T, D], v [H, T, Dv], out [H, S, Dv]
-_SIGNATURE = types.void(_IN4, _IN3, _IN3, _OUT3)
+# q as [H, S / BLOCK, D, BLOCK] (a block's rows side by side), k [H, T, D], v [H, T, Dv], out
+# [H, S, Dv]; then the work items [first, last) (item = head * S / BLOCK + block)
+_SIGNATURE = types.void(_IN4, _IN3, _IN3, _OUT3, types.int64, types.int64)
 
 
 @jit.njit(
@@ -74,114 +74,97 @@ def _scores_fixed(k, qt, scores, top, depth):  # noqa: ANN001, ANN202
             top[r] = max(top[r], s)
 
 
-@jit.njit([types.void(_IN4, _IN3, _IN3, _OUT3, types.int64, _ROW, _ROW, _BITS, _ROW)], error_model="numpy")
-def _item(q, k, v, out, item, scores, weights, bits, small):  # noqa: ANN001, ANN202
-    """One (head, block of BLOCK query rows).  Every inner loop runs over the block's rows, so
-    LLVM's loop vectoriser takes it (the scores are key-major, [T, BLOCK]): the max, the sums
-    and p v accumulate the block's rows at once; no horizontal reduction."""
-    blocks = q.shape[1]
-    h, b = item // blocks, item % blocks
-    keys, depth, width = k.shape[1], k.shape[2], v.shape[2]
-    qt = q[h, b]
-    top, total, acc = small[:BLOCK], small[BLOCK : 2 * BLOCK], small[2 * BLOCK :]
-    top[:] = -np.inf
-    if depth == 8:  # the common narrow heads, each with the depth a constant (see _scores_fixed)
-        _scores_fixed(k[h], qt, scores, top, 8)
-    elif depth == 16:
-        _scores_fixed(k[h], qt, scores, top, 16)
-    elif depth == 40:  # SD-1.5's first level: 320 channels in 8 heads
-        _scores_fixed(k[h], qt, scores, top, 40)
-    else:
-        for t in range(keys):
-            row = scores[t * BLOCK : (t + 1) * BLOCK]
-            row[:] = 0
-            for j in range(depth):
-                kj = k[h, t, j]
-                qj = qt[j]
-                for r in range(BLOCK):
-                    row[r] += kj * qj[r]
-            for r in range(BLOCK):
-                top[r] = max(top[r], row[r])
-    for t in range(keys):
-        row = scores[t * BLOCK : (t + 1) * BLOCK]
-        for r in range(BLOCK):
-            row[r] -= top[r]
-    exp2_row(scores, np.float32(1), np.float32(0), weights, bits, keys * BLOCK)
-    total[:] = 0
-    acc[:] = 0
-    for t in range(keys):
-        p = weights[t * BLOCK : (t + 1) * BLOCK]
-        for r in range(BLOCK):
-            total[r] += p[r]
-        for j in range(width):
-            vj = v[h, t, j]
-            into = acc[j * BLOCK : (j + 1) * BLOCK]
-            for r in range(BLOCK):
-                into[r] += vj * p[r]
-    for r in range(min(BLOCK, out.shape[1] - b * BLOCK)):
-        inverse = np.float32(1) / total[r]
-        for j in range(width):
-            out[h, b * BLOCK + r, j] = acc[j * BLOCK + r] * inverse
-
-
 @jit.njit([_SIGNATURE], error_model="numpy")
-def _serial(q, k, v, out):  # noqa: ANN001, ANN202
+def _items(q, k, v, out, first, last):  # noqa: ANN001, ANN202
+    """Items [first, last), each one (head, block of BLOCK query rows): called for all (one
+    thread) or per chunk by ``_parallel``, one compiled body for both (a per-item function was
+    compiled apart, then again inside each caller).  Every inner loop runs over the block's
+    rows, so LLVM's loop vectoriser takes it (the scores are key-major, [T, BLOCK]): the max,
+    the sums and p v accumulate the block's rows at once; no horizontal reduction."""
     size = k.shape[1] * BLOCK
     scores, weights, bits = np.empty(size, np.float32), np.empty(size, np.float32), np.empty(size, np.int32)
     small = np.empty((2 + v.shape[2]) * BLOCK, np.float32)
-    for item in range(q.shape[0] * q.shape[1]):
-        _item(q, k, v, out, item, scores, weights, bits, small)
+    for item in range(first, last):
+        blocks = q.shape[1]
+        h, b = item // blocks, item % blocks
+        keys, depth, width = k.shape[1], k.shape[2], v.shape[2]
+        qt = q[h, b]
+        top, total, acc = small[:BLOCK], small[BLOCK : 2 * BLOCK], small[2 * BLOCK :]
+        top[:] = -np.inf
+        if depth == 8:  # the common narrow heads, each with the depth a constant (see _scores_fixed)
+            _scores_fixed(k[h], qt, scores, top, 8)
+        elif depth == 16:
+            _scores_fixed(k[h], qt, scores, top, 16)
+        elif depth == 40:  # SD-1.5's first level: 320 channels in 8 heads
+            _scores_fixed(k[h], qt, scores, top, 40)
+        else:
+            for t in range(keys):
+                row = scores[t * BLOCK : (t + 1) * BLOCK]
+                row[:] = 0
+                for j in range(depth):
+                    kj = k[h, t, j]
+                    qj = qt[j]
+                    for r in range(BLOCK):
+                        row[r] += kj * qj[r]
+                for r in range(BLOCK):
+                    top[r] = max(top[r], row[r])
+        for t in range(keys):
+            row = scores[t * BLOCK : (t + 1) * BLOCK]
+            for r in range(BLOCK):
+                row[r] -= top[r]
+        exp2_row(scores, np.float32(1), np.float32(0), weights, bits, keys * BLOCK)
+        total[:] = 0
+        acc[:] = 0
+        for t in range(keys):
+            p = weights[t * BLOCK : (t + 1) * BLOCK]
+            for r in range(BLOCK):
+                total[r] += p[r]
+            for j in range(width):
+                vj = v[h, t, j]
+                into = acc[j * BLOCK : (j + 1) * BLOCK]
+                for r in range(BLOCK):
+                    into[r] += vj * p[r]
+        for r in range(min(BLOCK, out.shape[1] - b * BLOCK)):
+            inverse = np.float32(1) / total[r]
+            for j in range(width):
+                out[h, b * BLOCK + r, j] = acc[j * BLOCK + r] * inverse
 
 
 @jit.njit([_SIGNATURE], parallel=True, error_model="numpy")
-def _parallel(q, k, v, out):  # noqa: ANN001, ANN202
-    size = k.shape[1] * BLOCK
-    items = q.shape[0] * q.shape[1]
+def _parallel(q, k, v, out, first, last):  # noqa: ANN001, ANN202
+    items = last - first
     chunks = 16
     per = (items + chunks - 1) // chunks
     for c in prange(chunks):
-        scores, weights, bits = (
-            np.empty(size, np.float32),
-            np.empty(size, np.float32),
-            np.empty(size, np.int32),
-        )
-        small = np.empty((2 + v.shape[2]) * BLOCK, np.float32)
-        for item in range(c * per, min((c + 1) * per, items)):
-            _item(q, k, v, out, item, scores, weights, bits, small)
-
-
-@jit.njit([types.void(_IN4, _IN3, _IN3, _OUT3, types.int64, _ROW, _ROW)], error_model="numpy")
-def _tile_item(q, k, v, out, item, scores, tile):  # noqa: ANN001, ANN202
-    """One (head, tile of 16 query rows) through attention_tile_jit's register kernel."""
-    blocks = q.shape[1]
-    h, b = item // blocks, item % blocks
-    keys, depth, width = k.shape[1], k.shape[2], v.shape[2]
-    at = item * depth * TILE
-    if depth == 8:
-        micro8(q, at, k, h * keys * depth, v, h * keys * width, keys, scores, tile)
-    else:
-        micro16(q, at, k, h * keys * depth, v, h * keys * width, keys, scores, tile)
-    for r in range(min(TILE, out.shape[1] - b * TILE)):
-        for j in range(width):
-            out[h, b * TILE + r, j] = tile[j * TILE + r]
+        _items(q, k, v, out, first + min(c * per, items), first + min((c + 1) * per, items))
 
 
 @jit.njit([_SIGNATURE], error_model="numpy")
-def _tiles_serial(q, k, v, out):  # noqa: ANN001, ANN202
+def _tile_items(q, k, v, out, first, last):  # noqa: ANN001, ANN202
+    """Items [first, last), each one (head, tile of 16 query rows) through attention_tile_jit's
+    register kernel: all of them (one thread), or a chunk for ``_tiles_parallel``."""
     scores, tile = np.empty(k.shape[1] * TILE, np.float32), np.empty(v.shape[2] * TILE, np.float32)
-    for item in range(q.shape[0] * q.shape[1]):
-        _tile_item(q, k, v, out, item, scores, tile)
+    blocks = q.shape[1]
+    keys, depth, width = k.shape[1], k.shape[2], v.shape[2]
+    for item in range(first, last):
+        h, b = item // blocks, item % blocks
+        at = item * depth * TILE
+        if depth == 8:
+            micro8(q, at, k, h * keys * depth, v, h * keys * width, keys, scores, tile)
+        else:
+            micro16(q, at, k, h * keys * depth, v, h * keys * width, keys, scores, tile)
+        for r in range(min(TILE, out.shape[1] - b * TILE)):
+            for j in range(width):
+                out[h, b * TILE + r, j] = tile[j * TILE + r]
 
 
 @jit.njit([_SIGNATURE], parallel=True, error_model="numpy")
-def _tiles_parallel(q, k, v, out):  # noqa: ANN001, ANN202
-    items = q.shape[0] * q.shape[1]
+def _tiles_parallel(q, k, v, out, first, last):  # noqa: ANN001, ANN202
+    items = last - first
     chunks = 16
     per = (items + chunks - 1) // chunks
     for c in prange(chunks):
-        scores, tile = np.empty(k.shape[1] * TILE, np.float32), np.empty(v.shape[2] * TILE, np.float32)
-        for item in range(c * per, min((c + 1) * per, items)):
-            _tile_item(q, k, v, out, item, scores, tile)
+        _tile_items(q, k, v, out, first + min(c * per, items), first + min((c + 1) * per, items))
 
 
 def _heads(a: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
@@ -212,8 +195,9 @@ def flash_attention(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     result, out = _attention_output(attrs, (*lead, q.shape[-2], v.shape[-1]), np.float32)
     direct = out.flags.c_contiguous
     target = out if direct else np.empty(out.shape, np.float32)
-    kernels = (_tiles_serial, _tiles_parallel) if tiles else (_serial, _parallel)
-    jit.run(*kernels, *heads, target.reshape(-1, *target.shape[-2:]))
+    kernels = (_tile_items, _tiles_parallel) if tiles else (_items, _parallel)
+    items = heads[0].shape[0] * heads[0].shape[1]
+    jit.run(*kernels, *heads, target.reshape(-1, *target.shape[-2:]), 0, items)
     if not direct:
         out[...] = target
     return [result]
@@ -230,7 +214,7 @@ def _candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None])
     masked = len(shapes) > 3 and shapes[3] is not None
     if masked or q_shape is None or len(q_shape) < 2:
         return []
-    return [flash_attention] if q_shape[-2] >= MIN_QUERIES and q_shape[-1] <= MAX_HEAD else []
+    return [flash_attention] if shape_fits(q_shape) else []
 
 
 CANDIDATES = {"FusedAttention": _candidates}

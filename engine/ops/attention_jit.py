@@ -24,7 +24,7 @@ from engine.ops.fused import LOG2_E, _attention_inputs, _attention_output, _base
 from engine.ops.registry import Kernel
 
 _F32 = types.float32
-_SOFTMAX = types.void(jit.array(_F32, 2, "C"), _F32)
+_SOFTMAX = types.void(jit.array(_F32, 2, "C"), _F32, types.int64, types.int64)  # rows [first, last)
 
 
 _ROW = jit.array(_F32, 1, "C")
@@ -60,38 +60,34 @@ def _row_sum(row, n):  # noqa: ANN001, ANN202
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@jit.njit([types.void(_ROW, _F32, _ROW, jit.array(types.int32, 1, "C"))], error_model="numpy")
-def _softmax_row(row, scale, spare, bits):  # noqa: ANN001, ANN202
-    """row = softmax(row * scale) in base 2 (scale = log2(e) for natural-base scores)."""
-    n = row.shape[0]
-    exp2_row(row, scale, _row_max(row, n), spare, bits, n)
-    inverse = np.float32(1) / _row_sum(spare, n)
-    for k in range(n):
-        row[k] = spare[k] * inverse
-
-
 @jit.njit([_SOFTMAX], error_model="numpy")
-def _softmax_serial(rows, scale):  # noqa: ANN001, ANN202
-    spare = np.empty(rows.shape[1], np.float32)
-    bits = np.empty(rows.shape[1], np.int32)
-    for r in range(rows.shape[0]):
-        _softmax_row(rows[r], scale, spare, bits)
+def _softmax_rows(rows, scale, first, last):  # noqa: ANN001, ANN202
+    """rows[r] = softmax(rows[r] * scale) in base 2 (scale = log2(e) for natural-base scores)
+    for r in [first, last): called for all (one thread) or per chunk by ``_softmax_parallel``,
+    one compiled body for both."""
+    n = rows.shape[1]
+    spare = np.empty(n, np.float32)
+    bits = np.empty(n, np.int32)
+    for r in range(first, last):
+        row = rows[r]
+        exp2_row(row, scale, _row_max(row, n), spare, bits, n)
+        inverse = np.float32(1) / _row_sum(spare, n)
+        for k in range(n):
+            row[k] = spare[k] * inverse
 
 
 @jit.njit([_SOFTMAX], parallel=True, error_model="numpy")
-def _softmax_parallel(rows, scale):  # noqa: ANN001, ANN202
+def _softmax_parallel(rows, scale, first, last):  # noqa: ANN001, ANN202
     chunks = 8
-    per = (rows.shape[0] + chunks - 1) // chunks
+    per = (last - first + chunks - 1) // chunks
     for c in prange(chunks):
-        spare = np.empty(rows.shape[1], np.float32)
-        bits = np.empty(rows.shape[1], np.int32)
-        for r in range(c * per, min((c + 1) * per, rows.shape[0])):
-            _softmax_row(rows[r], scale, spare, bits)
+        start = min(last, first + c * per)
+        _softmax_rows(rows, scale, start, min(last, start + per))
 
 
 def softmax_rows_into(rows: np.ndarray, scale: float) -> np.ndarray:
     """Row-wise softmax of ``rows * scale`` in base 2, in place (C-contiguous float32 [R, T])."""
-    jit.run(_softmax_serial, _softmax_parallel, rows, np.float32(scale))
+    jit.run(_softmax_rows, _softmax_parallel, rows, np.float32(scale), 0, rows.shape[0])
     return rows
 
 

@@ -31,8 +31,10 @@ _ROW = jit.array(_F32, 1, "C")
 _BITS = jit.array(types.int32, 1, "C")
 _GROUPS_IN = jit.array(_F32, 2, "C", readonly=True)  # [samples * groups, positions of a group]
 _GROUPS = jit.array(_F32, 2, "C")
-# groups, scale [C], bias [C], epsilon, channels per group, SiLU?, out
-_SIGNATURE = types.void(_GROUPS_IN, _ROW_IN, _ROW_IN, _F32, types.int64, types.boolean, _GROUPS)
+# groups, scale [C], bias [C], epsilon, channels per group, SiLU?, out, the rows [first, last)
+_SIGNATURE = types.void(
+    _GROUPS_IN, _ROW_IN, _ROW_IN, _F32, types.int64, types.boolean, _GROUPS, types.int64, types.int64
+)
 
 
 @jit.njit([_F32(_ROW_IN)], error_model="numpy")
@@ -66,48 +68,38 @@ def _squares(row, mean):  # noqa: ANN001, ANN202
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@jit.njit(
-    [types.void(_ROW_IN, _ROW_IN, _ROW_IN, _F32, types.int64, types.int64, types.boolean, _ROW, _ROW, _BITS)],
-    error_model="numpy",
-)
-def _one_group(src, scale, bias, epsilon, first, count, silu, dst, spare, bits):  # noqa: ANN001, ANN202
-    """dst = silu?((src - mean) / sqrt(var + eps) * scale[c] + bias[c]) for one group: ``count``
-    channels from channel ``first``, their positions one after another in src and dst."""
-    size = src.shape[0]
-    mean = _sum(src) / np.float32(size)
-    rstd = np.float32(1) / np.sqrt(_squares(src, mean) / np.float32(size) + epsilon)
-    per = size // count
-    for ci in range(count):
-        a = rstd * scale[first + ci]
-        b = bias[first + ci] - mean * a
-        row = dst[ci * per : (ci + 1) * per]
-        for k in range(per):
-            row[k] = src[ci * per + k] * a + b
-        if silu:  # y / (1 + e^-y), e^-y = 2^(-y log2 e) by exp_jit's polynomial
-            exp2_row(row, np.float32(-LOG2_E), np.float32(0), spare, bits, per)
-            for k in range(per):
-                row[k] = row[k] / (np.float32(1) + spare[k])
-
-
 @jit.njit([_SIGNATURE], error_model="numpy")
-def _groups_serial(x, scale, bias, epsilon, count, silu, out):  # noqa: ANN001, ANN202
-    per = x.shape[1] // count
+def _groups(x, scale, bias, epsilon, count, silu, out, first, last):  # noqa: ANN001, ANN202
+    """Rows [first, last) of x (one group each: ``count`` channels, their positions one after
+    another): out = silu?((x - mean) / sqrt(var + eps) * scale[c] + bias[c]).  Called for all
+    rows (one thread) or per chunk by ``_groups_parallel``: one compiled body for both."""
+    size = x.shape[1]
+    per = size // count
     spare, bits = np.empty(per, np.float32), np.empty(per, np.int32)
     groups = scale.shape[0] // count
-    for r in range(x.shape[0]):
-        _one_group(x[r], scale, bias, epsilon, (r % groups) * count, count, silu, out[r], spare, bits)
+    for r in range(first, last):
+        src, dst, channel = x[r], out[r], (r % groups) * count
+        mean = _sum(src) / np.float32(size)
+        rstd = np.float32(1) / np.sqrt(_squares(src, mean) / np.float32(size) + epsilon)
+        for ci in range(count):
+            a = rstd * scale[channel + ci]
+            b = bias[channel + ci] - mean * a
+            row = dst[ci * per : (ci + 1) * per]
+            for k in range(per):
+                row[k] = src[ci * per + k] * a + b
+            if silu:  # y / (1 + e^-y), e^-y = 2^(-y log2 e) by exp_jit's polynomial
+                exp2_row(row, np.float32(-LOG2_E), np.float32(0), spare, bits, per)
+                for k in range(per):
+                    row[k] = row[k] / (np.float32(1) + spare[k])
 
 
 @jit.njit([_SIGNATURE], parallel=True, error_model="numpy")
-def _groups_parallel(x, scale, bias, epsilon, count, silu, out):  # noqa: ANN001, ANN202
-    per = x.shape[1] // count
-    groups = scale.shape[0] // count
+def _groups_parallel(x, scale, bias, epsilon, count, silu, out, first, last):  # noqa: ANN001, ANN202
     chunks = 8
-    step = (x.shape[0] + chunks - 1) // chunks
+    step = (last - first + chunks - 1) // chunks
     for c in prange(chunks):
-        spare, bits = np.empty(per, np.float32), np.empty(per, np.int32)
-        for r in range(c * step, min((c + 1) * step, x.shape[0])):
-            _one_group(x[r], scale, bias, epsilon, (r % groups) * count, count, silu, out[r], spare, bits)
+        start = min(last, first + c * step)
+        _groups(x, scale, bias, epsilon, count, silu, out, start, min(last, start + step))
 
 
 def _run(inputs: list[np.ndarray | None], attrs: dict[str, Any], silu: bool) -> np.ndarray | None:
@@ -127,7 +119,7 @@ def _run(inputs: list[np.ndarray | None], attrs: dict[str, Any], silu: bool) -> 
         silu,
         out.reshape(flat.shape),
     )
-    jit.run(_groups_serial, _groups_parallel, *args)
+    jit.run(_groups, _groups_parallel, *args, 0, flat.shape[0])
     return out
 
 

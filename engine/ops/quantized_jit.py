@@ -28,6 +28,7 @@ from engine.ops.registry import Kernel
 BLOCK = 256  # output columns per block: 1 KB of float32 accumulators, in L1 beside the rows read
 
 _F32, _BOOL, _I64 = types.float32, types.boolean, types.int64
+# row, weights, scales, bias, has_bias, out, then the blocks of BLOCK columns [first, last)
 _GEMV = types.void(
     jit.array(_F32, 1, "C", readonly=True),
     jit.array(types.int8, 2, "C", readonly=True),
@@ -35,50 +36,57 @@ _GEMV = types.void(
     jit.array(_F32, 1, "C", readonly=True),
     _BOOL,
     jit.array(_F32, 1, "C"),
+    _I64,
+    _I64,
 )
 
 
-@jit.njit([types.void(*_GEMV.args, _I64)], error_model="numpy")
-def _block(a, w, scale, bias, has_bias, out, start):  # noqa: ANN001, ANN202
-    stop = min(start + BLOCK, w.shape[1])
-    width = stop - start
-    acc = np.zeros(BLOCK, np.float32)
+@jit.njit([_GEMV], error_model="numpy")
+def _gemv_blocks(a, w, scale, bias, has_bias, out, first, last):  # noqa: ANN001, ANN202
+    """Column blocks [first, last): called for all (one thread) or per block by
+    ``_gemv_parallel``, one compiled body for both (a per-block function was compiled apart,
+    then again inside each caller)."""
+    acc = np.empty(BLOCK, np.float32)
     depth = w.shape[0]
     whole = depth - depth % 4
-    # four weight rows per pass over the accumulators: a quarter of their loads and stores
-    for k in range(0, whole, 4):
-        a0, a1, a2, a3 = a[k], a[k + 1], a[k + 2], a[k + 3]
-        r0, r1, r2, r3 = w[k, start:stop], w[k + 1, start:stop], w[k + 2, start:stop], w[k + 3, start:stop]
-        for j in range(width):
-            acc[j] += (a0 * np.float32(r0[j]) + a1 * np.float32(r1[j])) + (
-                a2 * np.float32(r2[j]) + a3 * np.float32(r3[j])
+    for block in range(first, last):
+        start = block * BLOCK
+        stop = min(start + BLOCK, w.shape[1])
+        width = stop - start
+        acc[:] = 0
+        # four weight rows per pass over the accumulators: a quarter of their loads and stores
+        for k in range(0, whole, 4):
+            a0, a1, a2, a3 = a[k], a[k + 1], a[k + 2], a[k + 3]
+            r0, r1, r2, r3 = (
+                w[k, start:stop],
+                w[k + 1, start:stop],
+                w[k + 2, start:stop],
+                w[k + 3, start:stop],
             )
-    for k in range(whole, depth):
-        ak = a[k]
-        row = w[k, start:stop]
-        for j in range(width):
-            acc[j] += ak * np.float32(row[j])
-    result = out[start:stop]
-    scales = scale[start:stop]
-    if has_bias:
-        offsets = bias[start:stop]
-        for j in range(width):
-            result[j] = acc[j] * scales[j] + offsets[j]
-    else:
-        for j in range(width):
-            result[j] = acc[j] * scales[j]
-
-
-@jit.njit([_GEMV], error_model="numpy")
-def _gemv_serial(a, w, scale, bias, has_bias, out):  # noqa: ANN001, ANN202
-    for block in range((w.shape[1] + BLOCK - 1) // BLOCK):
-        _block(a, w, scale, bias, has_bias, out, block * BLOCK)
+            for j in range(width):
+                acc[j] += (a0 * np.float32(r0[j]) + a1 * np.float32(r1[j])) + (
+                    a2 * np.float32(r2[j]) + a3 * np.float32(r3[j])
+                )
+        for k in range(whole, depth):
+            ak = a[k]
+            row = w[k, start:stop]
+            for j in range(width):
+                acc[j] += ak * np.float32(row[j])
+        result = out[start:stop]
+        scales = scale[start:stop]
+        if has_bias:
+            offsets = bias[start:stop]
+            for j in range(width):
+                result[j] = acc[j] * scales[j] + offsets[j]
+        else:
+            for j in range(width):
+                result[j] = acc[j] * scales[j]
 
 
 @jit.njit([_GEMV], parallel=True, error_model="numpy")
-def _gemv_parallel(a, w, scale, bias, has_bias, out):  # noqa: ANN001, ANN202
-    for block in prange((w.shape[1] + BLOCK - 1) // BLOCK):
-        _block(a, w, scale, bias, has_bias, out, block * BLOCK)
+def _gemv_parallel(a, w, scale, bias, has_bias, out, first, last):  # noqa: ANN001, ANN202
+    for block in prange(first, last):
+        _gemv_blocks(a, w, scale, bias, has_bias, out, block, block + 1)
 
 
 def qmatmul_gemv_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -98,50 +106,58 @@ def qmatmul_gemv_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
     has_bias = bias is not None
     row = np.ascontiguousarray(a.reshape(-1))
     weights, vector = np.ascontiguousarray(x), np.ascontiguousarray(vector)
-    jit.run(_gemv_serial, _gemv_parallel, row, weights, vector, bias if has_bias else vector, has_bias, out)
+    blocks = -(-n // BLOCK)
+    jit.run(
+        _gemv_blocks,
+        _gemv_parallel,
+        row,
+        weights,
+        vector,
+        bias if has_bias else vector,
+        has_bias,
+        out,
+        0,
+        blocks,
+    )
     return [apply_activation(out, attrs).reshape((*a.shape[:-1], n))]
 
 
 # -- several rows (a prompt, an encoder's tokens): BLAS on the cast weights, a JIT epilogue -------
 
+# rows, scales, bias, GELU?, then the rows [first, last)
 _EPILOGUE = types.void(
     jit.array(_F32, 2, "C"),
     jit.array(_F32, 1, "C", readonly=True),
     jit.array(_F32, 1, "C", readonly=True),
     _BOOL,
+    _I64,
+    _I64,
 )
-
-
-@jit.njit(
-    [types.void(*_EPILOGUE.args, jit.array(_F32, 1, "C"), jit.array(types.int32, 1, "C"), _I64)],
-    error_model="numpy",
-)
-def _epilogue_row(y, scale, bias, gelu, mantissa, bits, r):  # noqa: ANN001, ANN202
-    row = y[r]
-    if gelu:  # gelu(row * scale + bias): the scale here, the bias inside the GELU's first pass
-        for j in range(row.shape[0]):
-            row[j] *= scale[j]
-        rows_jit._gelu_row(row, bias, mantissa, bits)
-    else:
-        for j in range(row.shape[0]):
-            row[j] = row[j] * scale[j] + bias[j]
 
 
 @jit.njit([_EPILOGUE], error_model="numpy")
-def _epilogue_serial(y, scale, bias, gelu):  # noqa: ANN001, ANN202
+def _epilogue_rows(y, scale, bias, gelu, first, last):  # noqa: ANN001, ANN202
+    """Rows [first, last) of y: called for all (one thread) or per chunk by
+    ``_epilogue_parallel``, one compiled body for both."""
     mantissa, bits = np.empty(y.shape[1], np.float32), np.empty(y.shape[1], np.int32)
-    for r in range(y.shape[0]):
-        _epilogue_row(y, scale, bias, gelu, mantissa, bits, r)
+    for r in range(first, last):
+        row = y[r]
+        if gelu:  # gelu(row * scale + bias): the scale here, the bias inside the GELU's first pass
+            for j in range(row.shape[0]):
+                row[j] *= scale[j]
+            rows_jit._gelu_row(row, bias, mantissa, bits)
+        else:
+            for j in range(row.shape[0]):
+                row[j] = row[j] * scale[j] + bias[j]
 
 
 @jit.njit([_EPILOGUE], parallel=True, error_model="numpy")
-def _epilogue_parallel(y, scale, bias, gelu):  # noqa: ANN001, ANN202
+def _epilogue_parallel(y, scale, bias, gelu, first, last):  # noqa: ANN001, ANN202
     chunks = 8
-    per = (y.shape[0] + chunks - 1) // chunks
+    per = (last - first + chunks - 1) // chunks
     for c in prange(chunks):
-        mantissa, bits = np.empty(y.shape[1], np.float32), np.empty(y.shape[1], np.int32)
-        for r in range(c * per, min((c + 1) * per, y.shape[0])):
-            _epilogue_row(y, scale, bias, gelu, mantissa, bits, r)
+        start = min(last, first + c * per)
+        _epilogue_rows(y, scale, bias, gelu, start, min(last, start + per))
 
 
 def qmatmul_rows_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -163,12 +179,14 @@ def qmatmul_rows_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
     rows = y.reshape(-1, n)
     vector = np.ascontiguousarray(scale.reshape(-1))
     jit.run(
-        _epilogue_serial,
+        _epilogue_rows,
         _epilogue_parallel,
         rows,
         vector,
         rows_jit._zeros(n) if bias is None else np.ascontiguousarray(bias),
         gelu,
+        0,
+        rows.shape[0],
     )
     return [y]
 

@@ -25,14 +25,6 @@ from engine.ops.registry import Kernel
 # inputs may be read-only (weights mapped from the package, plan constants) and any layout
 _F32, _I64, _BOOL = types.float32, types.int64, types.boolean
 _GEOMETRY = (_BOOL, _BOOL, _F32, _F32, _I64, _I64, _I64, _I64, _I64, _I64)
-_PLANE = types.void(
-    jit.array(_F32, 2, "C", readonly=True),
-    jit.array(_F32, 2, "C", readonly=True),
-    _F32,
-    jit.array(_F32, 2, "C"),
-    jit.array(_F32, 2, "A", readonly=True),
-    *_GEOMETRY,
-)
 _ROWS = types.void(
     jit.array(_F32, 2, "C", readonly=True),
     jit.array(_F32, 2, "C", readonly=True),
@@ -54,6 +46,7 @@ _ROW3 = types.void(
 _ROW3_UNIT = types.void(
     _ROW_IN, _ROW_IN, _ROW_IN, jit.array(_F32, 2, "C", readonly=True), _F32, jit.array(_F32, 1, "C"), _I64
 )
+# ... then the (image, channel) planes [first, last) to compute
 _PLANES = types.void(
     jit.array(_F32, 4, "C", readonly=True),
     jit.array(_F32, 3, "C", readonly=True),
@@ -61,6 +54,8 @@ _PLANES = types.void(
     jit.array(_F32, 4, "C"),
     jit.array(_F32, 4, "A", readonly=True),
     *_GEOMETRY,
+    _I64,
+    _I64,
 )
 
 
@@ -146,62 +141,57 @@ def _row3x3_unit(x0, x1, x2, wk, bias, dst, q0):  # noqa: ANN001, ANN202
         dst[k] = total + w20 * c0[k] + w21 * c1[k] + w22 * c2[k] + bias
 
 
-@jit.njit([_PLANE])
-def _plane(x, wk, bias, out, res, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl):  # noqa: ANN001, ANN202
-    height, width = x.shape
-    ho, wo = out.shape
-    dense3 = wk.shape[0] == 3 and wk.shape[1] == 3 and dh == 1 and dw == 1
+@jit.njit([_PLANES])
+def _planes(x, wk, bias, out, res, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl, first, last):  # noqa: ANN001, ANN202
+    """Planes [first, last) (index = image * C + channel), each output row built once: called
+    for all planes (one thread) or per plane by ``_planes_parallel`` -- one compiled body for
+    both, where a per-plane function was compiled apart and then again inside each caller."""
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    ho, wo = out.shape[2], out.shape[3]
+    dense3 = wk.shape[1] == 3 and wk.shape[2] == 3 and dh == 1 and dw == 1
     inner_first = (pl + sw - 1) // sw  # the columns whose 3 taps are all inside the row
     inner_last = min(wo, (width - 3 + pl) // sw + 1)
-    for oh in range(ho):
-        row = out[oh]
-        top = oh * sh - pt
-        if dense3 and top >= 0 and top + 2 < height and inner_last > inner_first:
-            q0 = inner_first * sw - pl
-            inner = row[inner_first:inner_last]
-            if sw == 1:
-                _row3x3_unit(x[top], x[top + 1], x[top + 2], wk, bias, inner, q0)
-            else:
-                _row3x3(x[top], x[top + 1], x[top + 2], wk, bias, inner, q0, sw)
-            for ow in range(inner_first):
-                row[ow] = _column(x, wk, oh * sh - pt, ow * sw - pl, dh, dw) + bias
-            for ow in range(inner_last, wo):
-                row[ow] = _column(x, wk, oh * sh - pt, ow * sw - pl, dh, dw) + bias
-        else:
-            for ow in range(wo):
-                row[ow] = 0
-            _taps_general(x, wk, row, oh, 0, wo, sh, sw, dh, dw, pt, pl)
-            for ow in range(wo):
-                row[ow] += bias
-        if has_res:
-            rrow = res[oh]
-            for ow in range(wo):
-                row[ow] += rrow[ow]
-        if has_clip:
-            for ow in range(wo):
-                value = row[ow]
-                if value < lo:  # comparisons, not min/max: a NaN stays NaN, as np.clip leaves it
-                    row[ow] = lo
-                elif value > hi:
-                    row[ow] = hi
-
-
-@jit.njit([_PLANES])
-def _planes_serial(x, wk, bias, out, res, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl):  # noqa: ANN001, ANN202
-    channels = x.shape[1]
-    for index in range(x.shape[0] * channels):
+    for index in range(first, last):
         n, c = index // channels, index % channels
-        r = res[n, c] if has_res else res[0, 0]
-        _plane(x[n, c], wk[c], bias[c], out[n, c], r, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl)
+        plane, kernel, b, target = x[n, c], wk[c], bias[c], out[n, c]
+        extra = res[n, c] if has_res else res[0, 0]
+        for oh in range(ho):
+            row = target[oh]
+            top = oh * sh - pt
+            if dense3 and top >= 0 and top + 2 < height and inner_last > inner_first:
+                q0 = inner_first * sw - pl
+                inner = row[inner_first:inner_last]
+                if sw == 1:
+                    _row3x3_unit(plane[top], plane[top + 1], plane[top + 2], kernel, b, inner, q0)
+                else:
+                    _row3x3(plane[top], plane[top + 1], plane[top + 2], kernel, b, inner, q0, sw)
+                for ow in range(inner_first):
+                    row[ow] = _column(plane, kernel, top, ow * sw - pl, dh, dw) + b
+                for ow in range(inner_last, wo):
+                    row[ow] = _column(plane, kernel, top, ow * sw - pl, dh, dw) + b
+            else:
+                for ow in range(wo):
+                    row[ow] = 0
+                _taps_general(plane, kernel, row, oh, 0, wo, sh, sw, dh, dw, pt, pl)
+                for ow in range(wo):
+                    row[ow] += b
+            if has_res:
+                rrow = extra[oh]
+                for ow in range(wo):
+                    row[ow] += rrow[ow]
+            if has_clip:
+                for ow in range(wo):
+                    value = row[ow]
+                    if value < lo:  # comparisons, not min/max: a NaN stays NaN, as np.clip leaves it
+                        row[ow] = lo
+                    elif value > hi:
+                        row[ow] = hi
 
 
 @jit.njit([_PLANES], parallel=True)
-def _planes_parallel(x, wk, bias, out, res, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl):  # noqa: ANN001, ANN202
-    channels = x.shape[1]
-    for index in prange(x.shape[0] * channels):
-        n, c = index // channels, index % channels
-        r = res[n, c] if has_res else res[0, 0]
-        _plane(x[n, c], wk[c], bias[c], out[n, c], r, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl)
+def _planes_parallel(x, wk, bias, out, res, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl, first, last):  # noqa: ANN001, ANN202
+    for index in prange(first, last):
+        _planes(x, wk, bias, out, res, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl, index, index + 1)
 
 
 # Channels last: each output pixel is a run of C channels, each tap one multiply-add over that
@@ -214,6 +204,8 @@ _PIXELS = types.void(
     jit.array(_F32, 4, "C"),
     jit.array(_F32, 4, "A", readonly=True),
     *_GEOMETRY,
+    _I64,
+    _I64,
 )
 
 
@@ -272,74 +264,59 @@ def _clip(dst, lo, hi):  # noqa: ANN001, ANN202
         dst[c] = lo if value < lo else (hi if value > hi else value)
 
 
-@jit.njit(
-    [
-        types.void(
-            jit.array(_F32, 3, "C", readonly=True),
-            jit.array(_F32, 3, "C", readonly=True),
-            jit.array(_F32, 1, "C", readonly=True),
-            jit.array(_F32, 2, "C"),
-            jit.array(_F32, 2, "A", readonly=True),
-            *_GEOMETRY,
-        )
-    ]
-)
-def _pixel_row(x, wk, bias, out, res, has_res, has_clip, lo, hi, oh, sh, sw, dh, dw, pl):  # noqa: ANN001, ANN202
-    """One output row (Wo, C) of one image; ``oh`` here is the row's first input row (top)."""
-    height, width, channels = x.shape
-    kh, kw = wk.shape[0], wk.shape[1]
-    first, last = 0, 0  # the output columns whose 3x3 windows lie inside the image
-    if kh == 3 and kw == 3 and dh == 1 and dw == 1 and oh >= 0 and oh + 2 < height:
-        first, last = (pl + sw - 1) // sw, min(out.shape[0], (width - 3 + pl) // sw + 1)
-    if last > first:
-        inner = out[first:last]
-        extra = res[first:last] if has_res else res
-        r0, r1, r2, q0 = x[oh], x[oh + 1], x[oh + 2], first * sw - pl
-        _pixels3x3(r0, r1, r2, q0, sw, wk, bias, inner, extra, has_res, has_clip, lo, hi)
-    for ow in range(out.shape[0]):
-        if first <= ow < last:
-            continue
-        dst = out[ow]
-        left = ow * sw - pl
-        for c in range(channels):
-            dst[c] = 0
-        for i in range(kh):
-            ih = oh + i * dh
-            if ih < 0 or ih >= height:
-                continue
-            for j in range(kw):
-                iw = left + j * dw
-                if iw < 0 or iw >= width:
-                    continue
-                src, weight = x[ih, iw], wk[i, j]
-                for c in range(channels):
-                    dst[c] += weight[c] * src[c]
-        for c in range(channels):  # after the taps, as the numpy kernels add it
-            dst[c] += bias[c]
-        if has_res:
-            extra = res[ow]
-            for c in range(channels):
-                dst[c] += extra[c]
-        if has_clip:
-            _clip(dst, lo, hi)
-
-
 @jit.njit([_PIXELS])
-def _pixels_serial(x, wk, bias, out, res, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl):  # noqa: ANN001, ANN202
-    rows = out.shape[1]
-    for index in range(out.shape[0] * rows):
+def _pixels(x, wk, bias, out, res, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl, first_row, last_row):  # noqa: ANN001, ANN202
+    """Output rows [first_row, last_row) (index = image * Ho + row), each (Wo, C): called for
+    all rows (one thread) or per row by ``_pixels_parallel``, one compiled body for both."""
+    height, width, channels = x.shape[1], x.shape[2], x.shape[3]
+    kh, kw, rows = wk.shape[0], wk.shape[1], out.shape[1]
+    for index in range(first_row, last_row):
         n, oh = index // rows, index % rows
-        r = res[n, oh] if has_res else res[0, 0]
-        _pixel_row(x[n], wk, bias, out[n, oh], r, has_res, has_clip, lo, hi, oh * sh - pt, sh, sw, dh, dw, pl)
+        image, target = x[n], out[n, oh]
+        extra = res[n, oh] if has_res else res[0, 0]
+        top = oh * sh - pt  # the row's first input row
+        first, last = 0, 0  # the output columns whose 3x3 windows lie inside the image
+        if kh == 3 and kw == 3 and dh == 1 and dw == 1 and top >= 0 and top + 2 < height:
+            first, last = (pl + sw - 1) // sw, min(target.shape[0], (width - 3 + pl) // sw + 1)
+        if last > first:
+            inner = target[first:last]
+            inner_extra = extra[first:last] if has_res else extra
+            r0, r1, r2, q0 = image[top], image[top + 1], image[top + 2], first * sw - pl
+            _pixels3x3(r0, r1, r2, q0, sw, wk, bias, inner, inner_extra, has_res, has_clip, lo, hi)
+        for ow in range(target.shape[0]):
+            if first <= ow < last:
+                continue
+            dst = target[ow]
+            left = ow * sw - pl
+            for c in range(channels):
+                dst[c] = 0
+            for i in range(kh):
+                ih = top + i * dh
+                if ih < 0 or ih >= height:
+                    continue
+                for j in range(kw):
+                    iw = left + j * dw
+                    if iw < 0 or iw >= width:
+                        continue
+                    src, weight = image[ih, iw], wk[i, j]
+                    for c in range(channels):
+                        dst[c] += weight[c] * src[c]
+            for c in range(channels):  # after the taps, as the numpy kernels add it
+                dst[c] += bias[c]
+            if has_res:
+                pixel = extra[ow]
+                for c in range(channels):
+                    dst[c] += pixel[c]
+            if has_clip:
+                _clip(dst, lo, hi)
 
 
 @jit.njit([_PIXELS], parallel=True)
-def _pixels_parallel(x, wk, bias, out, res, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl):  # noqa: ANN001, ANN202
-    rows = out.shape[1]
-    for index in prange(out.shape[0] * rows):
-        n, oh = index // rows, index % rows
-        r = res[n, oh] if has_res else res[0, 0]
-        _pixel_row(x[n], wk, bias, out[n, oh], r, has_res, has_clip, lo, hi, oh * sh - pt, sh, sw, dh, dw, pl)
+def _pixels_parallel(
+    x, wk, bias, out, res, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl, first_row, last_row
+):  # noqa: ANN001, ANN202
+    for index in prange(first_row, last_row):
+        _pixels(x, wk, bias, out, res, has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl, index, index + 1)
 
 
 _NO_RESIDUAL = np.zeros((1, 1, 1, 1), np.float32)
@@ -388,7 +365,8 @@ def conv_depthwise_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -
     out = np.empty((*x.shape[:2], *out_hw), np.float32)
     x = np.ascontiguousarray(x)  # a channels-last view becomes NCHW: the row loops need it
     res = _NO_RESIDUAL if residual is None else residual
-    jit.run(_planes_serial, _planes_parallel, x, np.ascontiguousarray(wk), bias, out, res, *flags)
+    planes = x.shape[0] * x.shape[1]
+    jit.run(_planes, _planes_parallel, x, np.ascontiguousarray(wk), bias, out, res, *flags, 0, planes)
     return [out]
 
 
@@ -404,7 +382,7 @@ def conv_depthwise_jit_nhwc(inputs: list[np.ndarray | None], attrs: dict[str, An
     out = np.empty((n, *out_hw, c), np.float32)
     res = _NO_RESIDUAL if residual is None else residual.transpose(0, 2, 3, 1)
     taps = np.ascontiguousarray(wk.transpose(1, 2, 0))
-    jit.run(_pixels_serial, _pixels_parallel, pixels, taps, bias, out, res, *flags)
+    jit.run(_pixels, _pixels_parallel, pixels, taps, bias, out, res, *flags, 0, n * out_hw[0])
     return [out.transpose(0, 3, 1, 2)]
 
 

@@ -153,155 +153,184 @@ def packed_shape(packed: np.ndarray) -> tuple[int, int]:
     return packed.shape[1] - 2, int(packed[0, -1, 0])
 
 
-NO_RESIDUAL = np.zeros((1, 1), np.float32)
-# (slots, P, K) inputs, (slots, panels, K + 2, 32) packed weights, (slots, P, M) outputs
-_GEMM = types.void(
-    jit.array(types.float32, 3, "C", readonly=True),
-    jit.array(types.float32, 4, "C", readonly=True),
-    jit.array(types.float32, 3, "C"),
-    jit.array(types.float32, 1, "C", readonly=True),
-    jit.array(types.float32, 2, "C", readonly=True),
+NO_RESIDUAL = np.zeros(1, np.float32)
+_FLAT_IN = jit.array(types.float32, 1, "C", readonly=True)
+_I64 = types.int64
+# Flat (slots * P * K) inputs, (slots * panels * (K + 2) * 32) packed weights, (slots * P * M)
+# outputs, the bias padded to whole panels, a flat residual; flags, clip bounds; then P, K, M,
+# the residual's row stride, rows per block and the work items [first, last).  Flat arrays and
+# offsets: a reshape inside a kernel compiles numba's shape-error formatting (~1.3 s of CPU).
+_ITEMS = types.void(
+    _FLAT_IN,
+    _FLAT_IN,
+    jit.array(types.float32, 1, "C"),
+    _FLAT_IN,
+    _FLAT_IN,
     types.boolean,
     types.boolean,
     types.float32,
     types.float32,
-    types.int64,
-)
-_BLOCK = types.void(
-    jit.array(types.float32, 2, "C", readonly=True),
-    jit.array(types.float32, 3, "C", readonly=True),
-    jit.array(types.float32, 2, "C"),
-    jit.array(types.float32, 1, "C", readonly=True),
-    jit.array(types.float32, 2, "C", readonly=True),
-    types.boolean,
-    types.boolean,
-    types.float32,
-    types.float32,
-    types.int64,
-    types.int64,
-    types.int64,
+    *(_I64,) * 7,
 )
 
 
-@jit.njit([_BLOCK])
-def _block(x, packed, out, bias, res, has_res, has_clip, lo, hi, p0, p1, panel):  # noqa: ANN001, ANN202
-    """Rows [p0, p1) of out's columns in ``panel``, tile by tile, each finished (bias, residual,
-    clip) in registers; ``bias`` padded to whole panels."""
-    depth, m = x.shape[1], out.shape[1]
-    flat_x, flat_w, flat_out = x.reshape(-1), packed.reshape(-1), out.reshape(-1)
-    flat_res = res.reshape(-1)
-    rstride = res.shape[1]
-    j0 = panel * NR
-    cols = min(NR, m - j0)
-    wo = panel * (depth + 2) * NR
+@jit.njit([_ITEMS])
+def _gemm_items(
+    x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth, m, rstride, block_rows, first, last
+):  # noqa: ANN001, ANN202
+    """Work items [first, last) of out[s] = x[s] @ W[s] (+ bias, residual, clip) over every slot
+    s (one for a conv, 16 or 36 for Winograd's slot products): item = (slot, block of rows,
+    panel of 32 columns) in that order, each tile finished (bias, residual, clip) in registers.
+    Called directly for all items (one thread), or per item by ``_gemm_parallel``: one compiled
+    body for both, where a separate per-block function had to be compiled and then linked (and
+    optimised again) into each caller."""
+    panels = (m + NR - 1) // NR
+    per_slot = ((rows + block_rows - 1) // block_rows) * panels
     flags = (1 if has_res else 0) | (2 if has_clip else 0)
     tile = np.empty(MR * NR, np.float32)
     tail = np.zeros(MR * depth, np.float32)
-    for t0 in range(p0, p1, MR):
-        rows = min(MR, p1 - t0)
-        at, ro = t0 * m + j0, t0 * rstride + j0
-        if rows == MR and cols == NR:
-            _micro_full(
-                flat_x,
-                t0 * depth,
-                depth,
-                flat_w,
-                wo,
-                NR,
-                depth,
-                flat_out,
-                at,
-                m,
-                bias,
-                j0,
-                flat_res,
-                ro,
-                rstride,
-                flags,
-                lo,
-                hi,
-            )
-            continue
-        source, offset = flat_x, t0 * depth
-        if rows < MR:  # the last rows, copied so the tile reads no row past the input
-            tail[: rows * depth] = flat_x[t0 * depth : (t0 + rows) * depth]
-            source, offset = tail, 0
-        for half in range(0, cols, LANES):  # 16 channels at a time: less padding computed
-            width = min(LANES, cols - half)
-            w_at, b_at = wo + half, j0 + half
-            if rows == MR and width == LANES:
-                _micro_half(
-                    source,
-                    offset,
+    for item in range(first, last):
+        s, rest = item // per_slot, item % per_slot
+        p0, panel = (rest // panels) * block_rows, rest % panels
+        p1 = min(rows, p0 + block_rows)
+        xs, os = s * rows * depth, s * rows * m
+        j0 = panel * NR
+        cols = min(NR, m - j0)
+        wo = (s * panels + panel) * (depth + 2) * NR
+        for t0 in range(p0, p1, MR):
+            count = min(MR, p1 - t0)
+            at, ro = os + t0 * m + j0, t0 * rstride + j0
+            if count == MR and cols == NR:
+                _micro_full(
+                    x,
+                    xs + t0 * depth,
                     depth,
-                    flat_w,
-                    w_at,
+                    packed,
+                    wo,
                     NR,
                     depth,
-                    flat_out,
-                    at + half,
+                    out,
+                    at,
                     m,
                     bias,
-                    b_at,
-                    flat_res,
-                    ro + half,
+                    j0,
+                    res,
+                    ro,
                     rstride,
                     flags,
                     lo,
                     hi,
                 )
                 continue
-            _micro_half(
-                source,
-                offset,
-                depth,
-                flat_w,
-                w_at,
-                NR,
-                depth,
-                tile,
-                0,
-                NR,
-                bias,
-                b_at,
-                flat_res,
-                0,
-                0,
-                0,
-                lo,
-                hi,
-            )
-            for r in range(rows):
-                for j in range(width):
-                    value = tile[r * NR + j]
-                    if has_res:
-                        value += res[t0 + r, b_at + j]
-                    if has_clip:  # comparisons, not min/max: a NaN stays NaN, as np.clip leaves it
-                        value = lo if value < lo else (hi if value > hi else value)
-                    out[t0 + r, b_at + j] = value
+            source, offset = x, xs + t0 * depth
+            if count < MR:  # the last rows, copied so the tile reads no row past the input
+                for i in range(count * depth):
+                    tail[i] = x[offset + i]
+                source, offset = tail, 0
+            for half in range(0, cols, LANES):  # 16 channels at a time: less padding computed
+                width = min(LANES, cols - half)
+                w_at, b_at = wo + half, j0 + half
+                if count == MR and width == LANES:
+                    _micro_half(
+                        source,
+                        offset,
+                        depth,
+                        packed,
+                        w_at,
+                        NR,
+                        depth,
+                        out,
+                        at + half,
+                        m,
+                        bias,
+                        b_at,
+                        res,
+                        ro + half,
+                        rstride,
+                        flags,
+                        lo,
+                        hi,
+                    )
+                    continue
+                _micro_half(
+                    source,
+                    offset,
+                    depth,
+                    packed,
+                    w_at,
+                    NR,
+                    depth,
+                    tile,
+                    0,
+                    NR,
+                    bias,
+                    b_at,
+                    res,
+                    0,
+                    0,
+                    0,
+                    lo,
+                    hi,
+                )
+                for r in range(count):
+                    for j in range(width):
+                        value = tile[r * NR + j]
+                        if has_res:
+                            value += res[(t0 + r) * rstride + b_at + j]
+                        if has_clip:  # comparisons, not min/max: a NaN stays NaN, as np.clip leaves it
+                            value = lo if value < lo else (hi if value > hi else value)
+                        out[os + (t0 + r) * m + b_at + j] = value
 
 
-@jit.njit([_GEMM])
-def _gemm_serial(x, packed, out, bias, res, has_res, has_clip, lo, hi, block_rows):  # noqa: ANN001, ANN202
-    """out[s] = x[s] @ W[s] (+ bias, residual, clip) for every slot s (one for a conv, 16 or 36
-    for Winograd's slot products): block by block of rows, panel by panel."""
-    rows, panels = x.shape[1], packed.shape[1]
-    for s in range(x.shape[0]):
-        for p0 in range(0, rows, block_rows):
-            last = min(rows, p0 + block_rows)
-            for panel in range(panels):
-                _block(x[s], packed[s], out[s], bias, res, has_res, has_clip, lo, hi, p0, last, panel)
+@jit.njit([_ITEMS], parallel=True)
+def _gemm_parallel(
+    x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth, m, rstride, block_rows, first, last
+):  # noqa: ANN001, ANN202
+    for item in prange(first, last):
+        _gemm_items(
+            x,
+            packed,
+            out,
+            bias,
+            res,
+            has_res,
+            has_clip,
+            lo,
+            hi,
+            rows,
+            depth,
+            m,
+            rstride,
+            block_rows,
+            item,
+            item + 1,
+        )
 
 
-@jit.njit([_GEMM], parallel=True)
-def _gemm_parallel(x, packed, out, bias, res, has_res, has_clip, lo, hi, block_rows):  # noqa: ANN001, ANN202
-    rows, panels = x.shape[1], packed.shape[1]
-    per_slot = ((rows + block_rows - 1) // block_rows) * panels
-    for item in prange(x.shape[0] * per_slot):
-        s, rest = item // per_slot, item % per_slot
-        p0 = (rest // panels) * block_rows
-        last = min(rows, p0 + block_rows)
-        _block(x[s], packed[s], out[s], bias, res, has_res, has_clip, lo, hi, p0, last, rest % panels)
+def _flat(a: np.ndarray) -> np.ndarray:
+    """``a`` as one flat C-order view (a copy would lose what a kernel writes)."""
+    if not a.flags.c_contiguous:
+        raise ValueError("the JIT GEMM takes C-contiguous arrays")
+    return a.reshape(-1)
+
+
+def _run_gemm(
+    x: np.ndarray,
+    packed: np.ndarray,
+    out: np.ndarray,
+    bias: np.ndarray,
+    res: np.ndarray,
+    rstride: int,
+    flags: tuple,
+    block: int,
+) -> None:
+    """Every work item of ``_gemm_items`` for x (S, P, K), packed (S, panels, K + 2, 32), out
+    (S, P, M): on one thread, or spread over the session's threads."""
+    slots, rows, depth = x.shape
+    m = out.shape[2]
+    items = slots * -(-rows // block) * packed.shape[1]
+    args = (_flat(x), _flat(packed), _flat(out), bias, _flat(res), *flags, rows, depth, m, rstride, block)
+    jit.run(_gemm_items, _gemm_parallel, *args, 0, items)
 
 
 def block_rows_for(rows: int, depth: int, parallel: bool) -> int:
@@ -337,7 +366,8 @@ def gemm(
         vector[:m] = bias
     parallel = jit.threads() > 1 and x.shape[0] * packed.shape[0] >= 2 * MR
     block = block_rows_for(x.shape[0], x.shape[1], parallel)
-    jit.run(_gemm_serial, _gemm_parallel, x[None], packed[None], out[None], vector, res, *flags, block)
+    rstride = 0 if residual is None else residual.shape[1]
+    _run_gemm(x[None], packed[None], out[None], vector, res, rstride, flags, block)
 
 
 def gemm_batched(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
@@ -346,7 +376,7 @@ def gemm_batched(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
     bias = np.zeros(packed.shape[1] * NR, np.float32)
     block = block_rows_for(x.shape[1], x.shape[2], jit.threads() > 1)
     free = np.float32(0)
-    jit.run(_gemm_serial, _gemm_parallel, x, packed, out, bias, NO_RESIDUAL, False, False, free, free, block)
+    _run_gemm(x, packed, out, bias, NO_RESIDUAL, 0, (False, False, free, free), block)
 
 
 # -- Conv kernels on the GEMM ------------------------------------------------------------------
