@@ -56,6 +56,7 @@ def test_the_row_grouped_int4_layout_holds_the_same_values() -> None:
         ("int4", 4, "float"),
         ("int4", 1, "int8"),
         ("int4", 4, "int8"),
+        ("int4", gemv.DOT_GROUP, "int8"),
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2])
@@ -64,7 +65,7 @@ def test_every_gemv_candidate_matches_the_dequantized_matrix(
 ) -> None:
     """With int8 activations every path multiplies the same rounded x: only float rounding differs."""
     rng = np.random.default_rng(2)
-    matrix = make_matrix(rng.standard_normal((300, 192)).astype(np.float32), kind, 64, group, activations)
+    matrix = make_matrix(rng.standard_normal((304, 192)).astype(np.float32), kind, 64, group, activations)
     x = rng.standard_normal(192).astype(np.float32)
     seen = gemv.quantize_activations(x[None, :], 64)[0] if activations == "int8" else x
     expected = matrix.dense().astype(np.float64) @ seen
