@@ -154,6 +154,24 @@ _X = jit.array(types.float32, 1, "C", readonly=True)
 _N = types.int64
 
 
+@numba.njit(inline="always", cache=True)
+def _largest(x, base, block, lanes):  # noqa: ANN001, ANN202
+    """max |x[base : base + block]|, 16 lanes wide then halved 4 times: a serial maximum is a
+    chain of dependent compares (~4 cycles each) that LLVM would not vectorise (2x slower)."""
+    for j in range(16):
+        lanes[j] = abs(x[base + j])
+    for c in range(base + 16, base + block, 16):
+        for j in range(16):
+            a = abs(x[c + j])
+            lanes[j] = a if a > lanes[j] else lanes[j]
+    width = 8
+    while width:
+        for j in range(width):
+            lanes[j] = lanes[j + width] if lanes[j + width] > lanes[j] else lanes[j]
+        width //= 2
+    return lanes[0]
+
+
 @jit.njit([types.void(_X, _N, _N, _XQ, _OFF, _DX)])
 def _activations(x, tokens, block, xq, off, dx):  # noqa: ANN001, ANN202
     """x [tokens, K] flat -> int8 per block (llama.cpp's q8_0 rule, gemv.quantize_activations':
@@ -162,19 +180,21 @@ def _activations(x, tokens, block, xq, off, dx):  # noqa: ANN001, ANN202
     nibbles meet: 16 from the low half of the block, 16 from the high), the nibbles' +8."""
     k = x.size // tokens
     subs, per, half = k // SUB, block // SUB, block // 2
+    lanes = np.empty(16, np.float32)
     for t in range(tokens):
         for b in range(k // block):
             base = t * k + b * block
-            largest = np.float32(0.0)
-            for j in range(block):
-                largest = max(largest, abs(x[base + j]))
+            largest = _largest(x, base, block, lanes)
             inverse = np.float32(127.0) / largest if largest > 0 else np.float32(0.0)
-            for j in range(block):
-                xq[base + j] = np.int8(np.rint(x[base + j] * inverse))
             for p in range(per):
-                total = 0
-                for j in range(16 * p, 16 * p + 16):
-                    total += np.int32(xq[base + j]) + np.int32(xq[base + half + j])
+                total = np.int32(0)
+                low_at = base + 16 * p
+                for j in range(16):
+                    low = np.int32(np.rint(x[low_at + j] * inverse))
+                    high = np.int32(np.rint(x[low_at + half + j] * inverse))
+                    xq[low_at + j] = low
+                    xq[low_at + half + j] = high
+                    total += low + high
                 off[t * subs + b * per + p] = -8 * total
                 dx[t * subs + b * per + p] = largest / np.float32(127.0)
 

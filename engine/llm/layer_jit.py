@@ -19,7 +19,7 @@ import numpy as np
 from numba import types
 
 from engine import jit
-from engine.llm.attention_jit import _decode_attention, _decode_attention_int8
+from engine.llm.attention_jit import _decode_attention, _decode_attention_int8, exp
 from engine.llm.dot_jit import SUB, gemv_dot
 from engine.llm.gemv_jit import _int4_grouped_q8, _int8_serial
 
@@ -53,7 +53,7 @@ def swiglu(gate_up, out):  # noqa: ANN001, ANN202
     n = out.size
     for i in range(n):
         g = gate_up[i]
-        out[i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[n + i]
+        out[i] = g / (np.float32(1.0) + exp(-g)) * gate_up[n + i]
 
 
 @numba.njit(inline="always", cache=True)
