@@ -16,8 +16,15 @@ sums: its scales are stored 16 rows side by side, read as float16 and widened by
 
 The dot product is written in LLVM IR (numba has no vector types): with AVX-512 VNNI it is
 the vpdpbusd instruction; elsewhere generic IR (widen, multiply, add the four products of a
-lane) that LLVM lowers for the target, so nothing here needs x86.  Prefill runs the same step
-for four tokens per weight load (``gemm``): the unpacked weights are shared.
+lane) that LLVM lowers for the target, so nothing here needs x86 (tests pass compiled with
+NUMBA_CPU_NAME=skylake-avx512, which has no VNNI).  Prefill runs the same step for four tokens
+per weight load (``gemm``): the unpacked weights are shared.
+
+Measured (one core of the shared host, CPU time per call, best of 7, against the int16 kernel
+on the 8- or 4-row layout): 3072 x 576 109 -> 29 us, 576 x 1536 44 -> 21 us, the 49152 x 576
+LM head 2.6 -> 0.77 ms (20.6 GB/s of weights, at the memory's pace); 256 tokens through
+prefill's integer GEMM: 960 x 576 4.3 -> 2.3 ms, 3072 x 576 13.5 -> 10.8 ms, the same bits
+(both sum exactly per 32 weights and scale once).
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ kernel needs ~12 instructions per 64 weights in 16-lane float registers.  All 12
 SmolLM2-135M decode step, CPU time, best of 15 interleaved on a loaded host: float grouped
 9.2 ms, int16 6.7 ms, int8 weights 10.6 ms; inside decode (cProfile, 32 tokens) 1.1-1.4 s
 -> 0.5-0.9 s.  Row groups of 8 or 16 (144 or 288 lanes) measured no better than 4.
+The converter now writes the dot layout instead where 16 divides the rows (dot_jit.py: four
+bytes of a row per 32-bit lane, 4-way integer dot products, 2-4x ``_int4_grouped_q8``); the
+kernels here serve the row-grouped packages written before it and matrices 16 does not divide.
 ``fastmath`` lets the row sums
 reassociate (that is what vectorises a float reduction); results differ from the numpy kernel
 by float32 rounding of the sums only (tests/engine/llm/test_gemv.py bounds it).
