@@ -17,14 +17,16 @@ sums: its scales are stored 16 rows side by side, read as float16 and widened by
 The dot product is written in LLVM IR (numba has no vector types): with AVX-512 VNNI it is
 the vpdpbusd instruction; elsewhere generic IR (widen, multiply, add the four products of a
 lane) that LLVM lowers for the target, so nothing here needs x86 (tests pass compiled with
-NUMBA_CPU_NAME=skylake-avx512, which has no VNNI).  Prefill runs the same step for four tokens
-per weight load (``gemm``): the unpacked weights are shared.
+NUMBA_CPU_NAME=skylake-avx512, which has no VNNI).  Prefill runs the same step for eight
+tokens per weight load (``gemm``): the unpacked weights are shared (eight took 256 tokens x
+3072 x 576 from 12.1 to 6.1-7.3 ms against four; sixteen measured slower, 8.4).
 
 Measured (one core of the shared host, CPU time per call, best of 7, against the int16 kernel
 on the 8- or 4-row layout): 3072 x 576 109 -> 29 us, 576 x 1536 44 -> 21 us, the 49152 x 576
 LM head 2.6 -> 0.77 ms (20.6 GB/s of weights, at the memory's pace); 256 tokens through
-prefill's integer GEMM: 960 x 576 4.3 -> 2.3 ms, 3072 x 576 13.5 -> 10.8 ms, the same bits
-(both sum exactly per 32 weights and scale once).
+prefill's integer GEMM (prefill_jit.py's, same run): 960 x 576 5.7 -> 2.9 ms, 3072 x 576
+17.4 -> 8.7 ms, 576 x 1536 10.2 -> 4.9 ms, the same bits (both sum exactly per 32 weights and
+scale once).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from engine import jit
 
 LANES = 16  # rows per step: 16 int32 sums in one 512-bit vector
 SUB = 32  # weights per row per step: 16 bytes, 4 lanes' worth of 4 bytes
-TOKENS = 4  # prefill: tokens per weight load
+TOKENS = 8  # prefill: tokens per weight load (see above)
 
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _F32, _HALF = ir.FloatType(), ir.HalfType()
@@ -149,7 +151,7 @@ def _make_step(count: int):  # noqa: ANN202
     return step
 
 
-_step1, _step4 = _make_step(1), _make_step(TOKENS)
+_step1, _step_many = _make_step(1), _make_step(TOKENS)
 _W = jit.array(types.uint8, 1, "C", readonly=True)
 _S = jit.array(types.uint16, 1, "C", readonly=True)
 _XQ, _OFF, _DX = (
@@ -219,7 +221,7 @@ def _rows(w, s, block, xq, off, dx, k, v, out, out_at, tokens, out_stride):  # n
         else:
             for t in range(0, tokens, TOKENS):
                 x_t, at, o = x_at + t * k, sub + t * subs, out_at + t * out_stride
-                _step4(w, w_at, s, s_at, xq, x_t, block // 2, k, off, dx, at, subs, out, o, out_stride)
+                _step_many(w, w_at, s, s_at, xq, x_t, block // 2, k, off, dx, at, subs, out, o, out_stride)
 
 
 _GEMV = types.void(_X, _W, _S, _N, _XQ, _OFF, _DX, jit.array(types.float32, 1, "C"))
