@@ -35,8 +35,20 @@ SDIST="$(ls -t "$DIR"/sdist/llama_cpp_python-*.tar.gz | head -n1)"
 [[ -f "$DIR/src/CMakeLists.txt" ]] || tar -xzf "$SDIST" -C "$DIR/src" --strip-components=1
 
 # llama.cpp's libraries: native instructions, two jobs, low priority (the host is shared).
+# A CPU may list AMX while its kernel (a VM's) grants no tile data (XTILEDATA, bit 18 of what
+# arch_prctl(ARCH_GET_XCOMP_SUPP) reports): -march=native would then compile ggml's AMX
+# kernels, which die on their first tile instruction (SIGILL), so they are left out there.
+NATIVE_FLAGS=""
+if grep -qw amx_int8 /proc/cpuinfo && ! "$PYTHON" -c '
+import ctypes, sys
+bits = ctypes.c_uint64(0)
+libc = ctypes.CDLL(None, use_errno=True)
+sys.exit(0 if libc.syscall(158, 0x1022, ctypes.byref(bits)) == 0 and bits.value >> 18 & 1 else 1)'; then
+    NATIVE_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    echo "AMX listed but not granted by the kernel: building without it"
+fi
 cmake -S "$DIR/src" -B "$DIR/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-    -DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}
+    -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS="$NATIVE_FLAGS" -DCMAKE_CXX_FLAGS="$NATIVE_FLAGS" ${CMAKE_ARGS:-}
 nice -n 15 cmake --build "$DIR/build" --parallel "$JOBS" --target llama ggml
 
 # The Python package without a second compile, then the libraries where it looks for them.

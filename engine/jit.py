@@ -56,6 +56,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.llm.layer_jit": ("LlmDecodeLayer", "LlmGemvInt4", "LlmGemvInt8"),
     # prefill's int4 GEMM in integers (gemv_jit's prefill path calls it)
     "engine.llm.prefill_jit": ("LlmGemvInt4",),
+    # int4 GEMV and GEMM on the dot layout (gemv_jit and layer_jit call them)
+    "engine.llm.dot_jit": ("LlmGemvInt4", "LlmDecodeLayer"),
     "engine.ops.group_norm_jit": ("GroupNormalization", "FusedGroupNorm"),
     # a UNet's long, narrow-headed attention; rides along once a norm has brought numba in
     "engine.diffusion.attention_jit": ("FusedAttention",),

@@ -24,6 +24,7 @@ from converter.errors import ConversionError, InvalidModelError
 from converter.llm.accuracy import compare
 from deploy.package import MANIFEST, Manifest
 from deploy.package.writer import write_archive
+from engine.llm import gemv
 from engine.llm.checkpoint import Checkpoint, load_checkpoint
 from engine.llm.errors import LlmError
 from engine.llm.gemv import HALF_MAX
@@ -134,9 +135,9 @@ def convert_llm(
 
 def _int8_activations(weights: LlmWeights) -> None:
     """Packages store their int4 matrices as q4_0 does (float16 block scales) and multiply them
-    by x rounded to int8 per block, as llama.cpp's q4_0 x q8_0 does (engine/llm/gemv.py):
-    decode's int16 kernel then runs ~2x the float one; the accuracy report, measured after
-    this, includes both roundings."""
+    by x rounded to int8 per block, as llama.cpp's q4_0 x q8_0 does (engine/llm/gemv.py), in
+    the dot layout where 16 divides the rows (engine/llm/dot_jit.py's 4-byte dot products,
+    2-4x the int16 kernel); the accuracy report, measured after this, includes both roundings."""
     matrices = [weights.embed, weights.lm_head]
     for layer in weights.layers:
         matrices += [layer.qkv, layer.o, layer.gate_up, layer.down]
@@ -146,6 +147,10 @@ def _int8_activations(weights: LlmWeights) -> None:
             # float16 scales (q4_0's): q stays as chosen against the float32 scale, as llama.cpp's
             matrix.arrays["scale"] = scale.astype(np.float16)
             matrix.activations = "int8"
+            if gemv.dot_layout(matrix.shape[0], matrix.activations):
+                arrays = gemv.regroup(matrix.arrays["q"], matrix.arrays["scale"], matrix.block, matrix.group)
+                matrix.arrays["q"], matrix.arrays["scale"] = arrays
+                matrix.group = gemv.DOT_GROUP
 
 
 def _text(text: str | os.PathLike[str] | None) -> str:

@@ -18,6 +18,12 @@ contiguous row dot products.
   accumulator per (row, block), and needs no horizontal sum per block: the per-block sums that
   made int4 slower than int8 are gone (LM head 49152 x 576: 24 ms -> 2.6 ms, int8 2.9 ms, on a
   loaded host).  ``to_standard`` undoes it for the numpy kernels (a tile at a time).
+- int4 dot layout (``group`` = ``DOT_GROUP`` = 16, written for int8 activations where 16
+  divides N): four consecutive bytes of a row's block side by side with 15 other rows'.
+  Viewed as [N/16, K/B, B/8, 16, 4], element [v, b, c, g, t] is byte 4c + t of block b of row
+  16v + g; the scales likewise, [N/16, K/B, 16] (16 rows' scales of a block side by side).
+  dot_jit.py's kernels multiply a 4-byte lane of weights by 4 activations in one product
+  (vpdpbusd with AVX-512 VNNI).  ``to_standard`` and ``standard_scales`` undo it.
 
 - activations (int4 only): "float", or "int8": the matrix multiplies x rounded to int8 per
   block of B (llama.cpp's q8_0 rule, d = max |x| / 127, round(x / d)), as q4_0 x q8_0 does.
@@ -38,7 +44,8 @@ from typing import Any
 import numpy as np
 
 BLOCKS = (32, 64)
-GROUPS = (1, 4, 8)
+DOT_GROUP = 16  # the dot layout (above): int8 activations only
+GROUPS = (1, 4, 8, DOT_GROUP)
 ACTIVATIONS = ("float", "int8")
 HALF_MAX = 65504.0  # float16's largest: a larger block scale (|w| > 524032) is clipped
 GROUP = 4  # rows per group in the re-laid int4 layout (1: the plain layout), at the least
@@ -72,6 +79,12 @@ def choose_group(n: int, k: int, block: int) -> int:
     return GROUP if n % GROUP == 0 else 1
 
 
+def dot_layout(n: int, activations: str) -> bool:
+    """Whether an int4 [N, K] matrix is stored in the dot layout: its kernels multiply int8
+    activations, and whole vectors of 16 rows."""
+    return activations == "int8" and n % DOT_GROUP == 0
+
+
 def quantize_int4(
     w: np.ndarray, block: int, group: int = 1, half_scales: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -94,15 +107,19 @@ def quantize_int4(
     half = block // 2
     packed = (q[..., :half] | (q[..., half:] << 4)).astype(np.uint8)
     scale = scale.astype(np.float16) if half_scales else scale
-    return to_grouped(packed.reshape(n, k // 2), block, group), scale
+    return to_grouped(packed.reshape(n, k // 2), block, group), grouped_scales(scale, group)
 
 
 def to_grouped(packed: np.ndarray, block: int, group: int) -> np.ndarray:
-    """Plain [N, K/2] int4 bytes -> the row-grouped layout (same shape; N a multiple of group)."""
+    """Plain [N, K/2] int4 bytes -> the row-grouped or dot layout (same shape; N a multiple of
+    group)."""
     if group == 1:
         return packed
     n, half_k = packed.shape
     half, blocks = block // 2, half_k * 2 // block
+    if group == DOT_GROUP:
+        dot = packed.reshape(n // group, group, blocks, half // 4, 4).transpose(0, 2, 3, 1, 4)
+        return np.ascontiguousarray(dot).reshape(n, half_k)
     grouped = packed.reshape(n // group, group, blocks, half).transpose(0, 3, 1, 2)
     return np.ascontiguousarray(grouped).reshape(n, half_k)
 
@@ -113,8 +130,35 @@ def to_standard(packed: np.ndarray, block: int, group: int) -> np.ndarray:
         return packed
     n, half_k = packed.shape
     half, blocks = block // 2, half_k * 2 // block
+    if group == DOT_GROUP:
+        dot = np.asarray(packed).reshape(n // group, blocks, half // 4, group, 4)
+        return dot.transpose(0, 3, 1, 2, 4).reshape(n, half_k)
     plain = np.asarray(packed).reshape(n // group, half, group, blocks).transpose(0, 2, 3, 1)
     return plain.reshape(n, half_k)
+
+
+def regroup(packed: np.ndarray, scale: np.ndarray, block: int, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """A ``group`` layout's bytes and scales [N, K/2], [N, K/B] -> the dot layout's."""
+    plain, scales = to_standard(packed, block, group), standard_scales(scale, group)
+    return to_grouped(np.ascontiguousarray(plain), block, DOT_GROUP), grouped_scales(scales, DOT_GROUP)
+
+
+def grouped_scales(scale: np.ndarray, group: int) -> np.ndarray:
+    """Block scales [N, K/B] in the order ``group``'s layout stores them (only the dot layout
+    reorders them: 16 rows' scales of a block side by side)."""
+    if group != DOT_GROUP:
+        return scale
+    n, blocks = scale.shape
+    dot = scale.reshape(n // group, group, blocks).transpose(0, 2, 1)
+    return np.ascontiguousarray(dot).reshape(n, blocks)
+
+
+def standard_scales(scale: np.ndarray, group: int) -> np.ndarray:
+    """``grouped_scales`` undone: [rows, K/B] in row order (rows a multiple of group)."""
+    if group != DOT_GROUP:
+        return scale
+    n, blocks = scale.shape
+    return np.asarray(scale).reshape(n // group, blocks, group).transpose(0, 2, 1).reshape(n, blocks)
 
 
 def grouped_rows(packed: np.ndarray, index: np.ndarray, block: int, group: int) -> np.ndarray:
@@ -123,8 +167,19 @@ def grouped_rows(packed: np.ndarray, index: np.ndarray, block: int, group: int) 
         return np.asarray(packed)[index]
     n, half_k = packed.shape
     half, blocks = block // 2, half_k * 2 // block
+    if group == DOT_GROUP:
+        dot = np.asarray(packed).reshape(n // group, blocks, half // 4, group, 4)
+        return dot[index // group, :, :, index % group, :].reshape(len(index), half_k)
     view = np.asarray(packed).reshape(n // group, half, group, blocks)
     return view[index // group, :, index % group, :].transpose(0, 2, 1).reshape(len(index), half_k)
+
+
+def grouped_scale_rows(scale: np.ndarray, index: np.ndarray, group: int) -> np.ndarray:
+    """The block scales of the rows ``index`` (in the layout's order), [len(index), K/B]."""
+    if group != DOT_GROUP:
+        return np.asarray(scale)[index]
+    n, blocks = scale.shape
+    return np.asarray(scale).reshape(n // group, blocks, group)[index // group, :, index % group]
 
 
 def quantize_activations(x: np.ndarray, block: int) -> np.ndarray:
@@ -185,7 +240,7 @@ def gemm_int4(
     step = tile_rows(k, group)
     for start in range(0, n, step):
         plain = to_standard(packed[start : start + step], block, group)
-        tile = dequantize_int4(plain, scale[start : start + step], block)
+        tile = dequantize_int4(plain, standard_scales(scale[start : start + step], group), block)
         np.matmul(x, tile.T, out=out[:, start : start + step])
     return out
 

@@ -30,6 +30,9 @@ kernel needs ~12 instructions per 64 weights in 16-lane float registers.  All 12
 SmolLM2-135M decode step, CPU time, best of 15 interleaved on a loaded host: float grouped
 9.2 ms, int16 6.7 ms, int8 weights 10.6 ms; inside decode (cProfile, 32 tokens) 1.1-1.4 s
 -> 0.5-0.9 s.  Row groups of 8 or 16 (144 or 288 lanes) measured no better than 4.
+The converter now writes the dot layout instead where 16 divides the rows (dot_jit.py: four
+bytes of a row per 32-bit lane, 4-way integer dot products, 2-4x ``_int4_grouped_q8``); the
+kernels here serve the row-grouped packages written before it and matrices 16 does not divide.
 ``fastmath`` lets the row sums
 reassociate (that is what vectorises a float reduction); results differ from the numpy kernel
 by float32 rounding of the sums only (tests/engine/llm/test_gemv.py bounds it).
@@ -44,7 +47,7 @@ import numpy as np
 from numba import types
 
 from engine import jit
-from engine.llm.gemv import gemm_int4, quantize_activations, tile_rows
+from engine.llm.gemv import DOT_GROUP, gemm_int4, quantize_activations, tile_rows
 
 _F32, _I64 = types.float32, types.int64
 _X = jit.array(_F32, 1, "C", readonly=True)
@@ -318,6 +321,8 @@ def gemm_int4_jit(
     """gemv.gemm_int4 (prefill: x [M, K] times the int4 matrix's transpose -> [M, N]): in
     integers by prefill_jit.py where it applies (the converter's int4), else with the tiles
     dequantized by ``_dequantize_grouped`` (the same products as numpy's, bit for bit)."""
+    if group == DOT_GROUP:  # 4-byte integer dot products (dot_jit.py)
+        return jit.module("engine.llm.dot_jit").gemm(x, packed, scale, block)
     prefill = jit.module("engine.llm.prefill_jit")
     if prefill.supports(packed.shape[0], group, activations):  # integer products (prefill_jit.py)
         return prefill.gemm(x, packed, scale, block, group)
@@ -351,7 +356,13 @@ def gemv_int4_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.nd
     x = np.ascontiguousarray(x, np.float32)
     quantized = attrs.get("activations", "float") == "int8"
     n, half_k = packed.shape
-    if group > 1 and quantized and scale.dtype == np.float16:  # the converter's int4 matrices
+    if group == DOT_GROUP:  # the converter's int4 matrices (dot_jit.py)
+        k = half_k * 2
+        scratch = np.empty(k, np.int8), np.empty(k // 32, np.int32), np.empty(k // 32, np.float32)
+        w, halves = packed.reshape(-1), scale.view(np.uint16).reshape(-1)
+        jit.module("engine.llm.dot_jit").gemv_dot(x, w, halves, block, *scratch, out)
+        return [out]
+    if group > 1 and quantized and scale.dtype == np.float16:  # 4 or 8 rows per group
         grouped = packed.reshape(n // group, block // 2, group * half_k * 2 // block)
         halves = scale.view(np.uint16).reshape(n // group, grouped.shape[2])
         _int4_grouped_q8(x, grouped, halves, block, group, out)

@@ -19,7 +19,8 @@ import numpy as np
 from numba import types
 
 from engine import jit
-from engine.llm.attention_jit import _decode_attention, _decode_attention_int8
+from engine.llm.attention_jit import _decode_attention, _decode_attention_int8, exp
+from engine.llm.dot_jit import SUB, gemv_dot
 from engine.llm.gemv_jit import _int4_grouped_q8, _int8_serial
 
 _F32, _I64 = types.float32, types.int64
@@ -52,7 +53,7 @@ def swiglu(gate_up, out):  # noqa: ANN001, ANN202
     n = out.size
     for i in range(n):
         g = gate_up[i]
-        out[i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[n + i]
+        out[i] = g / (np.float32(1.0) + exp(-g)) * gate_up[n + i]
 
 
 @numba.njit(inline="always", cache=True)
@@ -133,15 +134,18 @@ def attend_int8(
 
 
 # ---- a whole layer in one call, where its four matrices are the converter's int4 (int8
-# activations, float16 scales, row-grouped: gemv_jit's ``_int4_grouped_q8``) or int8 per-channel
-# (``_int8_serial``).  Python's per-GEMV dispatch (attrs, reshapes of the package's memmaps, an
-# output array each) was ~25 us per layer; here a layer is one call on buffers made once.
+# activations, float16 scales: in the dot layout, dot_jit's ``gemv_dot``, or row-grouped,
+# gemv_jit's ``_int4_grouped_q8``) or int8 per-channel (``_int8_serial``).  Python's per-GEMV
+# dispatch (attrs, reshapes of the package's memmaps, an output array each) was ~25 us per
+# layer; here a layer is one call on buffers made once.
 # int4 matrices as ``gemv_int4_jit`` hands them over: packed [N/G, B/2, G * K/B] uint8, scales
-# [N/G, G * K/B] as uint16 (float16 bits); int8: q [N, K], scale [N] (block and group unused).
+# [N/G, G * K/B] as uint16 (float16 bits); the dot layout's flat (bytes [N * K/2], float16 bits
+# [N * K/B]); int8: q [N, K], scale [N] (block and group unused).
 # ``group`` is the first matrix's: the int4 kernel reads each matrix's own from its shapes (a
 # layer's groups may differ, gemv.choose_group).  numba's cache of this file does not notice
 # edits to the kernels it inlines from gemv_jit.py: change this file with them.
 _Q4 = (jit.array(types.uint8, 3, "C", readonly=True), jit.array(types.uint16, 2, "C", readonly=True))
+_DOT = (jit.array(types.uint8, 1, "C", readonly=True), jit.array(types.uint16, 1, "C", readonly=True))
 _I8 = (jit.array(types.int8, 2, "C", readonly=True), _IN)
 _MIDDLE = (_I64, _I64, _F32, jit.array(_F32, 2, "C"))
 _SCRATCH = (_OUT, _OUT, _OUT, _OUT, _OUT, _OUT, _IN)
@@ -154,8 +158,19 @@ def _signatures(cache: tuple) -> list:
     norms = (_IN, _IN, _IN, _IN, types.float64, _IN, _IN)
     return [
         types.void(_OUT, _OUT, *(kind * 4), _I64, _I64, *norms, *_MIDDLE, *cache, *_SCRATCH)
-        for kind in (_Q4, _I8)
+        for kind in (_Q4, _DOT, _I8)
     ]
+
+
+@numba.njit(inline="always", cache=True)
+def _dot(x, w, s, block, out):  # noqa: ANN001, ANN202
+    """dot_jit's GEMV with its scratch: x as int8, and per 32 inputs a start and d_x."""
+    scratch = (
+        np.empty(x.size, np.int8),
+        np.empty(x.size // SUB, np.int32),
+        np.empty(x.size // SUB, np.float32),
+    )
+    gemv_dot(x, w, s, block, *scratch, out)
 
 
 def _gemv(x, w, s, block, group, out):  # noqa: ANN001, ANN202
@@ -166,6 +181,8 @@ def _gemv(x, w, s, block, group, out):  # noqa: ANN001, ANN202
 def _gemv_for(x, w, s, block, group, out):  # noqa: ANN001, ANN202
     if w.ndim == 3:
         return lambda x, w, s, block, group, out: _int4_grouped_q8(x, w, s, block, group, out)
+    if w.ndim == 1:  # the dot layout
+        return lambda x, w, s, block, group, out: _dot(x, w, s, block, out)
     return lambda x, w, s, block, group, out: _int8_serial(x, w, s, out)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine import jit
+from engine.llm import gemv
 from engine.llm.cache import KVCache
 from engine.llm.checkpoint import Checkpoint
 from engine.llm.config import LlmConfig
@@ -263,13 +264,15 @@ class DecodeBuffers:
 def _one_call_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple | None]:
     """Per layer: (its four matrices as layer_jit's ``layer`` takes them, block, group, qkv bias,
     o bias), or None for a layer whose matrices are not all the converter's int4 (int8
-    activations, float16 scales, one block; each its own group) or all int8 per-channel."""
+    activations, float16 scales, one block; each its own group, all in the dot layout or none)
+    or all int8 per-channel."""
     found: list[tuple | None] = []
     for layer in weights.layers:
         matrices = (layer.qkv, layer.o, layer.gate_up, layer.down)
         first = matrices[0]
         biases = tuple(empty if b is None else b for b in (layer.qkv_bias, layer.o_bias))
-        if all(_is_q4(m, first.block) for m in matrices):
+        dot = {m.group == gemv.DOT_GROUP for m in matrices}
+        if all(_is_q4(m, first.block) for m in matrices) and len(dot) == 1:
             arrays = [array for m in matrices for array in _q4_arrays(m)]
             found.append((*arrays, first.block, first.group, *biases))
         elif all(m.kind == "int8" for m in matrices):
@@ -296,8 +299,12 @@ def _is_q4(matrix: Matrix, block: int) -> bool:
 
 def _q4_arrays(matrix: Matrix) -> tuple[np.ndarray, np.ndarray]:
     """gemv_int4_jit's views of a grouped int4 matrix (plain ndarrays, made once: a reshape of a
-    package's memmap runs numpy's Python-level memmap hooks on every call)."""
+    package's memmap runs numpy's Python-level memmap hooks on every call); flat for the dot
+    layout (layer_jit's kernels tell the layouts apart by their dimensions)."""
     n, half_k = matrix.arrays["q"].shape
+    if matrix.group == gemv.DOT_GROUP:
+        flat = np.asarray(matrix.arrays["q"]).view(np.ndarray).reshape(-1)
+        return flat, np.asarray(matrix.arrays["scale"]).view(np.uint16).view(np.ndarray).reshape(-1)
     lanes = matrix.group * half_k * 2 // matrix.block
     packed = (
         np.asarray(matrix.arrays["q"]).view(np.ndarray).reshape(n // matrix.group, matrix.block // 2, lanes)

@@ -195,9 +195,9 @@ def _pack_activations(x, block, xq, dx):  # noqa: ANN001, ANN202
 
 
 def supports(n: int, group: int, activations: str) -> bool:
-    """Whether ``gemm`` takes this int4 matrix: the grouped layout, int8 activations, and whole
-    vectors of 16 rows."""
-    return activations == "int8" and group > 1 and n % LANES == 0 and LANES % group == 0
+    """Whether ``gemm`` takes this int4 matrix: the row-grouped layout (4 or 8 rows; the dot
+    layout's 16 has its own, dot_jit.py), int8 activations, and whole vectors of 16 rows."""
+    return activations == "int8" and 1 < group < LANES and n % LANES == 0 and LANES % group == 0
 
 
 def gemm(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, block: int, group: int) -> np.ndarray:

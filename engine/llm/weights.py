@@ -69,6 +69,7 @@ class Matrix:
             and self.group in gemv.GROUPS
             and n % self.group == 0
             and self.activations in gemv.ACTIVATIONS
+            and (self.group != gemv.DOT_GROUP or self.activations == "int8")
         ):
             half = self.activations == "int8"  # float16 scales beside int8 activations (gemv.py)
             wanted = {"q": ((n, k // 2), "|u1"), "scale": ((n, k // self.block), "<f2" if half else "<f4")}
@@ -116,9 +117,9 @@ class Matrix:
         index = np.asarray(index, dtype=np.int64)
         if self.kind in ("fp32", "fp16"):
             return self.arrays["w"][index].astype(np.float32)
-        scale = self.arrays["scale"][index]
         if self.kind == "int8":
-            return self.arrays["q"][index].astype(np.float32) * scale[:, None]
+            return self.arrays["q"][index].astype(np.float32) * self.arrays["scale"][index][:, None]
+        scale = gemv.grouped_scale_rows(self.arrays["scale"], index, self.group)
         q = gemv.grouped_rows(self.arrays["q"], index, self.block, self.group)
         return gemv.dequantize_int4(q, scale, self.block)
 
@@ -131,8 +132,9 @@ def make_matrix(
     w: np.ndarray, kind: str, block: int = 32, group: int | None = None, activations: str = "float"
 ) -> Matrix:
     """Store float weights [N, K] at ``kind``; int4 falls back to int8 for a K the block does not
-    divide, and is row-grouped (``gemv.choose_group``) when it can be unless ``group`` says;
-    ``activations`` (int4 only, gemv.py) says how it multiplies x."""
+    divide, and is stored in the dot layout (int8 activations, 16 rows dividing N) or else
+    row-grouped (``gemv.choose_group``) when it can be unless ``group`` says; ``activations``
+    (int4 only, gemv.py) says how it multiplies x."""
     w = np.asarray(w)
     shape = (int(w.shape[0]), int(w.shape[1]))
     if kind == "fp32":
@@ -140,7 +142,9 @@ def make_matrix(
     if kind == "fp16":
         return Matrix("fp16", shape, {"w": np.ascontiguousarray(w, np.float16)})
     if kind == "int4" and shape[1] % block == 0:
-        if group is None:
+        if group is None and gemv.dot_layout(shape[0], activations):
+            group = gemv.DOT_GROUP
+        elif group is None:
             group = gemv.choose_group(shape[0], shape[1], block)
         q, scale = gemv.quantize_int4(w, block, group, half_scales=activations == "int8")
         arrays = {"q": q, "scale": scale}

@@ -56,6 +56,7 @@ def test_the_row_grouped_int4_layout_holds_the_same_values() -> None:
         ("int4", 4, "float"),
         ("int4", 1, "int8"),
         ("int4", 4, "int8"),
+        ("int4", gemv.DOT_GROUP, "int8"),
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2])
@@ -64,7 +65,7 @@ def test_every_gemv_candidate_matches_the_dequantized_matrix(
 ) -> None:
     """With int8 activations every path multiplies the same rounded x: only float rounding differs."""
     rng = np.random.default_rng(2)
-    matrix = make_matrix(rng.standard_normal((300, 192)).astype(np.float32), kind, 64, group, activations)
+    matrix = make_matrix(rng.standard_normal((304, 192)).astype(np.float32), kind, 64, group, activations)
     x = rng.standard_normal(192).astype(np.float32)
     seen = gemv.quantize_activations(x[None, :], 64)[0] if activations == "int8" else x
     expected = matrix.dense().astype(np.float64) @ seen
@@ -166,3 +167,25 @@ def test_the_int16_gemv_reads_any_group_from_the_shapes(group: int) -> None:
     out = np.empty(48, np.float32)
     kernels._int4_grouped_q8(x, packed, halves, 32, 4, out)  # 4: a layer's shared argument
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not jit.enabled(), reason="the JIT tier is off")
+def test_the_jit_exp_is_within_2_ulp_of_the_exact_one_and_tiny_below_its_range() -> None:
+    """attention_jit's exp (softmaxes, SwiGLU), over its whole float32 range and past it."""
+    import numba  # noqa: PLC0415
+
+    exp = jit.module("engine.llm.attention_jit").exp
+
+    @numba.njit
+    def apply(x: np.ndarray, out: np.ndarray) -> None:
+        for i in range(x.size):
+            out[i] = exp(x[i])
+
+    x = np.concatenate([np.linspace(-87, 88, 400_001), [0.0, -1e-8, 1e-8, -100.0, -1e30]]).astype(np.float32)
+    out = np.empty_like(x)
+    apply(x, out)
+    exact = np.exp(x.astype(np.float64))
+    inside = x >= -87
+    assert np.all(np.abs(out[inside] - exact[inside]) <= 2 * 2**-24 * exact[inside])
+    assert out[x == 0][0] == 1.0
+    assert np.all((out[~inside] >= 0) & (out[~inside] < 2e-38))

@@ -1,4 +1,5 @@
-"""Prefill's int4 GEMM in integers (engine/llm/prefill_jit.py) against the float products."""
+"""Prefill's int4 GEMM in integers on the row-grouped layout (engine/llm/prefill_jit.py: packages
+from before the dot layout, dot_jit.py) against the float products."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def _case(tokens: int, vectors: int, blocks: int, block: int, seed: int) -> tupl
     rng = np.random.default_rng(seed)
     n, k = 16 * vectors, blocks * block
     w = rng.standard_normal((n, k)).astype(np.float32) * rng.uniform(0.01, 3.0, (n, 1)).astype(np.float32)
-    matrix = make_matrix(w, "int4", block, activations="int8")
+    matrix = make_matrix(w, "int4", block, 4, activations="int8")
     x = rng.standard_normal((tokens, k)).astype(np.float32) * rng.uniform(0.1, 10.0, (tokens, 1)).astype(
         np.float32
     )
@@ -62,12 +63,13 @@ def test_prefill_takes_the_integer_path_only_where_it_applies() -> None:
     assert not prefill.supports(48, 4, "float")  # float activations: BLAS on float tiles
     assert not prefill.supports(48, 1, "int8")  # the plain layout
     assert not prefill.supports(40, 4, "int8")  # not whole vectors of 16 rows
+    assert not prefill.supports(48, gemv.DOT_GROUP, "int8")  # the dot layout: dot_jit.py
     matrix, x = _case(6, 2, 3, 32, 1)
     kernels = jit.module("engine.llm.gemv_jit")
     q, scale = matrix.arrays["q"], matrix.arrays["scale"]
     np.testing.assert_array_equal(
         matrix.gemm(x), prefill.gemm(x, q, scale, 32, matrix.group)
-    )  # Matrix.gemm routes the converter's int4 here
+    )  # Matrix.gemm routes row-grouped int4 with int8 activations here
     np.testing.assert_array_equal(
         kernels.gemm_int4_jit(x, q, scale, 32, matrix.group, "int8"), matrix.gemm(x)
     )

@@ -1,0 +1,282 @@
+"""int4 x int8 GEMV and GEMM on the dot layout (gemv.py, ``DOT_GROUP`` rows): four-byte dot
+products, as llama.cpp's q4_0 x q8_0 and x86's vpdpbusd compute them.
+
+The row-grouped layouts (G = 4, 8) give every (row, block) its own int16 lane, so each weight
+costs a widen, a multiply and an add of its own (7 instructions per 64 weights, ~15-18 G
+weights/s hot in L2 on one core).  The dot layout keeps four consecutive bytes of one row's
+block in each 32-bit lane, 16 rows per 64 bytes: a lane's low nibbles are four weights, its high
+nibbles the four B/2 further on.  Per 64 bytes (128 weights) a step is one load, two masks
+(``v & 0x0F`` and ``v & 0xF0``: the high nibbles stay 16x, summed apart and shifted down
+once per block: exact, the sums are whole multiples of 16) and two 4-way dot products of
+unsigned weight bytes with the block's int8 activations broadcast to every lane, summed into
+16 int32 lanes.  The nibbles' +8 is taken out by starting a block's sum at -8 * (the sum of its
+activations), once per call.  A block then adds float(sum) * d_w[16 rows] * d_x to 16 float
+sums: its scales are stored 16 rows side by side, read as float16 and widened by LLVM
+(vcvtph2ps).
+
+The dot product is written in LLVM IR (numba has no vector types): with AVX-512 VNNI it is
+the vpdpbusd instruction; elsewhere generic IR (widen, multiply, add the four products of a
+lane) that LLVM lowers for the target, so nothing here needs x86 (tests pass compiled with
+NUMBA_CPU_NAME=skylake-avx512, which has no VNNI).  Prefill runs the same step for eight
+tokens per weight load (``gemm``): the unpacked weights are shared (eight took 256 tokens x
+3072 x 576 from 12.1 to 6.1-7.3 ms against four; sixteen measured slower, 8.4).
+
+Measured (one core of the shared host, CPU time per call, best of 7, against the int16 kernel
+on the 8- or 4-row layout): 3072 x 576 109 -> 29 us, 576 x 1536 44 -> 21 us, the 49152 x 576
+LM head 2.6 -> 0.77 ms (20.6 GB/s of weights, at the memory's pace); 256 tokens through
+prefill's integer GEMM (prefill_jit.py's, same run): 960 x 576 5.7 -> 2.9 ms, 3072 x 576
+17.4 -> 8.7 ms, 576 x 1536 10.2 -> 4.9 ms, the same bits (both sum exactly per 32 weights and
+scale once).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from engine import jit
+
+LANES = 16  # rows per step: 16 int32 sums in one 512-bit vector
+SUB = 32  # weights per row per step: 16 bytes, 4 lanes' worth of 4 bytes
+TOKENS = 8  # prefill: tokens per weight load (see above)
+
+_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_F32, _HALF = ir.FloatType(), ir.HalfType()
+_SUMS, _BYTES = ir.VectorType(_I32, LANES), ir.VectorType(_I8, 4 * LANES)
+_FLOATS = ir.VectorType(_F32, LANES)
+
+
+def _has_vnni() -> bool:
+    """Whether numba compiles for a CPU with AVX-512 VNNI (its host, unless NUMBA_CPU_NAME says)."""
+    import llvmlite.binding as llvm  # noqa: PLC0415
+    from numba.core import config  # noqa: PLC0415
+
+    if config.CPU_FEATURES is not None:
+        return "+avx512vnni" in config.CPU_FEATURES
+    if config.CPU_NAME not in (None, "host"):
+        return False
+    return bool(llvm.get_host_cpu_features().get("avx512vnni", False))
+
+
+VNNI = _has_vnni()
+
+
+def _splat(builder: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:
+    undefined = ir.Constant(vector, ir.Undefined)
+    first = builder.insert_element(undefined, value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(first, undefined, ir.Constant(ir.VectorType(_I32, vector.count), None))
+
+
+def _dot(builder: ir.IRBuilder, acc: ir.Value, weights: ir.Value, x: ir.Value) -> ir.Value:
+    """acc[lane] += sum over its 4 bytes of unsigned weights[byte] * signed x[byte]."""
+    if VNNI:
+        function = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_SUMS, [_SUMS] * 3), "llvm.x86.avx512.vpdpbusd.512"
+        )
+        return builder.call(function, [acc, weights, x])
+    wide = ir.VectorType(_I32, 4 * LANES)
+    w = builder.zext(builder.bitcast(weights, _BYTES), wide)
+    products = builder.mul(w, builder.sext(builder.bitcast(x, _BYTES), wide))
+    undefined = ir.Constant(wide, ir.Undefined)
+    parts = [
+        builder.shuffle_vector(products, undefined, ir.Constant(_SUMS, list(range(i, 4 * LANES, 4))))
+        for i in range(4)
+    ]
+    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
+
+
+def _at(context, builder, array_type, array, offset, element):  # noqa: ANN001, ANN202
+    """Pointer to ``element`` (an LLVM type) at element ``offset`` of a flat numba array."""
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [offset]), element.as_pointer())
+
+
+def _make_step(count: int):  # noqa: ANN202
+    """The step intrinsic for ``count`` tokens (1: decode, TOKENS: prefill)."""
+
+    @intrinsic
+    def step(
+        typingctx, w, w_at, s, s_at, xq, x_at, half, x_stride, off, dx, at, subs, out, out_at, out_stride
+    ):  # noqa: ANN001, ANN202, ARG001, E501
+        """For ``count`` tokens t: out[out_at + t * out_stride + (0..15)] (16 rows) += float(the
+        sub-block's int sum) * scales[16 rows] * dx[at + t * subs]: weight bytes w[w_at : w_at +
+        256] (4 chunks of 16 rows x 4 bytes), float16 scales s[s_at : s_at + 16], activations
+        xq[x_at + t * x_stride + (0..15)] (low nibbles) and + half (high), the int sum started
+        at off[at + t * subs]."""
+        sig = types.void(
+            w, w_at, s, s_at, xq, x_at, half, x_stride, off, dx, at, subs, out, out_at, out_stride
+        )
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            w, w_at, s, s_at, xq, x_at, half, x_stride, off, dx, at, subs, out, out_at, out_stride = args
+            kinds = signature.args
+
+            def row(base, stride, t):  # noqa: ANN001, ANN202
+                return builder.add(base, builder.mul(stride, ir.Constant(_I64, t)))
+
+            def load(kind, array, offset, element, align):  # noqa: ANN001, ANN202
+                return builder.load(_at(context, builder, kind, array, offset, element), align=align)
+
+            lows, highs = [], []
+            for c in range(4):  # the weights once, for every token
+                chunk = load(kinds[0], w, builder.add(w_at, ir.Constant(_I64, 4 * LANES * c)), _SUMS, 1)
+                lows.append(builder.and_(chunk, ir.Constant(_SUMS, [0x0F0F0F0F] * LANES)))
+                highs.append(builder.and_(chunk, ir.Constant(_SUMS, [0xF0F0F0F0 - (1 << 32)] * LANES)))
+            halves = load(kinds[2], s, s_at, ir.VectorType(_I16, LANES), 2)
+            scales = builder.fpext(builder.bitcast(halves, ir.VectorType(_HALF, LANES)), _FLOATS)
+            for t in range(count):
+                x, index = row(x_at, x_stride, t), row(at, subs, t)
+                low = _splat(builder, load(kinds[8], off, index, _I32, 4), _SUMS)
+                high = ir.Constant(_SUMS, None)
+                for c in range(4):
+                    x_c = builder.add(x, ir.Constant(_I64, 4 * c))
+                    value = _splat(builder, load(kinds[4], xq, x_c, _I32, 1), _SUMS)
+                    low = _dot(builder, low, lows[c], value)
+                    value = _splat(builder, load(kinds[4], xq, builder.add(x_c, half), _I32, 1), _SUMS)
+                    high = _dot(builder, high, highs[c], value)
+                # the high nibbles were summed 16x: an exact shift (every sum a multiple of 16)
+                total = builder.add(low, builder.ashr(high, ir.Constant(_SUMS, [4] * LANES)))
+                step = builder.fmul(scales, _splat(builder, load(kinds[9], dx, index, _F32, 4), _FLOATS))
+                target = _at(context, builder, kinds[12], out, row(out_at, out_stride, t), _FLOATS)
+                added = builder.fmul(builder.sitofp(total, _FLOATS), step)
+                builder.store(builder.fadd(builder.load(target, align=4), added), target, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return step
+
+
+_step1, _step_many = _make_step(1), _make_step(TOKENS)
+_W = jit.array(types.uint8, 1, "C", readonly=True)
+_S = jit.array(types.uint16, 1, "C", readonly=True)
+_XQ, _OFF, _DX = (
+    jit.array(types.int8, 1, "C"),
+    jit.array(types.int32, 1, "C"),
+    jit.array(types.float32, 1, "C"),
+)
+_X = jit.array(types.float32, 1, "C", readonly=True)
+_N = types.int64
+
+
+@numba.njit(inline="always", cache=True)
+def _largest(x, base, block, lanes):  # noqa: ANN001, ANN202
+    """max |x[base : base + block]|, 16 lanes wide then halved 4 times: a serial maximum is a
+    chain of dependent compares (~4 cycles each) that LLVM would not vectorise (2x slower)."""
+    for j in range(16):
+        lanes[j] = abs(x[base + j])
+    for c in range(base + 16, base + block, 16):
+        for j in range(16):
+            a = abs(x[c + j])
+            lanes[j] = a if a > lanes[j] else lanes[j]
+    width = 8
+    while width:
+        for j in range(width):
+            lanes[j] = lanes[j + width] if lanes[j + width] > lanes[j] else lanes[j]
+        width //= 2
+    return lanes[0]
+
+
+@jit.njit([types.void(_X, _N, _N, _XQ, _OFF, _DX)])
+def _activations(x, tokens, block, xq, off, dx):  # noqa: ANN001, ANN202
+    """x [tokens, K] flat -> int8 per block (llama.cpp's q8_0 rule, gemv.quantize_activations':
+    d = max |x| / 127, round(x * 127 / max |x|)) into xq [tokens, K]; per sub-block of 32
+    weights (K/32 per token) dx = its block's d and off = -8 * (the sum of the xq its
+    nibbles meet: 16 from the low half of the block, 16 from the high), the nibbles' +8."""
+    k = x.size // tokens
+    subs, per, half = k // SUB, block // SUB, block // 2
+    lanes = np.empty(16, np.float32)
+    for t in range(tokens):
+        for b in range(k // block):
+            base = t * k + b * block
+            largest = _largest(x, base, block, lanes)
+            inverse = np.float32(127.0) / largest if largest > 0 else np.float32(0.0)
+            for p in range(per):
+                total = np.int32(0)
+                low_at = base + 16 * p
+                for j in range(16):
+                    low = np.int32(np.rint(x[low_at + j] * inverse))
+                    high = np.int32(np.rint(x[low_at + half + j] * inverse))
+                    xq[low_at + j] = low
+                    xq[low_at + half + j] = high
+                    total += low + high
+                off[t * subs + b * per + p] = -8 * total
+                dx[t * subs + b * per + p] = largest / np.float32(127.0)
+
+
+@numba.njit(inline="always", cache=True)
+def _rows(w, s, block, xq, off, dx, k, v, out, out_at, tokens, out_stride):  # noqa: ANN001, ANN202
+    """Rows 16 v .. 16 v + 15 for ``tokens`` tokens (1, or a multiple of TOKENS)."""
+    subs, per = k // SUB, block // SUB
+    for sub in range(subs):
+        b, p = sub // per, sub % per
+        w_at, s_at = (v * subs + sub) * 256, (v * (k // block) + b) * LANES
+        x_at = b * block + 16 * p
+        if tokens == 1:
+            _step1(w, w_at, s, s_at, xq, x_at, block // 2, k, off, dx, sub, subs, out, out_at, out_stride)
+        else:
+            for t in range(0, tokens, TOKENS):
+                x_t, at, o = x_at + t * k, sub + t * subs, out_at + t * out_stride
+                _step_many(w, w_at, s, s_at, xq, x_t, block // 2, k, off, dx, at, subs, out, o, out_stride)
+
+
+_GEMV = types.void(_X, _W, _S, _N, _XQ, _OFF, _DX, jit.array(types.float32, 1, "C"))
+
+
+@jit.njit([_GEMV])
+def gemv_dot(x, w, s, block, xq, off, dx, out):  # noqa: ANN001, ANN202
+    """out [N] = W x for the dot layout (w [N * K/2] uint8, s [N * K/B] float16 bits, both in the
+    layout's order); xq [K], off and dx [K/32]: scratch."""
+    k = x.size
+    _activations(x, 1, block, xq, off, dx)
+    for v in range(out.size // LANES):
+        for i in range(LANES):
+            out[v * LANES + i] = 0.0
+        _rows(w, s, block, xq, off, dx, k, v, out, v * LANES, 1, 0)
+
+
+_GEMM = types.void(_XQ, _OFF, _DX, _N, _N, _W, _S, _N, jit.array(types.float32, 1, "C"))
+
+
+@jit.njit([_GEMM])
+def _gemm(xq, off, dx, tokens, k, w, s, block, out):  # noqa: ANN001, ANN202
+    """out [tokens, N] flat += the products (out zeroed by the caller; tokens a multiple of 4)."""
+    n = out.size // tokens
+    for v in range(n // LANES):
+        _rows(w, s, block, xq, off, dx, k, v, out, v * LANES, tokens, n)
+
+
+@jit.njit([_GEMM], parallel=True)
+def _gemm_parallel(xq, off, dx, tokens, k, w, s, block, out):  # noqa: ANN001, ANN202
+    """``_gemm`` with its vectors of 16 rows spread over threads (each writes its own columns in
+    the same order: the same bits)."""
+    n = out.size // tokens
+    for v in prange(n // LANES):
+        _rows(w, s, block, xq, off, dx, k, v, out, v * LANES, tokens, n)
+
+
+def gemm(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
+    """x [M, K] float32 times the dot-layout int4 matrix's transpose -> [M, N]: x rounded to int8
+    per block as gemv.quantize_activations does, summed exactly per 32 weights, scaled per block."""
+    m, k = x.shape
+    n = packed.shape[0]
+    padded = -(-m // TOKENS) * TOKENS
+    flat = np.zeros(padded * k, np.float32)
+    flat[: m * k] = np.ascontiguousarray(x, np.float32).reshape(-1)
+    xq = np.empty(padded * k, np.int8)
+    off = np.empty(padded * (k // SUB), np.int32)
+    dx = np.empty(padded * (k // SUB), np.float32)
+    _activations(flat, padded, block, xq, off, dx)
+    out = np.zeros(padded * n, np.float32)
+    w = np.asarray(packed).view(np.ndarray).reshape(-1)
+    s = np.asarray(scale).view(np.uint16).view(np.ndarray).reshape(-1)
+    jit.run(_gemm, _gemm_parallel, xq, off, dx, padded, k, w, s, block, out)
+    return out.reshape(padded, n)[:m]
+
+
+# no kernel-layer op of its own: gemv_jit and layer_jit call these
+CANDIDATES: dict = {}
