@@ -292,8 +292,9 @@ def test_pad_negative_pads_crop():
     assert_same(got, run_onnxruntime(model, feeds), rtol=0, atol=0)
 
 
-# Kernels of the converter's fused, quantized and Raster forms are tested with the converter.
-ELSEWHERE = ("engine.ops.fused", "engine.ops.quantized", "engine.ops.raster")
+# Kernels of the converter's fused, quantized and Raster forms are tested with the converter
+# (FusedGeglu: tests/engine/diffusion/test_geglu.py, against onnxruntime and the reference).
+ELSEWHERE = ("engine.ops.fused", "engine.ops.quantized", "engine.ops.raster", "engine.ops.geglu")
 # converter-written ops in modules that also hold ONNX ops, tested against onnxruntime elsewhere
 # (FusedGroupNorm: tests/engine/diffusion/test_group_norm_silu.py)
 INTERNAL_ELSEWHERE = GROUP_NORM_INTERNAL_OPS
