@@ -97,7 +97,7 @@ class GateTelemetry:
     failed_activations: dict[str, str] = field(default_factory=dict)
 
 
-def release_cohort_figures(
+def release_gate_telemetry(
     *,
     organisation_id,
     version_id: str,
@@ -105,7 +105,7 @@ def release_cohort_figures(
     device_ids: set[str] | None = None,
     baseline_ids: set[str] | None = None,
     baseline_version_ids: set[str] | None = None,
-) -> tuple[CohortFigures, CohortFigures]:
+) -> GateTelemetry:
     """Telemetry received since `since`: the release's devices on version_id, and the baseline.
 
     With `device_ids` (the devices the release selected) only their records count for the
@@ -117,28 +117,8 @@ def release_cohort_figures(
     same thing: a chat's time to first token is no yardstick for a classifier's latency). A record
     whose figures are not numbers is skipped and counted (records_skipped), never raised: one
     device's bad telemetry must not stop the evaluation.
-    """
-    read = release_gate_telemetry(
-        organisation_id=organisation_id,
-        version_id=version_id,
-        since=since,
-        device_ids=device_ids,
-        baseline_ids=baseline_ids,
-        baseline_version_ids=baseline_version_ids,
-    )
-    return read.treated, read.baseline
 
-
-def release_gate_telemetry(
-    *,
-    organisation_id,
-    version_id: str,
-    since: datetime,
-    device_ids: set[str] | None = None,
-    baseline_ids: set[str] | None = None,
-    baseline_version_ids: set[str] | None = None,
-) -> GateTelemetry:
-    """release_cohort_figures' two cohorts and, from the same records, ``failed_activations``:
+    From the same records, ``failed_activations``:
     the devices of `device_ids` whose latest activation record about version_id (the payload's
     version_id: the record is filed under the version the device runs) is a failure, with its
     reason code (a refusal or a rollback, as telemetry: it may arrive before the check-in that

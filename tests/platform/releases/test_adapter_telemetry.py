@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from fleet.services import device_enrol, enrolment_token_create
 from telemetry.models import TelemetryRecord
 from telemetry.schema import validate_record
-from telemetry.selectors import release_cohort_figures
+from telemetry.selectors import release_gate_telemetry
 from telemetry.services import telemetry_ingest
 
 from agent.adapters import AdapterFigures
@@ -37,7 +37,7 @@ def test_an_adapter_metrics_record_is_accepted_and_stored_under_the_adapter_vers
     assert stored.payload["adapter"] == "pirate" and stored.payload["base_version"] == base_version
     assert stored.payload["llm_requests"] == 3 and stored.payload["llm_errors"] == 1
     assert stored.payload["llm_tokens_generated"] == 12
-    cohort, _ = release_cohort_figures(
+    cohort = release_gate_telemetry(
         organisation_id=org.pk, version_id=adapter_version, since=datetime.fromtimestamp(since - 1, UTC)
-    )
+    ).treated
     assert cohort.devices_reporting == 1 and cohort.records_skipped == 0

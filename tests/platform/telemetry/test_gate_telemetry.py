@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 from fleet.models import Device
 from telemetry.models import TelemetryRecord
-from telemetry.selectors import release_cohort_figures, release_gate_telemetry
+from telemetry.selectors import release_gate_telemetry
 
 VERSION = "v-7"
 
@@ -68,7 +68,4 @@ def test_failures_in_the_same_pass_equal_the_separate_query(org, seed):
     read = release_gate_telemetry(organisation_id=org.pk, version_id=VERSION, since=since, device_ids=cohort)
     expected = _separate_query(cohort, since)
     assert read.failed_activations == expected
-    assert (read.treated, read.baseline) == release_cohort_figures(
-        organisation_id=org.pk, version_id=VERSION, since=since, device_ids=cohort
-    )
     assert expected  # the records made failures to find (fixed by the seed)

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from telemetry.models import TelemetryRecord
 from telemetry.schema import MAX_BATCH_RECORDS
-from telemetry.selectors import fleet_rates, release_cohort_figures
+from telemetry.selectors import fleet_rates, release_gate_telemetry
 
 from agent.outbox import Outbox
 from deploy.proto import agent_pb2
@@ -60,7 +60,7 @@ def test_bad_records_are_refused_and_the_rest_stored_once(org, gateway):  # noqa
     # the readers see only well-typed figures
     device = stored.first().device
     assert fleet_rates(organisation=org)["latency_ms_p50"] is None
-    treated, _ = release_cohort_figures(organisation_id=org.pk, version_id="9", since=device.enrolled_at)
+    treated = release_gate_telemetry(organisation_id=org.pk, version_id="9", since=device.enrolled_at).treated
     assert treated.inferences == 5 and treated.activations == 1 and treated.records_skipped == 0
 
 

@@ -10,7 +10,7 @@ from fleet.services import device_enrol, enrolment_token_create
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from telemetry.models import TelemetryRecord
-from telemetry.selectors import first_report_at, fleet_rates, record_counts, release_cohort_figures
+from telemetry.selectors import first_report_at, fleet_rates, record_counts, release_gate_telemetry
 
 # what jsonb can hold (no NaN, no NUL, no surrogates), in the places readers look
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8)
@@ -56,10 +56,11 @@ def test_summaries_gates_and_dashboards_read_any_stored_payload(org, stored):
     since = timezone.now() - timedelta(minutes=5)
     rates = fleet_rates(organisation=org, window_seconds=600)
     assert rates["inferences_per_second"] >= 0 or rates["inferences_per_second"] < 0  # a number
-    treated, baseline = release_cohort_figures(organisation_id=org.pk, version_id="7", since=since)
+    read = release_gate_telemetry(organisation_id=org.pk, version_id="7", since=since)
+    treated, baseline = read.treated, read.baseline
     assert treated.devices_reporting <= 1 and baseline.devices_reporting == 0
     assert treated.records_skipped <= len(stored)
-    release_cohort_figures(organisation_id=org.pk, version_id="7", since=since, device_ids={str(device.pk)})
+    release_gate_telemetry(organisation_id=org.pk, version_id="7", since=since, device_ids={str(device.pk)})
     first_report_at(device_ids={str(device.pk)}, version_id="7", since=since)
     assert sum(record_counts(organisation=org).values()) == len(stored)
     assert all(n > 0 for *_, n in update_failures())
