@@ -370,11 +370,12 @@ def step_only(layout: Path, name: str, rounds: int) -> tuple[Path, dict]:
 
     package = OUT / f"{name}-unet.ferry"
     feeds = unet_feeds(layout, UNETS[name]["cross_attention_dim"])
-    if not package.is_file():
-        began = time.perf_counter()
-        limits = diffusion_limits()  # SD-1.5's 3.4 GB UNet: past the plain converter's 2 GiB default
-        convert_graph(layout / "unet" / "model.onnx", package, limits=limits, selftest_inputs=feeds)
-        print(f"converted {name} UNet in {time.perf_counter() - began:.0f} s", flush=True)
+    # converted on every run (about a minute): a package kept from an older converter would time
+    # its graph, not this tree's (its fusions)
+    began = time.perf_counter()
+    limits = diffusion_limits()  # SD-1.5's 3.4 GB UNet: past the plain converter's 2 GiB default
+    convert_graph(layout / "unet" / "model.onnx", package, limits=limits, selftest_inputs=feeds)
+    print(f"converted {name} UNet in {time.perf_counter() - began:.0f} s", flush=True)
     return package, feeds
 
 
