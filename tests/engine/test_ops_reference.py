@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 from engine.errors import NodeExecutionError
 from engine.ops import REGISTRY, supported_operators
+from engine.ops.geglu import INTERNAL_OPS as GEGLU_INTERNAL_OPS
 from engine.ops.group_norm import INTERNAL_OPS as GROUP_NORM_INTERNAL_OPS
 from tests.engine.helpers import assert_same, check_op, run_engine, run_onnxruntime, single_node_model
 
@@ -292,12 +293,11 @@ def test_pad_negative_pads_crop():
     assert_same(got, run_onnxruntime(model, feeds), rtol=0, atol=0)
 
 
-# Kernels of the converter's fused, quantized and Raster forms are tested with the converter
-# (FusedGeglu: tests/engine/diffusion/test_geglu.py, against onnxruntime and the reference).
-ELSEWHERE = ("engine.ops.fused", "engine.ops.quantized", "engine.ops.raster", "engine.ops.geglu")
-# converter-written ops in modules that also hold ONNX ops, tested against onnxruntime elsewhere
-# (FusedGroupNorm: tests/engine/diffusion/test_group_norm_silu.py)
-INTERNAL_ELSEWHERE = GROUP_NORM_INTERNAL_OPS
+# Kernels of the converter's fused, quantized and Raster forms are tested with the converter.
+ELSEWHERE = ("engine.ops.fused", "engine.ops.quantized", "engine.ops.raster")
+# other converter-written ops, tested against onnxruntime elsewhere (FusedGroupNorm:
+# tests/engine/diffusion/test_group_norm_silu.py; FusedGeglu: tests/engine/diffusion/test_geglu.py)
+INTERNAL_ELSEWHERE = GROUP_NORM_INTERNAL_OPS | GEGLU_INTERNAL_OPS
 
 
 def test_every_registered_op_is_covered():
