@@ -137,12 +137,18 @@ def _int8_activations(weights: LlmWeights) -> None:
     """Packages store their int4 matrices as q4_0 does (float16 block scales) and multiply them
     by x rounded to int8 per block, as llama.cpp's q4_0 x q8_0 does (engine/llm/gemv.py), in
     the dot layout where 16 divides the rows (engine/llm/dot_jit.py's 4-byte dot products,
-    2-4x the int16 kernel); the accuracy report, measured after this, includes both roundings."""
+    2-4x the int16 kernel); int8 matrices likewise go to the int8 dot layout (x rounded per
+    block of 32, q8_0 x q8_0's arithmetic: dot_jit.py) where 16 divides the rows and 32 the
+    inputs.  The accuracy report, measured after this, includes the roundings."""
     matrices = [weights.embed, weights.lm_head]
     for layer in weights.layers:
         matrices += [layer.qkv, layer.o, layer.gate_up, layer.down]
     for matrix in matrices:
         scale = matrix.arrays.get("scale")
+        n, k = matrix.shape
+        if matrix.kind == "int8" and matrix.group == 1 and gemv.int8_dot_layout(n, k, "int8"):
+            matrix.arrays["q"] = gemv.int8_to_dot(matrix.arrays["q"])
+            matrix.block, matrix.group, matrix.activations = gemv.BLOCKS[0], gemv.DOT_GROUP, "int8"
         if matrix.kind == "int4" and scale.dtype == np.float32 and np.abs(scale).max() <= HALF_MAX:
             # float16 scales (q4_0's): q stays as chosen against the float32 scale, as llama.cpp's
             matrix.arrays["scale"] = scale.astype(np.float16)

@@ -212,14 +212,15 @@ def _activations(x, tokens, block, xq, off, dx):  # noqa: ANN001, ANN202
 def _rows(w, s, block, xq, off, dx, k, v, out, out_at, tokens, out_stride):  # noqa: ANN001, ANN202
     """Rows 16 v .. 16 v + 15 for ``tokens`` tokens (1, or a multiple of TOKENS)."""
     subs, per = k // SUB, block // SUB
-    for sub in range(subs):
-        b, p = sub // per, sub % per
-        w_at, s_at = (v * subs + sub) * 256, (v * (k // block) + b) * LANES
-        x_at = b * block + 16 * p
-        if tokens == 1:
-            _step1(w, w_at, s, s_at, xq, x_at, block // 2, k, off, dx, sub, subs, out, out_at, out_stride)
-        else:
-            for t in range(0, tokens, TOKENS):
+    # prefill: tokens outside the sub-blocks, as ``_rows8`` (the same sums in the same order)
+    for t in range(0, tokens, TOKENS):  # t = 0 only for decode's one token
+        for sub in range(subs):
+            b, p = sub // per, sub % per
+            w_at, s_at = (v * subs + sub) * 256, (v * (k // block) + b) * LANES
+            x_at = b * block + 16 * p
+            if tokens == 1:
+                _step1(w, w_at, s, s_at, xq, x_at, block // 2, k, off, dx, sub, subs, out, out_at, 0)
+            else:
                 x_t, at, o = x_at + t * k, sub + t * subs, out_at + t * out_stride
                 _step_many(w, w_at, s, s_at, xq, x_t, block // 2, k, off, dx, at, subs, out, o, out_stride)
 
@@ -264,6 +265,140 @@ def gemm(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, block: int) -> np
     per block as gemv.quantize_activations does, summed exactly per 32 weights, scaled per block."""
     m, k = x.shape
     n = packed.shape[0]
+    padded, xq, off, dx = _rounded(x, block)
+    out = np.zeros(padded * n, np.float32)
+    w = np.asarray(packed).view(np.ndarray).reshape(-1)
+    s = np.asarray(scale).view(np.uint16).view(np.ndarray).reshape(-1)
+    jit.run(_gemm, _gemm_parallel, xq, off, dx, padded, k, w, s, block, out)
+    return out.reshape(padded, n)[:m]
+
+
+# ---- int8 per-channel weights on the dot layout (gemv.py's ``int8_to_dot``): q8_0 x q8_0's
+# arithmetic with one scale per row.  The float kernel (gemv_jit's ``_int8_serial``) widened
+# every weight to float32 (~0.95x llama.cpp's q8_0 at 1 thread); here each 64-byte load is 16
+# rows x 4 bytes, one 4-way dot product per load against 4 int8 activations.  vpdpbusd wants
+# one side unsigned: the weights are stored as q + 128 (1..255), and the 128 is taken out by
+# starting a sub-block's sum at -128 * (the sum of its 32 activations) = 16 * ``_activations``'
+# -8 * sum at block 32 (its xq in plain order then: the low half is x[0:16], the high x[16:32]).
+# Sums are exact in int32 (|sum| <= 32 * 255 * 127); each sub-block adds float(sum) * d_x to 16
+# float sums, and the rows' scales multiply them once at the end.
+BLOCK8 = 32  # activations rounded per block of 32 (q8_0's), K a multiple of it
+CHUNKS8 = BLOCK8 // 4  # 64-byte loads per sub-block and vector of 16 rows
+
+
+def _make_step8(count: int):  # noqa: ANN202
+    """The int8 step intrinsic for ``count`` tokens (1: decode, TOKENS: prefill)."""
+
+    @intrinsic
+    def step8(typingctx, w, w_at, xq, x_at, x_stride, off, dx, at, subs, out, out_at, out_stride):  # noqa: ANN001, ANN202, ARG001, E501
+        """For ``count`` tokens t: out[out_at + t * out_stride + (0..15)] (16 rows) += float(the
+        sub-block's int sum) * dx[at + t * subs]: weight bytes w[w_at : w_at + 512] (8 chunks of
+        16 rows x 4 bytes, q + 128), activations xq[x_at + t * x_stride + (0..31)], the sum
+        started at 16 * off[at + t * subs]."""
+        sig = types.void(w, w_at, xq, x_at, x_stride, off, dx, at, subs, out, out_at, out_stride)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            w, w_at, xq, x_at, x_stride, off, dx, at, subs, out, out_at, out_stride = args
+            kinds = signature.args
+
+            def row(base, stride, t):  # noqa: ANN001, ANN202
+                return builder.add(base, builder.mul(stride, ir.Constant(_I64, t)))
+
+            def load(kind, array, offset, element, align):  # noqa: ANN001, ANN202
+                return builder.load(_at(context, builder, kind, array, offset, element), align=align)
+
+            chunks = [
+                load(kinds[0], w, builder.add(w_at, ir.Constant(_I64, 4 * LANES * c)), _SUMS, 1)
+                for c in range(CHUNKS8)
+            ]
+            for t in range(count):
+                x, index = row(x_at, x_stride, t), row(at, subs, t)
+                start = _splat(builder, load(kinds[5], off, index, _I32, 4), _SUMS)
+                # two chains of dependent dot products, not one: half the latency per sub-block
+                sums = [builder.shl(start, ir.Constant(_SUMS, [4] * LANES)), ir.Constant(_SUMS, None)]
+                for c in range(CHUNKS8):
+                    x_c = builder.add(x, ir.Constant(_I64, 4 * c))
+                    value = _splat(builder, load(kinds[2], xq, x_c, _I32, 1), _SUMS)
+                    sums[c % 2] = _dot(builder, sums[c % 2], chunks[c], value)
+                total = builder.add(sums[0], sums[1])
+                d = _splat(builder, load(kinds[6], dx, index, _F32, 4), _FLOATS)
+                target = _at(context, builder, kinds[9], out, row(out_at, out_stride, t), _FLOATS)
+                added = builder.fmul(builder.sitofp(total, _FLOATS), d)
+                builder.store(builder.fadd(builder.load(target, align=4), added), target, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return step8
+
+
+_step8, _step8_many = _make_step8(1), _make_step8(TOKENS)
+_SCALE8 = jit.array(types.float32, 1, "C", readonly=True)
+
+
+@numba.njit(inline="always", cache=True)
+def _rows8(w, scale, xq, off, dx, k, v, out, out_at, tokens, out_stride):  # noqa: ANN001, ANN202
+    """Rows 16 v .. 16 v + 15 for ``tokens`` tokens (1, or a multiple of TOKENS), out zeroed
+    there by the caller; the rows' scales applied after the last sub-block."""
+    subs = k // SUB
+    # tokens outside: 8 tokens' sums (8 x 64 bytes) stay in L1 across the sub-blocks, and the
+    # vector's 16 x K bytes across the tokens (sub-blocks outside, prefill's 3072 x 576 at 256
+    # tokens took 18 ms, 2.6 like this: a step's 8 rows of out lie N * 4 bytes apart)
+    for t in range(0, tokens, TOKENS):  # t = 0 only for decode's one token
+        for sub in range(subs):
+            w_at, x_t, at, o = (
+                (v * subs + sub) * 512,
+                sub * SUB + t * k,
+                sub + t * subs,
+                out_at + t * out_stride,
+            )
+            if tokens == 1:
+                _step8(w, w_at, xq, x_t, k, off, dx, at, subs, out, o, 0)
+            else:
+                _step8_many(w, w_at, xq, x_t, k, off, dx, at, subs, out, o, out_stride)
+    for t in range(tokens):
+        for i in range(LANES):
+            out[out_at + t * out_stride + i] *= scale[v * LANES + i]
+
+
+_GEMV8 = types.void(_X, _W, _SCALE8, _XQ, _OFF, _DX, jit.array(types.float32, 1, "C"))
+
+
+@jit.njit([_GEMV8])
+def gemv_dot8(x, w, scale, xq, off, dx, out):  # noqa: ANN001, ANN202
+    """out [N] = W x for int8 weights on the dot layout (w [N * K] uint8 in the layout's order,
+    scale [N] float32); xq [K], off and dx [K/32]: scratch."""
+    k = x.size
+    _activations(x, 1, BLOCK8, xq, off, dx)
+    for v in range(out.size // LANES):
+        for i in range(LANES):
+            out[v * LANES + i] = 0.0
+        _rows8(w, scale, xq, off, dx, k, v, out, v * LANES, 1, 0)
+
+
+_GEMM8 = types.void(_XQ, _OFF, _DX, _N, _N, _W, _SCALE8, jit.array(types.float32, 1, "C"))
+
+
+@jit.njit([_GEMM8])
+def _gemm8(xq, off, dx, tokens, k, w, scale, out):  # noqa: ANN001, ANN202
+    """out [tokens, N] flat = the products (out zeroed by the caller; tokens a multiple of 8)."""
+    n = out.size // tokens
+    for v in range(n // LANES):
+        _rows8(w, scale, xq, off, dx, k, v, out, v * LANES, tokens, n)
+
+
+@jit.njit([_GEMM8], parallel=True)
+def _gemm8_parallel(xq, off, dx, tokens, k, w, scale, out):  # noqa: ANN001, ANN202
+    """``_gemm8`` with its vectors of 16 rows spread over threads (the same bits)."""
+    n = out.size // tokens
+    for v in prange(n // LANES):
+        _rows8(w, scale, xq, off, dx, k, v, out, v * LANES, tokens, n)
+
+
+def _rounded(x: np.ndarray, block: int) -> tuple:
+    """x [M, K] padded to whole steps of TOKENS rows and rounded per block (``_activations``):
+    (rows padded, xq, off, dx)."""
+    m, k = x.shape
     padded = -(-m // TOKENS) * TOKENS
     flat = np.zeros(padded * k, np.float32)
     flat[: m * k] = np.ascontiguousarray(x, np.float32).reshape(-1)
@@ -271,11 +406,30 @@ def gemm(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, block: int) -> np
     off = np.empty(padded * (k // SUB), np.int32)
     dx = np.empty(padded * (k // SUB), np.float32)
     _activations(flat, padded, block, xq, off, dx)
+    return padded, xq, off, dx
+
+
+def gemm8(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """x [M, K] float32 times the dot-layout int8 matrix's transpose -> [M, N]: x rounded to int8
+    per block of 32 as gemv.quantize_activations does, summed exactly per 32 weights."""
+    m, k = x.shape
+    n = q.shape[0]
+    padded, xq, off, dx = _rounded(x, BLOCK8)
     out = np.zeros(padded * n, np.float32)
-    w = np.asarray(packed).view(np.ndarray).reshape(-1)
-    s = np.asarray(scale).view(np.uint16).view(np.ndarray).reshape(-1)
-    jit.run(_gemm, _gemm_parallel, xq, off, dx, padded, k, w, s, block, out)
+    w = np.asarray(q).view(np.ndarray).reshape(-1)
+    s = np.asarray(scale).view(np.ndarray)
+    jit.run(_gemm8, _gemm8_parallel, xq, off, dx, padded, k, w, s, out)
     return out.reshape(padded, n)[:m]
+
+
+def gemv8(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """W x for one float32 row x [K] and a dot-layout int8 matrix -> [N]."""
+    k = x.size
+    out = np.empty(q.shape[0], np.float32)
+    scratch = np.empty(k, np.int8), np.empty(k // SUB, np.int32), np.empty(k // SUB, np.float32)
+    w = np.asarray(q).view(np.ndarray).reshape(-1)
+    gemv_dot8(np.ascontiguousarray(x, np.float32), w, np.asarray(scale).view(np.ndarray), *scratch, out)
+    return out
 
 
 # no kernel-layer op of its own: gemv_jit and layer_jit call these

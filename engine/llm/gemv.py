@@ -25,7 +25,14 @@ contiguous row dot products.
   dot_jit.py's kernels multiply a 4-byte lane of weights by 4 activations in one product
   (vpdpbusd with AVX-512 VNNI).  ``to_standard`` and ``standard_scales`` undo it.
 
-- activations (int4 only): "float", or "int8": the matrix multiplies x rounded to int8 per
+- int8 dot layout (``group`` = ``DOT_GROUP``, ``activations`` "int8", block 32: written where 16
+  divides N and 32 divides K): the bytes q + 128 as uint8 (one side of vpdpbusd is unsigned),
+  four consecutive bytes of a row side by side with 15 other rows'.  Viewed as [N/16, K/4, 16,
+  4], element [v, j, g, t] is q[16v + g, 4j + t] + 128; ``scale`` stays float32 [N] in row
+  order.  dot_jit.py's ``gemv_dot8``/``gemm8`` multiply x rounded to int8 per block of 32
+  (q8_0 x q8_0's arithmetic); ``int8_from_dot`` undoes it.
+
+- activations (int4; int8 in the dot layout): "float", or "int8": the matrix multiplies x rounded to int8 per
   block of B (llama.cpp's q8_0 rule, d = max |x| / 127, round(x / d)), as q4_0 x q8_0 does.
   Its JIT GEMV then runs in int16 (gemv_jit.py), ~2x the float kernel's speed; the numpy
   kernels and prefill's GEMMs round x the same way first (``quantize_activations``), so
@@ -68,6 +75,32 @@ def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
     q = np.clip(np.rint(w * inverse[:, None]), -127, 127).astype(np.int8)
     return q, scale.astype(np.float32)
+
+
+def int8_dot_layout(n: int, k: int, activations: str) -> bool:
+    """Whether an int8 [N, K] matrix is stored in the int8 dot layout (above)."""
+    return activations == "int8" and n % DOT_GROUP == 0 and k % BLOCKS[0] == 0
+
+
+def int8_to_dot(q: np.ndarray) -> np.ndarray:
+    """int8 [N, K] (N a multiple of 16, K of 4) -> the int8 dot layout's uint8 bytes [N, K]."""
+    n, k = q.shape
+    shifted = (np.asarray(q, np.int16) + 128).astype(np.uint8)
+    dot = shifted.reshape(n // DOT_GROUP, DOT_GROUP, k // 4, 4).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(dot).reshape(n, k)
+
+
+def int8_dot_rows(packed: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Rows ``index`` of an int8 dot-layout matrix as int8 [len(index), K]."""
+    n, k = packed.shape
+    view = np.asarray(packed).reshape(n // DOT_GROUP, k // 4, DOT_GROUP, 4)
+    rows = view[index // DOT_GROUP, :, index % DOT_GROUP, :].reshape(len(index), k)
+    return (rows.astype(np.int16) - 128).astype(np.int8)
+
+
+def int8_from_dot(packed: np.ndarray) -> np.ndarray:
+    """``int8_to_dot`` undone: int8 [N, K] in row order."""
+    return int8_dot_rows(packed, np.arange(packed.shape[0]))
 
 
 def choose_group(n: int, k: int, block: int) -> int:
@@ -222,6 +255,20 @@ def gemm_int8(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return out
 
 
+def gemm_int8_dot(x: np.ndarray, packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``gemm_int8`` for the int8 dot layout: x rounded to int8 per block of 32 first, as the JIT
+    kernels round it (so the numpy path and the accuracy report see the same product)."""
+    n, k = packed.shape
+    x = quantize_activations(x, BLOCKS[0])
+    out = np.empty((x.shape[0], n), np.float32)
+    step = tile_rows(k, DOT_GROUP)
+    for start in range(0, n, step):
+        tile = int8_from_dot(packed[start : start + step]).astype(np.float32)
+        np.matmul(x, tile.T, out=out[:, start : start + step])
+    out *= scale
+    return out
+
+
 def gemm_int4(
     x: np.ndarray,
     packed: np.ndarray,
@@ -259,8 +306,11 @@ def gemm_float(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 # The kernel layer's numpy candidates: Kernel(inputs, attrs) -> [output], one row x [K].
 def gemv_int8_numpy(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """inputs: x [K] float32, q [N, K] int8, scale [N] float32 -> [N]."""
+    """inputs: x [K] float32, q [N, K] int8 (or uint8: the int8 dot layout), scale [N] float32
+    -> [N]."""
     x, q, scale = inputs
+    if q.dtype == np.uint8:
+        return [gemm_int8_dot(x[None, :], q, scale)[0]]
     return [gemm_int8(x[None, :], q, scale)[0]]
 
 

@@ -379,8 +379,11 @@ def gemv_int4_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.nd
 
 
 def gemv_int8_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """inputs: x [K] float32, q [N, K] int8, scale [N] float32 -> [N]."""
+    """inputs: x [K] float32, q [N, K] int8, scale [N] float32 -> [N]; q uint8: the int8 dot
+    layout (gemv.py), x rounded to int8 per block of 32 (dot_jit.py's 4-byte dot products)."""
     x, q, scale = inputs
+    if q.dtype == np.uint8:
+        return [jit.module("engine.llm.dot_jit").gemv8(x, q, scale)]
     out = np.empty(q.shape[0], np.float32)
     _int8_serial(np.ascontiguousarray(x, np.float32), q, scale, out)
     return [out]

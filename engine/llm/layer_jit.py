@@ -20,7 +20,7 @@ from numba import types
 
 from engine import jit
 from engine.llm.attention_jit import _decode_attention, _decode_attention_int8, exp
-from engine.llm.dot_jit import SUB, gemv_dot
+from engine.llm.dot_jit import SUB, gemv_dot, gemv_dot8
 from engine.llm.gemv_jit import _int4_grouped_q8, _int8_serial
 
 _F32, _I64 = types.float32, types.int64
@@ -140,12 +140,14 @@ def attend_int8(
 # layer; here a layer is one call on buffers made once.
 # int4 matrices as ``gemv_int4_jit`` hands them over: packed [N/G, B/2, G * K/B] uint8, scales
 # [N/G, G * K/B] as uint16 (float16 bits); the dot layout's flat (bytes [N * K/2], float16 bits
-# [N * K/B]); int8: q [N, K], scale [N] (block and group unused).
+# [N * K/B]); int8: q [N, K], scale [N] (block and group unused), or in the int8 dot layout
+# q + 128 flat [N * K] uint8 beside scale [N] float32 (told from int4's by the scales' type).
 # ``group`` is the first matrix's: the int4 kernel reads each matrix's own from its shapes (a
 # layer's groups may differ, gemv.choose_group).  numba's cache of this file does not notice
 # edits to the kernels it inlines from gemv_jit.py: change this file with them.
 _Q4 = (jit.array(types.uint8, 3, "C", readonly=True), jit.array(types.uint16, 2, "C", readonly=True))
 _DOT = (jit.array(types.uint8, 1, "C", readonly=True), jit.array(types.uint16, 1, "C", readonly=True))
+_DOT8 = (jit.array(types.uint8, 1, "C", readonly=True), _IN)
 _I8 = (jit.array(types.int8, 2, "C", readonly=True), _IN)
 _MIDDLE = (_I64, _I64, _F32, jit.array(_F32, 2, "C"))
 _SCRATCH = (_OUT, _OUT, _OUT, _OUT, _OUT, _OUT, _IN)
@@ -158,7 +160,7 @@ def _signatures(cache: tuple) -> list:
     norms = (_IN, _IN, _IN, _IN, types.float64, _IN, _IN)
     return [
         types.void(_OUT, _OUT, *(kind * 4), _I64, _I64, *norms, *_MIDDLE, *cache, *_SCRATCH)
-        for kind in (_Q4, _DOT, _I8)
+        for kind in (_Q4, _DOT, _DOT8, _I8)
     ]
 
 
@@ -173,6 +175,17 @@ def _dot(x, w, s, block, out):  # noqa: ANN001, ANN202
     gemv_dot(x, w, s, block, *scratch, out)
 
 
+@numba.njit(inline="always", cache=True)
+def _dot8(x, w, s, out):  # noqa: ANN001, ANN202
+    """dot_jit's int8 GEMV with its scratch (as ``_dot``)."""
+    scratch = (
+        np.empty(x.size, np.int8),
+        np.empty(x.size // SUB, np.int32),
+        np.empty(x.size // SUB, np.float32),
+    )
+    gemv_dot8(x, w, s, *scratch, out)
+
+
 def _gemv(x, w, s, block, group, out):  # noqa: ANN001, ANN202
     """out = W x for either matrix kind above (typed by ``_gemv_for``)."""
 
@@ -181,6 +194,8 @@ def _gemv(x, w, s, block, group, out):  # noqa: ANN001, ANN202
 def _gemv_for(x, w, s, block, group, out):  # noqa: ANN001, ANN202
     if w.ndim == 3:
         return lambda x, w, s, block, group, out: _int4_grouped_q8(x, w, s, block, group, out)
+    if w.ndim == 1 and s.dtype == types.float32:  # int8 on the dot layout
+        return lambda x, w, s, block, group, out: _dot8(x, w, s, out)
     if w.ndim == 1:  # the dot layout
         return lambda x, w, s, block, group, out: _dot(x, w, s, block, out)
     return lambda x, w, s, block, group, out: _int8_serial(x, w, s, out)

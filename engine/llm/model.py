@@ -265,7 +265,7 @@ def _one_call_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple | Non
     """Per layer: (its four matrices as layer_jit's ``layer`` takes them, block, group, qkv bias,
     o bias), or None for a layer whose matrices are not all the converter's int4 (int8
     activations, float16 scales, one block; each its own group, all in the dot layout or none)
-    or all int8 per-channel."""
+    or all int8 per-channel (all in the int8 dot layout or none)."""
     found: list[tuple | None] = []
     for layer in weights.layers:
         matrices = (layer.qkv, layer.o, layer.gate_up, layer.down)
@@ -275,14 +275,19 @@ def _one_call_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple | Non
         if all(_is_q4(m, first.block) for m in matrices) and len(dot) == 1:
             arrays = [array for m in matrices for array in _q4_arrays(m)]
             found.append((*arrays, first.block, first.group, *biases))
-        elif all(m.kind == "int8" for m in matrices):
-            arrays = [
-                np.asarray(m.arrays[part]).view(np.ndarray) for m in matrices for part in ("q", "scale")
-            ]
+        elif all(m.kind == "int8" for m in matrices) and len(dot) == 1:
+            # the int8 dot layout flat (layer_jit tells it from int4's by the scales' type)
+            arrays = [_int8_array(m, part) for m in matrices for part in ("q", "scale")]
             found.append((*arrays, 0, 0, *biases))
         else:
             found.append(None)
     return found
+
+
+def _int8_array(matrix: Matrix, part: str) -> np.ndarray:
+    """A plain ndarray view of an int8 matrix's ``part``, flat for the int8 dot layout's bytes."""
+    array = np.asarray(matrix.arrays[part]).view(np.ndarray)
+    return array.reshape(-1) if matrix.group == gemv.DOT_GROUP and part == "q" else array
 
 
 def _is_q4(matrix: Matrix, block: int) -> bool:

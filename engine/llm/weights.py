@@ -45,8 +45,8 @@ class Matrix:
     shape: tuple[int, int]
     arrays: dict[str, np.ndarray]
     block: int = 0
-    group: int = 1  # int4 only: rows per group of the re-laid layout (gemv.py)
-    activations: str = "float"  # int4 only: "int8" multiplies x rounded per block (gemv.py)
+    group: int = 1  # rows per group of the re-laid layout (gemv.py; int8: 16, the dot layout)
+    activations: str = "float"  # "int8" multiplies x rounded per block (gemv.py)
     _op: Any = field(default=None, repr=False)
 
     @property
@@ -60,8 +60,14 @@ class Matrix:
         wanted: dict[str, tuple[tuple[int, ...], str]] = {}
         if self.kind in ("fp32", "fp16"):
             wanted = {"w": ((n, k), "<f4" if self.kind == "fp32" else "<f2")}
-        elif self.kind == "int8":
+        elif self.kind == "int8" and (self.group, self.activations) == (1, "float"):
             wanted = {"q": ((n, k), "|i1"), "scale": ((n,), "<f4")}
+        elif (
+            self.kind == "int8"
+            and (self.block, self.group, self.activations) == (gemv.BLOCKS[0], gemv.DOT_GROUP, "int8")
+            and gemv.int8_dot_layout(n, k, self.activations)
+        ):  # the int8 dot layout (gemv.py): q + 128 as uint8
+            wanted = {"q": ((n, k), "|u1"), "scale": ((n,), "<f4")}
         elif (
             self.kind == "int4"
             and self.block in gemv.BLOCKS
@@ -73,8 +79,8 @@ class Matrix:
         ):
             half = self.activations == "int8"  # float16 scales beside int8 activations (gemv.py)
             wanted = {"q": ((n, k // 2), "|u1"), "scale": ((n, k // self.block), "<f2" if half else "<f4")}
-        if self.activations != "float" and self.kind != "int4":
-            raise ValueError(f"matrix {name}: activations {self.activations!r} apply to int4 only")
+        if self.activations != "float" and self.kind not in ("int4", "int8"):
+            raise ValueError(f"matrix {name}: activations {self.activations!r} apply to int4 and int8 only")
         if not wanted:
             raise ValueError(
                 f"matrix {name}: kind {self.kind!r} with block {self.block}, group {self.group}, "
@@ -104,6 +110,10 @@ class Matrix:
         """x [M, K] @ W.T -> [M, N] (prefill), BLAS on float32 tiles."""
         if self.kind in ("fp32", "fp16"):
             return gemv.gemm_float(x, self.arrays["w"])
+        if self.kind == "int8" and self.group == gemv.DOT_GROUP:
+            if jit.enabled():  # 4-byte integer dot products (dot_jit.py), the same rounded x
+                return jit.module("engine.llm.dot_jit").gemm8(x, self.arrays["q"], self.arrays["scale"])
+            return gemv.gemm_int8_dot(x, self.arrays["q"], self.arrays["scale"])
         if self.kind == "int8":
             return gemv.gemm_int8(x, self.arrays["q"], self.arrays["scale"])
         q, scale = self.arrays["q"], self.arrays["scale"]
@@ -118,7 +128,9 @@ class Matrix:
         if self.kind in ("fp32", "fp16"):
             return self.arrays["w"][index].astype(np.float32)
         if self.kind == "int8":
-            return self.arrays["q"][index].astype(np.float32) * self.arrays["scale"][index][:, None]
+            q = self.arrays["q"]
+            rows = gemv.int8_dot_rows(q, index) if self.group == gemv.DOT_GROUP else q[index]
+            return rows.astype(np.float32) * self.arrays["scale"][index][:, None]
         scale = gemv.grouped_scale_rows(self.arrays["scale"], index, self.group)
         q = gemv.grouped_rows(self.arrays["q"], index, self.block, self.group)
         return gemv.dequantize_int4(q, scale, self.block)
@@ -134,7 +146,8 @@ def make_matrix(
     """Store float weights [N, K] at ``kind``; int4 falls back to int8 for a K the block does not
     divide, and is stored in the dot layout (int8 activations, 16 rows dividing N) or else
     row-grouped (``gemv.choose_group``) when it can be unless ``group`` says; ``activations``
-    (int4 only, gemv.py) says how it multiplies x."""
+    (gemv.py) says how it multiplies x: int8 with "int8" is stored in the int8 dot layout where
+    16 divides N and 32 divides K."""
     w = np.asarray(w)
     shape = (int(w.shape[0]), int(w.shape[1]))
     if kind == "fp32":
@@ -151,5 +164,9 @@ def make_matrix(
         return Matrix("int4", shape, arrays, block=block, group=group, activations=activations)
     if kind in ("int4", "int8"):
         q, scale = gemv.quantize_int8(w)
+        if gemv.int8_dot_layout(shape[0], shape[1], activations):  # x rounded per block of 32
+            q = gemv.int8_to_dot(q)
+            block, group = gemv.BLOCKS[0], gemv.DOT_GROUP
+            return Matrix("int8", shape, {"q": q, "scale": scale}, block, group, activations)
         return Matrix("int8", shape, {"q": q, "scale": scale})
     raise ValueError(f"weights precision {kind!r} is not one of {', '.join(PRECISIONS)}")
