@@ -47,7 +47,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("lora")
     config, tensors = write_checkpoint(root / "ckpt", "llama")
     packages = {}
-    for weights in ("fp32", "int4"):
+    for weights in ("fp32", "int8", "int4"):
         convert_llm(root / "ckpt", root / f"base-{weights}.ferry", weights=weights)
         packages[weights] = _unpack(root / f"base-{weights}.ferry", root / f"base-{weights}")
     return {"root": root, "config": config, "tensors": tensors, "packages": packages}
@@ -87,11 +87,17 @@ def test_an_adapter_applied_at_run_time_gives_the_merged_weights_logits(base: di
     np.testing.assert_allclose(plain, reference_logits(config, tensors, PROMPT), atol=1e-4)
 
 
-def test_an_adapter_on_an_int4_base_moves_it_towards_the_merged_model(base: dict, tmp_path: Path) -> None:
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_an_adapter_on_a_quantized_base_moves_it_towards_the_merged_model(
+    base: dict, tmp_path: Path, weights: str
+) -> None:
+    """int4, and int8 in the dot layout (x rounded per block of 32): the adapter's low-rank add
+    rides on the base's own GEMV and GEMM."""
     config, tensors = base["config"], base["tensors"]
     pairs = write_peft(tmp_path / "peft", config)
-    convert_lora(tmp_path / "peft", base["root"] / "base-int4.ferry", tmp_path / "a.ferry")
-    model = load_model(base["packages"]["int4"])
+    convert_lora(tmp_path / "peft", base["root"] / f"base-{weights}.ferry", tmp_path / "a.ferry")
+    model = load_model(base["packages"][weights])
+    assert model.weights.layers[0].down.group == 16 and model.weights.layers[0].down.activations == "int8"
     adapter = load_adapter(_unpack(tmp_path / "a.ferry", tmp_path / "a"), model.config)
     target = log_softmax(reference_logits(config, merged(tensors, pairs, 2.0), PROMPT))
 

@@ -25,8 +25,8 @@ def _model(precision: str, model_type: str = "llama", **extra: object) -> tuple[
     hf = config_dict(model_type, **extra)
     tensors = random_tensors(hf, seed=3)
     checkpoint = Checkpoint(directory=Path("."), config=parse_config(hf), tensors=tensors)
-    weights = weights_from_checkpoint(checkpoint, "int4" if precision.startswith("int4") else precision, 32)
-    if precision == "int4-dot":  # what convert_llm stores: float16 scales, int8 activations, dot layout
+    weights = weights_from_checkpoint(checkpoint, precision.split("-")[0], 32)
+    if precision in ("int4-dot", "int8-dot"):  # what convert_llm stores: int8 activations, dot layout
         _int8_activations(weights)
     if precision == "int4-q8":  # what it stored before the dot layout (row groups of 4 or 8)
         for layer in weights.layers:
@@ -47,7 +47,7 @@ def _decode(model: LlmModel, kind: str, fused: bool) -> tuple[list[np.ndarray], 
 
 
 @needs_jit
-@pytest.mark.parametrize("precision", ["fp32", "int8", "int4", "int4-q8", "int4-dot"])
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int8-dot", "int4", "int4-q8", "int4-dot"])
 @pytest.mark.parametrize("kind", ["fp32", "int8"])
 @pytest.mark.parametrize(("model_type", "extra"), [("llama", {}), ("qwen2", {})])
 def test_fused_decode_gives_the_per_op_paths_logits_and_cache(
@@ -60,9 +60,12 @@ def test_fused_decode_gives_the_per_op_paths_logits_and_cache(
     plain, plain_cache = _decode(model, kind, False)
     # the one-call layer kernel serves the converter's int4 and int8 (qwen2: with q/k/v biases)
     one_call = [layer is not None for layer in buffers.one_call]
-    assert one_call == [precision in ("int4-q8", "int4-dot", "int8")] * len(one_call)
-    if precision == "int4-dot":
+    assert one_call == [precision in ("int4-q8", "int4-dot", "int8", "int8-dot")] * len(one_call)
+    if precision in ("int4-dot", "int8-dot"):
         assert {m.group for layer in model.weights.layers for m in (layer.qkv, layer.down)} == {16}
+    if precision == "int8-dot":  # q + 128 as uint8 (gemv.py), the head tied to the embedding or not
+        held = {m.arrays["q"].dtype.str for m in (model.weights.lm_head, model.weights.layers[0].o)}
+        assert held == {"|u1"}
     # an int8 cache: a key an ulp apart (the fused norm sums in float64) may round to the next
     # level, ~1/254 of its scale: the logits then move by ~1e-4 of their range
     scale = np.abs(plain[-1]).max() * (2e-5 if kind == "fp32" else 5e-4)

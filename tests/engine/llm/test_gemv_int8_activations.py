@@ -64,9 +64,14 @@ def test_int8_activations_cost_little_beside_int4_weights() -> None:
 
 
 def test_activations_are_refused_on_other_kinds_and_unknown_names() -> None:
+    matrix = make_matrix(np.ones((4, 64), np.float32), "fp32")
+    matrix.activations = "int8"
+    with pytest.raises(ValueError, match="activations 'int8' apply to int4 and int8 only"):
+        matrix.check("m", (4, 64))
+    # int8 takes int8 activations only in the dot layout (16 rows dividing N): not these bytes
     matrix = make_matrix(np.ones((4, 64), np.float32), "int8")
     matrix.activations = "int8"
-    with pytest.raises(ValueError, match="activations 'int8' apply to int4 only"):
+    with pytest.raises(ValueError, match="activations 'int8' cannot hold"):
         matrix.check("m", (4, 64))
     matrix = make_matrix(np.ones((4, 64), np.float32), "int4", 32, None, "int4")
     with pytest.raises(ValueError, match="activations 'int4' cannot hold"):
