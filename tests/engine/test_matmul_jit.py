@@ -1,6 +1,6 @@
 """Hypothesis: MatMul and FusedMatMul on the JIT GEMM with plan-packed weights
 (engine/ops/matmul_jit.py) against the numpy kernels and onnx's ReferenceEvaluator: shapes
-around the 6 x 32 tile, bias, Relu / Clip in the tiles, GELU after, edge values; and the plan
+around the 6 x 32 tile, bias, Relu / Clip in the tiles, GELU after (a JIT pass), edge values; and the plan
 packing the weights once for the kernel the search picks."""
 
 from __future__ import annotations
@@ -110,6 +110,24 @@ def test_nan_and_infinity_reach_their_rows_only(matmul_jit):
     assert np.all(np.isnan(got[3])) and np.all(np.isinf(got[7]))
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(np.delete(got, [3, 7], 0), np.delete(want, [3, 7], 0), rtol=1e-6)
+
+
+def test_gelu_after_the_gemm_keeps_the_formula_at_edge_values(matmul_jit):
+    """The exact GELU after the GEMM is rows_jit's JIT pass: its limits (gelu(-inf) NaN,
+    gelu(+inf) inf, far negative 0, far positive x) and NaN as the erf formula's."""
+    edges = np.array([0.0, -0.0, 1e-30, -1e-30, 5.9999, 6.0, -6.0001, 40.0, -40.0, 1e30, -1e30], np.float32)
+    a = np.zeros((len(edges) + 3, 1), np.float32)
+    a[: len(edges), 0] = edges
+    a[-3:, 0] = np.inf, -np.inf, np.nan
+    w = np.ones((1, 20), np.float32)
+    attrs = {"activation": "Gelu", "activation_attrs": {}}
+    for weights in (w, matmul_jit._pack([a, w], attrs)[1]):
+        got = matmul_jit.fused_matmul_gemm_jit([a, weights], attrs)[0]
+        with np.errstate(invalid="ignore"):  # the reference's own inf * 0 (its NaN is the answer)
+            want = reference(a, w, None, ("Gelu", {}))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+        np.testing.assert_allclose(got, fused_matmul([a, w], attrs)[0], rtol=2e-6, atol=1e-6)
 
 
 def test_other_inputs_fall_back_and_packed_weights_unpack(matmul_jit):
