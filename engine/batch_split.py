@@ -106,6 +106,27 @@ def run_parts(run: Callable[[Feeds], Feeds], parts: Sequence[Feeds]) -> list[Fee
     return [r for r in results if r is not None]
 
 
+def share_out(run: Callable[[Any], object], items: Sequence[Any], threads: int) -> None:
+    """``run(item)`` for every item on up to ``threads`` threads, as ``run_parts``: the caller
+    and pool threads take items in turn, so a parked pool thread holds up one item at most
+    (a kernel's row chunks; the kernel runs serial code on each)."""
+    todo = deque(items)
+
+    def take() -> None:
+        while True:
+            try:
+                item = todo.popleft()  # atomic: each item is taken once
+            except IndexError:
+                return
+            run(item)
+
+    futures = [_workers().submit(take) for _ in range(min(threads, len(items)) - 1)]
+    take()
+    for future in futures:
+        if not future.cancel():
+            future.result()  # an item's failure is the call's
+
+
 def _workers() -> ThreadPoolExecutor:
     """One pool for the process (sessions take turns; an idle pool thread sleeps)."""
     global _pool

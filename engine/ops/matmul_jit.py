@@ -5,7 +5,15 @@ time; then FusedMatMul adds the bias in a second pass over the output.  Here the
 weights once into the micro-kernel's panels (``pack``), and the bias, Relu or Clip are applied
 to each output tile while it is in L1.  A UNet's projections are this shape: a [2048, 64] by
 [64, 512] feed-forward took ~0.8x numpy's time, its [2048, 64] by [64, 64] q, k, v ones
-~0.7-0.8x.  Other activations (GELU) run after the product, as numpy's kernel runs them.
+~0.7-0.8x.  An exact GELU runs after the product as rows_jit's JIT pass (two passes per row in
+L1, against numpy's 17 over the whole output: ViT's [197, 192] by [192, 768] feed-forward
+0.43 -> 0.29 ms, BERT's [128, 384] by [384, 1536] 0.99 -> 0.77); other activations as numpy's
+kernel runs them.
+With two threads it is also offered shared out (``fused_matmul_shared_jit``): row chunks the
+caller and a pool thread take in turn, each serial, so a pool thread parked by a busy machine
+delays one chunk, not the node (numba's prange and OpenBLAS split statically and wait for it:
+on the loaded 2-core host BERT's [128, 384] by [384, 1152] took 0.63 ms by prange, 0.57 shared,
+OpenBLAS's median 4.1 ms against its best 0.52).
 Offered only where the weights are fixed for the plan (the search's ``_packable``); the sums
 run over K in order with fused multiply-adds, so results differ from OpenBLAS's by float32
 rounding only.
@@ -19,10 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from engine import jit
+from engine.batch_split import share_out
 from engine.ops.conv.common import fused_bounds
-from engine.ops.conv.gemm_jit import gemm, pack_panels, packed_shape
+from engine.ops.conv.gemm_jit import MR, gemm, pack_panels, packed_shape
 from engine.ops.fused import apply_activation, fused_matmul
 from engine.ops.registry import REGISTRY, Kernel
+from engine.ops.rows_jit import exact_gelu, gelu_rows_into
 
 MIN_ROWS = 16  # fewer rows (a decode step): the GEMV paths win, and a tile is 6 rows
 
@@ -37,10 +48,11 @@ def _weights(w: np.ndarray) -> tuple[np.ndarray, int] | None:
 
 
 def _product(
-    a: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]
+    a: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any], shared: bool = False
 ) -> np.ndarray | None:
     """a @ W (+ bias, Relu / Clip in the tiles, other activations after); None: not this
-    kernel's inputs (the caller falls back)."""
+    kernel's inputs (the caller falls back).  ``shared``: in row chunks the calling thread and
+    a pool thread take in turn (``_shared_rows``), when the session allows two threads."""
     weights = _weights(w)
     if weights is None or a.dtype != np.float32 or a.ndim < 2 or a.size == 0:
         return None
@@ -53,15 +65,60 @@ def _product(
     rows = np.ascontiguousarray(a).reshape(-1, depth)
     out = np.empty((rows.shape[0], m), np.float32)
     bounds = fused_bounds(attrs)
-    gemm(rows, packed, out, None if bias is None else bias[:m], bounds=bounds)  # a tiled bias: one copy
+    activation = attrs.get("activation")
+    gelu = bounds is None and activation == "Gelu" and exact_gelu(attrs)
+    vector = None if bias is None else bias[:m]  # a tiled bias: one copy
+
+    def chunk(first: int, last: int) -> None:
+        gemm(rows[first:last], packed, out[first:last], vector, bounds=bounds)
+        if gelu:
+            gelu_rows_into(out[first:last], None)  # out is fresh, C-contiguous float32
+
+    threads = jit.threads()
+    if shared and threads > 1 and rows.shape[0] >= SHARED_MIN_ROWS:
+        _shared_rows(chunk, rows.shape[0], threads)
+    else:
+        chunk(0, rows.shape[0])
     y = out.reshape((*a.shape[:-1], m))
-    return y if bounds is not None or attrs.get("activation") is None else apply_activation(y, attrs)
+    return y if bounds is not None or gelu or activation is None else apply_activation(y, attrs)
+
+
+# Rows from which a two-thread session's GEMM is shared out in chunks (below, the hand-off to a
+# pool thread, ~20-50 us, is not worth it); chunks per thread, so that a pool thread the
+# scheduler parks on a busy machine holds up at most one chunk: the caller takes the rest.
+SHARED_MIN_ROWS = 8 * MR
+CHUNKS_PER_THREAD = 2
+
+
+def _shared_rows(chunk: Any, rows: int, threads: int) -> None:
+    """``chunk(first, last)`` over [0, rows) in CHUNKS_PER_THREAD * threads pieces of whole
+    tiles, each on one thread with serial JIT kernels (numba's prange splits statically and
+    waits for a parked thread's share; BLAS's threads likewise)."""
+    parts = CHUNKS_PER_THREAD * threads
+    step = max(MR, -(-rows // parts // MR) * MR)
+    bounds = [(first, min(rows, first + step)) for first in range(0, rows, step)]
+
+    def one(span: tuple[int, int]) -> None:
+        with jit.thread_limit(1):
+            chunk(*span)
+
+    share_out(one, bounds, threads)
 
 
 def fused_matmul_gemm_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """FusedMatMul (A @ W + bias, then the activation) with W packed for the JIT GEMM."""
     bias = inputs[2] if len(inputs) > 2 else None
     y = _product(inputs[0], inputs[1], bias, attrs)
+    if y is None:
+        return fused_matmul(_unpacked(inputs), attrs)
+    return [y]
+
+
+def fused_matmul_shared_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """FusedMatMul as ``fused_matmul_gemm_jit``, its rows shared out between the session's
+    threads in chunks the caller also takes (offered only where two threads are allowed)."""
+    bias = inputs[2] if len(inputs) > 2 else None
+    y = _product(inputs[0], inputs[1], bias, attrs, shared=True)
     if y is None:
         return fused_matmul(_unpacked(inputs), attrs)
     return [y]
@@ -88,7 +145,7 @@ def _pack(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> dict[int, n
     return {1: pack_panels(np.asarray(w))} if w is not None and w.ndim == 2 and w.dtype == np.float32 else {}
 
 
-for _kernel in (fused_matmul_gemm_jit, matmul_gemm_jit):
+for _kernel in (fused_matmul_gemm_jit, fused_matmul_shared_jit, matmul_gemm_jit):
     _kernel.jit = True  # type: ignore[attr-defined]
     _kernel.pack = _pack  # type: ignore[attr-defined]
 
@@ -102,7 +159,13 @@ def _offered(shapes: Sequence[tuple[int, ...] | None]) -> bool:
 
 
 def _fused_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
-    return [fused_matmul_gemm_jit] if _offered(shapes) else []
+    """The JIT GEMM; and shared out in row chunks when the search runs with two or more threads
+    (a ``jit.thread_limit``: the plan is built under the session's)."""
+    if not _offered(shapes):
+        return []
+    rows = math.prod(shapes[0][:-1]) if shapes[0] else 0
+    shared = jit.threads() > 1 and rows >= SHARED_MIN_ROWS
+    return [fused_matmul_gemm_jit, fused_matmul_shared_jit] if shared else [fused_matmul_gemm_jit]
 
 
 def _matmul_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:

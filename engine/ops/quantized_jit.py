@@ -7,6 +7,9 @@ read once as int8: each block of output columns accumulates a[k] * float(W[k, bl
 every k (four rows per pass, so the accumulators are loaded and stored a quarter as often: 2x
 faster) in float32, then scales, adds the bias and stores.  The widening and multiply-adds
 vectorise; only the memory traffic of the int8 matrix remains, a quarter of the float one.
+A block is as wide as the accumulators' L1 room allows (MAX_WIDTH), not 256 columns: a narrow
+block reads 256 bytes of each row, a new 4 KB page every few rows, which the hardware prefetcher
+does not follow (the GPT step's [512, 16384] head: 1.39 ms in the model with 256, DRAM latency).
 No fastmath: results match the cast-and-gemv form to float32 rounding of a K-term sum (in
 another order, as BLAS's own blocking is).
 """
@@ -25,10 +28,11 @@ from engine.ops.fused import apply_activation
 from engine.ops.quantized import SCRATCH_BYTES, _cast_matmul, _plain_int8, _rows_scratch, qmatmul
 from engine.ops.registry import Kernel
 
-BLOCK = 256  # output columns per block: 1 KB of float32 accumulators, in L1 beside the rows read
+MAX_WIDTH = 4096  # output columns per block: 16 KB of float32 accumulators, in L1 beside the rows
+LANES = 64  # block widths are a multiple of this (whole cache lines of the int8 rows)
 
 _F32, _BOOL, _I64 = types.float32, types.boolean, types.int64
-# row, weights, scales, bias, has_bias, out, then the blocks of BLOCK columns [first, last)
+# row, weights, scales, bias, has_bias, out, block width, then the blocks [first, last)
 _GEMV = types.void(
     jit.array(_F32, 1, "C", readonly=True),
     jit.array(types.int8, 2, "C", readonly=True),
@@ -38,22 +42,23 @@ _GEMV = types.void(
     jit.array(_F32, 1, "C"),
     _I64,
     _I64,
+    _I64,
 )
 
 
 @jit.njit([_GEMV], error_model="numpy")
-def _gemv_blocks(a, w, scale, bias, has_bias, out, first, last):  # noqa: ANN001, ANN202
+def _gemv_blocks(a, w, scale, bias, has_bias, out, width, first, last):  # noqa: ANN001, ANN202
     """Column blocks [first, last): called for all (one thread) or per block by
     ``_gemv_parallel``, one compiled body for both (a per-block function was compiled apart,
     then again inside each caller)."""
-    acc = np.empty(BLOCK, np.float32)
+    acc = np.empty(width, np.float32)
     depth = w.shape[0]
     whole = depth - depth % 4
     for block in range(first, last):
-        start = block * BLOCK
-        stop = min(start + BLOCK, w.shape[1])
-        width = stop - start
-        acc[:] = 0
+        start = block * width
+        stop = min(start + width, w.shape[1])
+        size = stop - start
+        acc[:size] = 0
         # four weight rows per pass over the accumulators: a quarter of their loads and stores
         for k in range(0, whole, 4):
             a0, a1, a2, a3 = a[k], a[k + 1], a[k + 2], a[k + 3]
@@ -63,30 +68,36 @@ def _gemv_blocks(a, w, scale, bias, has_bias, out, first, last):  # noqa: ANN001
                 w[k + 2, start:stop],
                 w[k + 3, start:stop],
             )
-            for j in range(width):
+            for j in range(size):
                 acc[j] += (a0 * np.float32(r0[j]) + a1 * np.float32(r1[j])) + (
                     a2 * np.float32(r2[j]) + a3 * np.float32(r3[j])
                 )
         for k in range(whole, depth):
             ak = a[k]
             row = w[k, start:stop]
-            for j in range(width):
+            for j in range(size):
                 acc[j] += ak * np.float32(row[j])
         result = out[start:stop]
         scales = scale[start:stop]
         if has_bias:
             offsets = bias[start:stop]
-            for j in range(width):
+            for j in range(size):
                 result[j] = acc[j] * scales[j] + offsets[j]
         else:
-            for j in range(width):
+            for j in range(size):
                 result[j] = acc[j] * scales[j]
 
 
 @jit.njit([_GEMV], parallel=True, error_model="numpy")
-def _gemv_parallel(a, w, scale, bias, has_bias, out, first, last):  # noqa: ANN001, ANN202
+def _gemv_parallel(a, w, scale, bias, has_bias, out, width, first, last):  # noqa: ANN001, ANN202
     for block in prange(first, last):
-        _gemv_blocks(a, w, scale, bias, has_bias, out, block, block + 1)
+        _gemv_blocks(a, w, scale, bias, has_bias, out, width, block, block + 1)
+
+
+def block_width(n: int, threads: int) -> int:
+    """Columns per block: at most MAX_WIDTH, and few enough that each thread gets a block."""
+    share = -(-n // max(1, threads))
+    return max(LANES, min(MAX_WIDTH, -(-share // LANES) * LANES))
 
 
 def qmatmul_gemv_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -106,7 +117,8 @@ def qmatmul_gemv_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
     has_bias = bias is not None
     row = np.ascontiguousarray(a.reshape(-1))
     weights, vector = np.ascontiguousarray(x), np.ascontiguousarray(vector)
-    blocks = -(-n // BLOCK)
+    width = block_width(n, jit.threads())
+    blocks = -(-n // width)
     jit.run(
         _gemv_blocks,
         _gemv_parallel,
@@ -116,6 +128,7 @@ def qmatmul_gemv_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
         bias if has_bias else vector,
         has_bias,
         out,
+        width,
         0,
         blocks,
     )

@@ -124,7 +124,8 @@ def gelu_rows_into(y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     return y
 
 
-def _exact_gelu(attrs: dict[str, Any]) -> bool:
+def exact_gelu(attrs: dict[str, Any]) -> bool:
+    """Whether a fused activation's GELU is the exact (erf) one this module computes."""
     return (attrs.get("activation_attrs") or {}).get("approximate", "none") == "none"
 
 
@@ -133,7 +134,7 @@ def fused_matmul_gelu_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]
     a, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     plain = a.dtype == w.dtype == np.float32 and w.ndim == 2 and a.ndim >= 1
-    if not (plain and attrs.get("activation") == "Gelu" and _exact_gelu(attrs)):
+    if not (plain and attrs.get("activation") == "Gelu" and exact_gelu(attrs)):
         return fused_matmul(inputs, attrs)
     if bias is not None and (bias.shape != (w.shape[1],) or bias.dtype != np.float32):
         return fused_matmul(inputs, attrs)
@@ -284,7 +285,7 @@ def _float32_rows(shapes: Sequence[tuple[int, ...] | None]) -> bool:
 
 
 def _fused_matmul(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
-    gelu = attrs.get("activation") == "Gelu" and _exact_gelu(attrs)
+    gelu = attrs.get("activation") == "Gelu" and exact_gelu(attrs)
     return (
         [fused_matmul_gelu_jit]
         if gelu and len(shapes) > 1 and shapes[1] is not None and len(shapes[1]) == 2

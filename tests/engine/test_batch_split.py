@@ -206,3 +206,20 @@ def test_outputs_that_disagree_in_dtype_or_values_do_not_agree():
     assert not batch_split.agree({"y": np.full(3, 1.1, np.float32)}, want)
     assert not batch_split.agree({}, want)
     assert not batch_split.agree({"i": np.array([1, 2])}, {"i": np.array([1, 3])})
+
+
+def test_share_out_runs_every_item_once_and_the_caller_takes_over_a_busy_pool():
+    done: list[int] = []
+    batch_split.share_out(done.append, range(10), 2)
+    assert sorted(done) == list(range(10))
+    release = threading.Event()
+    pool = batch_split._workers()
+    blockers = [pool.submit(release.wait) for _ in range(pool._max_workers)]
+    try:
+        ran_on: set[int] = set()
+        batch_split.share_out(lambda item: ran_on.add(threading.get_ident()), range(4), 2)
+        assert ran_on == {threading.get_ident()}  # nothing waited for the blocked pool
+    finally:
+        release.set()
+        for blocker in blockers:
+            blocker.result()

@@ -134,8 +134,8 @@ def test_depthwise_jit_falls_back_to_numpy_for_other_dtypes(kernel, dtype):
 
 @st.composite
 def int8_cases(draw):
-    """One float32 row times int8 weights [K, N] (N crosses the 256-column block), per-column
-    scales, optional bias, the int8 extremes included."""
+    """One float32 row times int8 weights [K, N] (N crosses a 64-column block, and the parallel
+    split), per-column scales, optional bias, the int8 extremes included."""
     k, n = draw(st.integers(1, 300)), draw(st.integers(1, 600))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     q = rng.integers(-128, 128, (k, n)).astype(np.int8)
@@ -164,6 +164,21 @@ def test_int8_gemv_jit_matches_numpy_and_the_reference(case, activation):
         np.testing.assert_allclose(
             quantized_jit.qmatmul_gemv_jit(inputs, attrs)[0], got, rtol=1e-6, atol=atol
         )
+    wide, quantized_jit.MAX_WIDTH = quantized_jit.MAX_WIDTH, quantized_jit.LANES
+    try:  # many narrow blocks, the last one partial
+        np.testing.assert_allclose(
+            quantized_jit.qmatmul_gemv_jit(inputs, attrs)[0], got, rtol=1e-6, atol=atol
+        )
+    finally:
+        quantized_jit.MAX_WIDTH = wide
+
+
+def test_int8_gemv_block_width_fits_l1_and_splits_for_threads():
+    assert quantized_jit.block_width(16384, 1) == quantized_jit.MAX_WIDTH
+    assert quantized_jit.block_width(1536, 1) == 1536
+    assert quantized_jit.block_width(1536, 2) == 768
+    assert quantized_jit.block_width(100, 2) == 64  # whole cache lines: 2 blocks, the last partial
+    assert quantized_jit.block_width(5, 1) == 64
 
 
 def test_int8_gemv_jit_falls_back_for_rows_zero_points_and_blocks():

@@ -92,7 +92,9 @@ def test_the_jit_cache_directory_is_the_one_the_engine_is_told(tmp_path, monkeyp
 
 def test_a_session_loads_only_the_jit_kernels_its_model_can_use():
     """A model with no depthwise conv or int8 matmul needs no JIT module (nor numba's memory); a
-    grouped conv needs the depthwise one; GELU's rides along only where numba is loaded anyway."""
+    grouped conv needs the depthwise one; GELU's rides along only where numba is loaded anyway,
+    or where an attention has many queries (an encoder's JIT kernels pay for numba there)."""
+    from engine.ops.fused import prepare_attention  # noqa: PLC0415
     from engine.session import _jit_ops  # noqa: PLC0415 - the session's own choice, tested directly
 
     def program(*nodes: tuple[str, dict]) -> Program:
@@ -107,6 +109,19 @@ def test_a_session_loads_only_the_jit_kernels_its_model_can_use():
     gelu = ("FusedMatMul", {"activation": "Gelu"})
     assert _jit_ops(program(gelu, ("LayerNormalization", {}))) == set()  # GELU alone: not worth numba
     assert _jit_ops(program(gelu, ("QMatMul", {}))) == {"FusedMatMul", "QMatMul"}
+
+    # a transformer's many-query attention (static views: ViT's 197 rows) brings them in; a
+    # decode step's one query does not (the views as the converter writes, and as prepared)
+    def attention(rows: int, prepare: bool = False) -> tuple[str, dict]:
+        view = {"offset": 0, "shape": [1, 3, rows, 64], "strides": [0, 64, 576, 1]}
+        attrs = {"views": [view, None, None]}
+        return "FusedAttention", prepare_attention(attrs, 3, 1) if prepare else attrs
+
+    many = _jit_ops(program(gelu, ("LayerNormalization", {}), attention(197)))
+    assert many == {"FusedMatMul", "LayerNormalization", "FusedAttention"}
+    assert _jit_ops(program(gelu, attention(197, prepare=True))) == {"FusedMatMul", "FusedAttention"}
+    assert _jit_ops(program(gelu, ("LayerNormalization", {}), attention(1))) == set()
+    assert _jit_ops(program(gelu, ("FusedAttention", {}))) == set()  # no static views: unknown
 
 
 def test_a_numpy_only_session_runs_numpy_kernels_and_matches_the_reference(tmp_path):

@@ -1,6 +1,6 @@
 """Hypothesis: MatMul and FusedMatMul on the JIT GEMM with plan-packed weights
 (engine/ops/matmul_jit.py) against the numpy kernels and onnx's ReferenceEvaluator: shapes
-around the 6 x 32 tile, bias, Relu / Clip in the tiles, GELU after, edge values; and the plan
+around the 6 x 32 tile, bias, Relu / Clip in the tiles, GELU after (a JIT pass), edge values; and the plan
 packing the weights once for the kernel the search picks."""
 
 from __future__ import annotations
@@ -87,6 +87,9 @@ def test_fused_matmul_matches_numpy_and_the_reference(matmul_jit, case, prepacke
     allowed = 4 * np.finfo(np.float32).eps * (scale + 1) + 2e-6 * np.abs(ref)
     assert np.all(np.abs(got - ref) <= allowed)
     assert np.all(np.abs(got - want) <= allowed)
+    with jit_tier.thread_limit(2 if two_threads else 1):  # rows shared out in chunks: the same sums
+        shared = matmul_jit.fused_matmul_shared_jit(inputs, attrs)[0]
+    np.testing.assert_array_equal(shared, got)
 
 
 @SETTINGS
@@ -112,6 +115,24 @@ def test_nan_and_infinity_reach_their_rows_only(matmul_jit):
     np.testing.assert_allclose(np.delete(got, [3, 7], 0), np.delete(want, [3, 7], 0), rtol=1e-6)
 
 
+def test_gelu_after_the_gemm_keeps_the_formula_at_edge_values(matmul_jit):
+    """The exact GELU after the GEMM is rows_jit's JIT pass: its limits (gelu(-inf) NaN,
+    gelu(+inf) inf, far negative 0, far positive x) and NaN as the erf formula's."""
+    edges = np.array([0.0, -0.0, 1e-30, -1e-30, 5.9999, 6.0, -6.0001, 40.0, -40.0, 1e30, -1e30], np.float32)
+    a = np.zeros((len(edges) + 3, 1), np.float32)
+    a[: len(edges), 0] = edges
+    a[-3:, 0] = np.inf, -np.inf, np.nan
+    w = np.ones((1, 20), np.float32)
+    attrs = {"activation": "Gelu", "activation_attrs": {}}
+    for weights in (w, matmul_jit._pack([a, w], attrs)[1]):
+        got = matmul_jit.fused_matmul_gemm_jit([a, weights], attrs)[0]
+        with np.errstate(invalid="ignore"):  # the reference's own inf * 0 (its NaN is the answer)
+            want = reference(a, w, None, ("Gelu", {}))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+        np.testing.assert_allclose(got, fused_matmul([a, w], attrs)[0], rtol=2e-6, atol=1e-6)
+
+
 def test_other_inputs_fall_back_and_packed_weights_unpack(matmul_jit):
     rng = np.random.default_rng(2)
     a, w = rng.standard_normal((30, 12)), rng.standard_normal((12, 33))
@@ -125,9 +146,24 @@ def test_other_inputs_fall_back_and_packed_weights_unpack(matmul_jit):
     np.testing.assert_allclose(one, a[:1, None, :].astype(np.float32) @ w32, rtol=1e-5)
 
 
+def test_shared_rows_cover_every_chunk_once_whoever_takes_them(matmul_jit):
+    seen: list[tuple[int, int]] = []
+    matmul_jit._shared_rows(lambda first, last: seen.append((first, last)), 197, 2)
+    assert sorted(seen) == [(0, 54), (54, 108), (108, 162), (162, 197)]  # whole 6-row tiles
+    rng = np.random.default_rng(3)
+    a, w = rng.standard_normal((197, 64)).astype(np.float32), rng.standard_normal((64, 40)).astype(np.float32)
+    with jit_tier.thread_limit(2):
+        got = matmul_jit.fused_matmul_shared_jit([a, w], {})[0]
+    np.testing.assert_array_equal(got, matmul_jit.fused_matmul_gemm_jit([a, w], {})[0])
+
+
 def test_offered_for_fixed_2d_weights_and_enough_rows(matmul_jit):
     offer = matmul_jit.CANDIDATES["FusedMatMul"]
     assert offer({}, [(2, 1024, 64), (64, 512), (512,)]) == [matmul_jit.fused_matmul_gemm_jit]
+    with jit_tier.thread_limit(2):  # shared out only where the session allows two threads
+        both = [matmul_jit.fused_matmul_gemm_jit, matmul_jit.fused_matmul_shared_jit]
+        assert offer({}, [(2, 1024, 64), (64, 512), (512,)]) == both
+        assert offer({}, [(1, 20, 64), (64, 512)]) == [matmul_jit.fused_matmul_gemm_jit]
     assert offer({}, [(1, 1, 64), (64, 512)]) == []  # a decode step: the GEMV paths
     assert offer({}, [(2, 8, 1024, 64), (2, 8, 64, 1024)]) == []  # batched weights
     assert matmul_jit.CANDIDATES["MatMul"]({}, [(77, 256), (256, 256)]) == [matmul_jit.matmul_gemm_jit]

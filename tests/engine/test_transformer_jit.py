@@ -1,7 +1,8 @@
 """Hypothesis: the transformer JIT kernels (numba) against numpy and onnx's ReferenceEvaluator: the
 vectorised 2^x (exp_jit) over its whole float32 range and edge values, and FusedAttention with
-the JIT softmax (batched and per head) over shapes, masks, views and score magnitudes.  Skipped
-as a whole without numba or with FERRY_JIT=0 (the numpy kernels are tested without it)."""
+the JIT softmax (batched and per head; products by BLAS, or per head by the JIT GEMM) over
+shapes, masks, views and score magnitudes.  Skipped as a whole without numba or with
+FERRY_JIT=0 (the numpy kernels are tested without it)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ if not jit.enabled():
 exp_jit = jit.module("engine.ops.exp_jit")
 attention_jit = jit.module("engine.ops.attention_jit")
 SETTINGS = settings(max_examples=40, deadline=None)
-JIT_ATTENTION = (attention_jit.attention_jit, attention_jit.attention_jit_per_head)
+JIT_ATTENTION = (
+    attention_jit.attention_jit,
+    attention_jit.attention_jit_per_head,
+    attention_jit.attention_gemm_per_head,
+)
 
 
 # -- 2^x ----------------------------------------------------------------------------------------
@@ -76,6 +81,8 @@ def test_jit_attention_matches_numpy_and_the_reference(case, k_transposed, natur
     offered = kernels.jit_candidates("FusedAttention", attrs, [a.shape for a in inputs])
     assert attention_jit.attention_jit in offered
     assert (attention_jit.attention_jit_per_head in offered) == (mask is None)
+    many = q.shape[-2] >= attention_jit.GEMM_MIN_QUERIES
+    assert (attention_jit.attention_gemm_per_head in offered) == (mask is None and many)
     with forced_forms(natural_exp, table_gelu=False):
         numpy_result = fused.fused_attention(inputs, attrs)[0]
         for kernel in JIT_ATTENTION:
