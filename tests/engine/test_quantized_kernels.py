@@ -320,3 +320,61 @@ def test_int8_rows_qmatmul_jit_falls_back_where_it_does_not_apply():
     assert kernels.jit_candidates("QMatMul", {"axis": 1}, [(1, 8), (8, 5), (5,)]) == [
         quantized_jit.qmatmul_gemv_jit
     ]
+
+
+# -- the JIT tier's one-row int8 QMatMul on its packed weights (pack_gemv) -------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(1, 70),  # k: not only multiples of the kernel's four rows per pass
+    st.integers(1, 600),  # n: one, several and a part of the 256-column blocks
+    st.sampled_from([None, "Relu"]),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_int8_gemv_on_packed_weights_gives_the_same_bits(k, n, activation, with_bias, seed):
+    pytest.importorskip("numba")
+    from engine import jit  # noqa: PLC0415 - only with the JIT tier
+
+    if not jit.enabled():
+        pytest.skip("the JIT tier is turned off (FERRY_JIT=0)")
+    quantized_jit = jit.module("engine.ops.quantized_jit")
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((1, 1, k)).astype(np.float32)
+    q, scale = quant.quantize_int8(rng.standard_normal((k, n)).astype(np.float32), axis=1)
+    q[0, 0], q[-1, -1] = 127, -127  # the int8 form's extremes
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    attrs = {"axis": 1, **({"activation": activation} if activation else {})}
+    inputs = [a, q, scale] + ([None, bias] if with_bias else [])
+    [packed] = quantized_jit.pack_gemv(inputs, attrs).values()
+    assert packed.shape == (-(-n // quantized_jit.BLOCK), k, quantized_jit.BLOCK)
+    plain = quantized_jit.qmatmul_gemv_jit(inputs, attrs)[0]
+    got = quantized_jit.qmatmul_gemv_jit([a, packed, *inputs[2:]], attrs)[0]
+    np.testing.assert_array_equal(got, plain)
+    want = run_int8_matmul_reference(q, scale, a, bias, activation)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with jit.thread_limit(2):
+        np.testing.assert_array_equal(quantized_jit.qmatmul_gemv_jit([a, packed, *inputs[2:]], attrs)[0], got)
+
+
+def test_packed_int8_gemv_weights_still_serve_operands_it_does_not_take():
+    """Packing happens for the plan's operands; weights packed and then met with several rows
+    (or with other operands) are unpacked for the numpy kernel, not misread."""
+    pytest.importorskip("numba")
+    from engine import jit  # noqa: PLC0415
+
+    if not jit.enabled():
+        pytest.skip("the JIT tier is turned off (FERRY_JIT=0)")
+    quantized_jit = jit.module("engine.ops.quantized_jit")
+    rng = np.random.default_rng(3)
+    q, scale = quant.quantize_int8(rng.standard_normal((12, 300)).astype(np.float32), axis=1)
+    one = rng.standard_normal((1, 12)).astype(np.float32)
+    [packed] = quantized_jit.pack_gemv([one, q, scale], {"axis": 1}).values()
+    rows = rng.standard_normal((3, 12)).astype(np.float32)
+    np.testing.assert_array_equal(
+        quantized_jit.qmatmul_gemv_jit([rows, packed, scale], {"axis": 1})[0],
+        qmatmul([rows, q, scale], {"axis": 1})[0],
+    )
+    assert quantized_jit.pack_gemv([rows, q, scale], {"axis": 1}) == {}  # several rows: not packed
+    assert quantized_jit.pack_gemv([one, q, scale, np.zeros(300, np.int8)], {"axis": 1}) == {}
