@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.fuse_qdq import fuse_qdq_matmul
 from engine.ops import inplace, raster
 from engine.ops.registry import REGISTRY, Kernel, kernel_name
 from engine.program import Program, Step
@@ -195,12 +196,17 @@ class Built:
 
 
 def build(
-    program: Program, record: Record, choose: Any, after_node: Callable[[], None] | None = None
+    program: Program,
+    record: Record,
+    choose: Any,
+    after_node: Callable[[], None] | None = None,
+    use_jit: bool = False,
 ) -> Built:
     """The planned steps for one signature; ``choose(step, index, record)`` picks a node's kernel.
 
     ``after_node()`` is called after each node whose kernel was measured or whose weights
-    were packed (the session drops weight pages from memory there, to keep the peak low)."""
+    were packed (the session drops weight pages from memory there, to keep the peak low);
+    ``use_jit``: the session's JIT tier is on (fused nodes get JIT kernels)."""
     outputs = set(program.outputs)
     static = record.static
     steps: list[PlannedStep] = []
@@ -214,6 +220,7 @@ def build(
             after_node()
         steps.append(PlannedStep(step.name, step.op, kernel, step.attrs, inputs, step.outputs, note=note))
     steps = _fuse_gelu(steps, static, outputs)
+    steps = fuse_qdq_matmul(steps, static, outputs, packed, use_jit)
     steps, shared = _write_parts_in_place(steps, record, outputs)
     used = {name for s in steps for name in s.inputs if name} | outputs
     constants = {name: _frozen(value) for name, value in {**static, **packed}.items() if name in used}
