@@ -9,8 +9,9 @@ warm-up, then several rounds whose order rotates, so machine noise hits every ru
 alike.  Load time (import, session creation, first result) and peak RSS are measured in
 fresh processes per runtime (median of three), so one runtime's memory never counts against
 another; engine/ is byte-compiled first, as installing it would.  Each model's int8 package
-(``--quantized``: int8, int4, both or none) is timed too, when the converter can make one,
-against onnxruntime on the fp32 model and against Ferry's own fp32 package.
+and its int8 package with static int8 activations (``--quantized``: int8, int8a, int4, several
+or none) are timed too, when the converter can make them, against onnxruntime on the fp32
+model and against Ferry's own fp32 package.
 
 It prints a table; it is not a test and asserts nothing.
 """
@@ -279,13 +280,20 @@ def ort_runner(name: str, onnx_path: Path, feeds: dict, threads: int, rounds: in
     return Runner(name, lambda: session.run(None, feeds), rounds), session
 
 
-def convert_package(onnx_path: Path, out_dir: Path, quantize: str | None = None) -> Path | None:
+def convert_package(
+    onnx_path: Path, out_dir: Path, quantize: str | None = None, feeds: dict | None = None
+) -> Path | None:
+    """``quantize``: None, "int8", "int4", or "int8a": int8 weights and static int8 activations
+    calibrated (min/max) on ``feeds``, the bench's own inputs."""
     from converter import convert
     from converter.errors import ConversionError
 
     package = out_dir / f"{onnx_path.stem}{'-' + quantize if quantize else ''}.ferry"
+    options: dict = {"quantize": quantize}
+    if quantize == "int8a":
+        options = {"quantize": "int8", "activations": "minmax", "calibration": feeds}
     try:
-        convert(onnx_path, package, quantize=quantize)
+        convert(onnx_path, package, **options)
     except ConversionError as exc:
         print(f"  {onnx_path.stem} {quantize}: not converted ({exc})", file=sys.stderr)
         return None
@@ -303,7 +311,7 @@ def bench_model(
     onnx_path = models.ALL[name]()
     feeds = feeds_for(onnx_path)
     package = convert_package(onnx_path, out_dir)
-    variants = [("fp32", package)] + [(q, convert_package(onnx_path, out_dir, q)) for q in quantized]
+    variants = [("fp32", package)] + [(q, convert_package(onnx_path, out_dir, q, feeds)) for q in quantized]
     ort1, ort_session = ort_runner("ort1", onnx_path, feeds, 1, rounds)
     ort2, _ = ort_runner("ort2", onnx_path, feeds, 2, rounds)
     reference = ReferenceEvaluator(str(onnx_path))
@@ -475,7 +483,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--ref-rounds", type=int, default=2)
     parser.add_argument(
-        "--quantized", default="int8", help="quantized packages to time beside fp32: int8,int4 or none"
+        "--quantized",
+        default="int8,int8a",
+        help="quantized packages to time beside fp32: int8, int4, int8a (int8 weights and static int8 "
+        "activations calibrated on the bench's inputs), several comma-separated, or none",
     )
     parser.add_argument(
         "--child", nargs=4, metavar=("RUNTIME", "PATH", "FEEDS", "THREADS"), help=argparse.SUPPRESS

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.fuse_qdq import fuse_qdq_matmul
+from engine.fuse_qdq import fuse_qdq
 from engine.ops import inplace, raster
 from engine.ops.registry import REGISTRY, Kernel, kernel_name
 from engine.program import Program, Step
@@ -220,7 +220,7 @@ def build(
             after_node()
         steps.append(PlannedStep(step.name, step.op, kernel, step.attrs, inputs, step.outputs, note=note))
     steps = _fuse_gelu(steps, static, outputs)
-    steps = fuse_qdq_matmul(steps, static, outputs, packed, use_jit)
+    steps = fuse_qdq(steps, static, outputs, packed, use_jit, program)
     steps, shared = _write_parts_in_place(steps, record, outputs)
     used = {name for s in steps for name in s.inputs if name} | outputs
     constants = {name: _frozen(value) for name, value in {**static, **packed}.items() if name in used}

@@ -33,7 +33,8 @@ from numba.extending import intrinsic
 
 from engine import jit
 from engine.ops.fused import apply_activation
-from engine.ops.qdq_matmul import qdq_matmul, qdq_operands
+from engine.ops.qdq_matmul import qdq_matmul, qdq_operands, scalar_of
+from engine.ops.quantized import quantize_linear
 from engine.ops.registry import Kernel
 
 ROWS = 4  # rows of a tile
@@ -210,3 +211,49 @@ def _candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None])
 
 
 CANDIDATES = {"QdqMatMul": _candidates}
+
+
+# -- QuantizeLinear per tensor to uint8 in one pass (numpy: five) --------------------------------
+
+_QUANTIZE = types.void(
+    jit.array(types.float32, 1, "C", readonly=True),
+    types.float32,
+    types.float32,
+    jit.array(types.uint8, 1, "C"),
+)
+
+
+@jit.njit([_QUANTIZE], error_model="numpy")
+def _quantize(x, scale, zero, out):  # noqa: ANN001, ANN202
+    """numpy's saturate(rint(x / scale) + zero) in the same float32 operations: the same bytes."""
+    for i in range(x.size):
+        value = np.rint(x[i] / scale) + zero
+        out[i] = np.uint8(min(max(value, np.float32(0.0)), np.float32(255.0)))
+
+
+def quantize_linear_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """QuantizeLinear of float32 values to uint8 with one scale and zero point, in the input's
+    memory order (a channels-last conv result stays channels last); otherwise numpy's."""
+    x, scale = inputs[0], inputs[1]
+    zero = inputs[2] if len(inputs) > 2 else None
+    order = _memory_order(x)
+    per_tensor = scale.size == 1 and scale.dtype == np.float32 and (zero is None or scalar_of(zero, np.uint8))
+    if x.dtype != np.float32 or order is None or not per_tensor:
+        return quantize_linear(inputs, attrs)
+    flat = x.transpose(order)
+    out = np.empty(flat.shape, np.uint8)
+    point = np.float32(0.0 if zero is None else float(zero.reshape(-1)[0]))
+    _quantize(flat.reshape(-1), np.float32(scale.reshape(-1)[0]), point, out.reshape(-1))
+    return [out.transpose(np.argsort(order))]
+
+
+def _memory_order(x: np.ndarray) -> tuple[int, ...] | None:
+    """The axis order in which ``x``'s memory is C-contiguous, or None."""
+    if x.flags.c_contiguous:
+        return tuple(range(x.ndim))
+    order = tuple(sorted(range(x.ndim), key=lambda axis: -x.strides[axis]))
+    return order if x.transpose(order).flags.c_contiguous else None
+
+
+quantize_linear_jit.jit = True  # type: ignore[attr-defined]
+CANDIDATES["QuantizeLinear"] = lambda attrs, shapes: [quantize_linear_jit]

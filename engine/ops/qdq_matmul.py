@@ -17,7 +17,8 @@ from engine.ops.registry import register
 INTERNAL_OPS = frozenset({"QdqMatMul"})  # made by the planner, never stored in a package
 
 
-def _scalar(value: np.ndarray | None, dtype: type) -> bool:
+def scalar_of(value: np.ndarray | None, dtype: type) -> bool:
+    """A one-element array of ``dtype`` (a per-tensor scale or zero point)."""
     return value is not None and value.size == 1 and value.dtype == dtype
 
 
@@ -34,8 +35,8 @@ def qdq_operands(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> bool
         return False
     n = w.shape[1]
     return (
-        _scalar(a_scale, np.float32)
-        and _scalar(a_zero, np.uint8)
+        scalar_of(a_scale, np.float32)
+        and scalar_of(a_zero, np.uint8)
         and zero is None
         and w_scale.dtype == np.float32
         and w_scale.size == n

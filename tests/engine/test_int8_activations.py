@@ -1,6 +1,7 @@
-"""Static int8 activations in integers: QuantizeLinear -> DequantizeLinear -> QMatMul planned as
-one QdqMatMul, its JIT kernel (uint8 x int8 sums in int32) against the unfused numpy form and an
-exact reference, with and without the CPU's VNNI instruction."""
+"""Static int8 activations in integers: QuantizeLinear -> DequantizeLinear -> QMatMul / Conv
+planned as one QdqMatMul / QdqConv, their JIT kernels (uint8 x int8 sums in int32) against the
+unfused numpy form and an exact reference, with and without the CPU's VNNI instruction, and
+QuantizeLinear in one pass."""
 
 from __future__ import annotations
 
@@ -168,3 +169,123 @@ def test_a_static_int8_package_plans_its_matmuls_as_integer_products(tmp_path, u
     for name, value in first.items():
         scale = max(1.0, float(np.abs(value).max()))
         np.testing.assert_allclose(planned[name] / scale, value / scale, atol=1e-5)
+
+
+# -- convolutions: QdqConv ------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(1, 9),  # input channels
+    st.sampled_from([(1, 1), (3, 3), (1, 3), (5, 5)]),  # kernel
+    st.integers(1, 2),  # stride
+    st.integers(0, 2),  # padding
+    st.integers(1, 2),  # dilation
+    st.integers(6, 13),  # image side
+    st.booleans(),  # bias
+    st.booleans(),  # residual
+    st.sampled_from([None, "Relu"]),
+    st.integers(0, 2**31),
+)
+def test_the_integer_conv_matches_the_unfused_form(
+    channels, kernel, stride, pad, dilation, side, with_bias, with_residual, activation, seed
+):
+    jit, _ = _jit_module()
+    module = jit.module("engine.ops.int8_conv_jit")
+    from engine.ops.qdq_conv import MIN_WIDTH, qdq_conv  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    out_channels = MIN_WIDTH + int(rng.integers(0, 70))
+    taps = kernel[0] * kernel[1]
+    channels = max(channels, -(-MIN_WIDTH // taps))  # a filter wide enough to be fused
+    q = rng.integers(0, 256, (1, channels, side, side), dtype=np.uint8)
+    w, w_scale = quant.quantize_int8(
+        rng.standard_normal((out_channels, channels, *kernel)).astype(np.float32), 0
+    )
+    attrs = {
+        "kernel_shape": list(kernel),
+        "strides": [stride, stride],
+        "pads": [pad] * 4,
+        "dilations": [dilation, dilation],
+        **({"activation": activation} if activation else {}),
+    }
+    span = [(side + 2 * pad - dilation * (k - 1) - 1) // stride + 1 for k in kernel]
+    if min(span) < 1:
+        return
+    bias = rng.standard_normal(out_channels).astype(np.float32) if with_bias else None
+    residual = rng.standard_normal((1, out_channels, *span)).astype(np.float32) if with_residual else None
+    inputs = [
+        q,
+        np.array(0.05, np.float32),
+        np.array(rng.integers(0, 256), np.uint8),
+        w,
+        w_scale,
+        bias,
+        residual,
+    ]
+    want = qdq_conv(inputs, attrs)[0]
+    got = module.qdq_conv_jit(inputs, attrs)[0]
+    assert got.shape == want.shape
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got / scale, want / scale, atol=1e-5)
+    packed = dict(enumerate(inputs)) | module.pack(inputs, attrs)
+    planned = module.qdq_conv_jit([packed.get(i) for i in range(8)], attrs)[0]
+    np.testing.assert_array_equal(planned, got)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 255), st.booleans(), st.integers(0, 2**31))
+def test_quantizing_in_one_pass_gives_numpys_bytes_in_the_inputs_layout(size, zero, channels_last, seed):
+    _, module = _jit_module()
+    from engine.ops.quantized import quantize_linear  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((1, 3, size, 2)) * 4).astype(np.float32)
+    x.reshape(-1)[0] = 2.5 * 0.1  # a tie: rounds to even
+    if channels_last:
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    inputs = [x, np.array(0.1, np.float32), np.array(zero, np.uint8)]
+    got = module.quantize_linear_jit(inputs, {})[0]
+    np.testing.assert_array_equal(got, quantize_linear(inputs, {})[0])
+    if channels_last:  # the next integer conv reads it without a transposing copy
+        assert got.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def _conv_block(seed: int):
+    """conv 3x3 (64 -> 64) -> Relu -> conv 3x3 + the block's input (a ResNet basic block)."""
+    rng = np.random.default_rng(seed)
+    inits = {name: rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.05 for name in ("w1", "w2")}
+    inits["b1"] = rng.standard_normal(64).astype(np.float32) * 0.1
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "x"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 10, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 10, 10])],
+        initializer=[numpy_helper.from_array(value, name) for name, value in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": np.abs(rng.standard_normal((1, 64, 10, 10))).astype(np.float32)}
+
+
+def test_a_static_int8_cnn_plans_its_convolutions_as_integer_products(tmp_path):
+    _jit_module()
+    model, feeds = _conv_block(4)
+    package = tmp_path / "block.ferry"
+    convert(model, package, quantize="int8", activations="minmax", calibration=feeds)
+    session = Session(package, threads=1)
+    first = session.run(feeds)["y"].copy()
+    session.run(feeds)
+    timings = session.profile(feeds)
+    assert [t.op for t in timings].count("QdqConv") == 2, [(t.op, t.kernel) for t in timings]
+    assert not [t for t in timings if t.op in ("DequantizeLinear", "Conv", "FusedConv")]
+    planned = session.run(feeds)["y"]
+    np.testing.assert_allclose(planned / np.abs(first).max(), first / np.abs(first).max(), atol=1e-5)
+    float_result = Session(package, threads=1, jit=False).run(feeds)["y"]  # numpy: unfused
+    np.testing.assert_allclose(planned / np.abs(first).max(), float_result / np.abs(first).max(), atol=1e-5)
