@@ -8,8 +8,10 @@ converts the ONNX file to a Ferry package, then times Ferry (1 and 2 threads), o
 warm-up, then several rounds whose order rotates, so machine noise hits every runtime
 alike.  Load time (import, session creation, first result) and peak RSS are measured in
 fresh processes per runtime (median of three), so one runtime's memory never counts against
-another; engine/ is byte-compiled first, as installing it would.  The int8
-package of the GPT step is timed too when the converter can make one.
+another; engine/ is byte-compiled first, as installing it would.  Each model's int8 package
+and its int8 package with static int8 activations (``--quantized``: int8, int8a, int4, several
+or none) are timed too, when the converter can make them, against onnxruntime on the fp32
+model and against Ferry's own fp32 package.
 
 It prints a table; it is not a test and asserts nothing.
 """
@@ -278,20 +280,29 @@ def ort_runner(name: str, onnx_path: Path, feeds: dict, threads: int, rounds: in
     return Runner(name, lambda: session.run(None, feeds), rounds), session
 
 
-def convert_package(onnx_path: Path, out_dir: Path, quantize: str | None = None) -> Path | None:
+def convert_package(
+    onnx_path: Path, out_dir: Path, quantize: str | None = None, feeds: dict | None = None
+) -> Path | None:
+    """``quantize``: None, "int8", "int4", or "int8a": int8 weights and static int8 activations
+    calibrated (min/max) on ``feeds``, the bench's own inputs."""
     from converter import convert
     from converter.errors import ConversionError
 
     package = out_dir / f"{onnx_path.stem}{'-' + quantize if quantize else ''}.ferry"
+    options: dict = {"quantize": quantize}
+    if quantize == "int8a":
+        options = {"quantize": "int8", "activations": "minmax", "calibration": feeds}
     try:
-        convert(onnx_path, package, quantize=quantize)
+        convert(onnx_path, package, **options)
     except ConversionError as exc:
         print(f"  {onnx_path.stem} {quantize}: not converted ({exc})", file=sys.stderr)
         return None
     return package
 
 
-def bench_model(name: str, out_dir: Path, rounds: int, ref_rounds: int) -> list[dict]:
+def bench_model(
+    name: str, out_dir: Path, rounds: int, ref_rounds: int, quantized: tuple[str, ...] = ("int8",)
+) -> list[dict]:
     """Ferry numpy-only and Ferry with its JIT tier beside onnxruntime, 1 and 2 threads."""
     from onnx.reference import ReferenceEvaluator
 
@@ -300,9 +311,7 @@ def bench_model(name: str, out_dir: Path, rounds: int, ref_rounds: int) -> list[
     onnx_path = models.ALL[name]()
     feeds = feeds_for(onnx_path)
     package = convert_package(onnx_path, out_dir)
-    variants = [("fp32", package)]
-    if name == "gpt_decoder_step":
-        variants.append(("int8", convert_package(onnx_path, out_dir, "int8")))
+    variants = [("fp32", package)] + [(q, convert_package(onnx_path, out_dir, q, feeds)) for q in quantized]
     ort1, ort_session = ort_runner("ort1", onnx_path, feeds, 1, rounds)
     ort2, _ = ort_runner("ort2", onnx_path, feeds, 2, rounds)
     reference = ReferenceEvaluator(str(onnx_path))
@@ -474,6 +483,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--ref-rounds", type=int, default=2)
     parser.add_argument(
+        "--quantized",
+        default="int8,int8a",
+        help="quantized packages to time beside fp32: int8, int4, int8a (int8 weights and static int8 "
+        "activations calibrated on the bench's inputs), several comma-separated, or none",
+    )
+    parser.add_argument(
         "--child", nargs=4, metavar=("RUNTIME", "PATH", "FEEDS", "THREADS"), help=argparse.SUPPRESS
     )
     parser.add_argument("--jit-child", metavar="CACHE", help=argparse.SUPPRESS)
@@ -491,7 +506,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ferry-bench-") as tmp:
         for name in args.models.split(","):
             print(f"benchmarking {name}...", file=sys.stderr)
-            rows += bench_model(name, Path(tmp), args.rounds, args.ref_rounds)
+            quantized = tuple(q for q in args.quantized.split(",") if q and q != "none")
+            rows += bench_model(name, Path(tmp), args.rounds, args.ref_rounds, quantized)
     import onnxruntime
 
     unset = os.environ.get("FERRY_BENCH_UNSET")

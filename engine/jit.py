@@ -49,6 +49,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     # projections with fixed weights on the conv GEMM; rides along with a UNet's norms too
     "engine.ops.matmul_jit": ("FusedMatMul", "MatMul", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.quantized_jit": ("QMatMul",),
+    # QuantizeLinear -> DequantizeLinear -> QMatMul in integers (the planner's QdqMatMul)
+    "engine.ops.int8_gemm_jit": ("QdqMatMul", "QdqConv", "QuantizeLinear"),
+    "engine.ops.int8_conv_jit": ("QdqConv", "QuantizeLinear"),
     "engine.ops.attention_jit": ("FusedAttention",),
     "engine.llm.gemv_jit": ("LlmGemvInt4", "LlmGemvInt8"),
     "engine.llm.attention_jit": ("LlmDecodeAttention",),
@@ -75,6 +78,19 @@ _deferred: dict[str, dict[int, tuple[Any, list[Any]]]] = {}
 def enabled() -> bool:
     """Whether JIT kernels may be used: numba is installed and ``FERRY_JIT`` is not ``0``."""
     return os.environ.get("FERRY_JIT", "1") != "0" and importlib.util.find_spec("numba") is not None
+
+
+def has_vnni() -> bool:
+    """Whether numba compiles for a CPU with AVX-512 VNNI (its host, unless NUMBA_CPU_NAME or
+    NUMBA_CPU_FEATURES say otherwise): the integer dot-product kernels' instruction."""
+    import llvmlite.binding as llvm  # noqa: PLC0415 - only with the JIT tier
+    from numba.core import config  # noqa: PLC0415
+
+    if config.CPU_FEATURES is not None:
+        return "+avx512vnni" in config.CPU_FEATURES
+    if config.CPU_NAME not in (None, "host"):
+        return False
+    return bool(llvm.get_host_cpu_features().get("avx512vnni", False))
 
 
 def fingerprint() -> str:

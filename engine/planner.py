@@ -8,7 +8,10 @@ it.  The planner:
 1. folds every node whose inputs are all known for this signature (constants, and values
    computed from shapes only: Shape -> Gather -> Concat chains, weight transposes...) into
    plan constants, unless the result would be larger than its inputs (Expand, or a
-   dequantized weight: those stay lazy so int8/int4 packages keep their memory savings);
+   dequantized matrix: those stay lazy so int8/int4 packages keep their memory savings),
+   except a convolution's dequantized filter: dequantized on every run it cost an int8
+   ResNet18 2.4x its fp32 time (and Winograd's filter transform each run); folded, the
+   conv kernel packs it once, and int8/int4 stay smaller to ship and store;
 2. fuses patterns the exporters spell out op by op (GELU as Div/Erf/Add/Mul/Mul) into one
    kernel;
 3. picks each node's kernel (the op's selector, or the device-measured choice of
@@ -33,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.fuse_qdq import fuse_qdq
 from engine.ops import inplace, raster
 from engine.ops.registry import REGISTRY, Kernel, kernel_name
 from engine.program import Program, Step
@@ -43,6 +47,37 @@ SHAPE_ONLY = frozenset({"Shape", "Size"})
 NO_FOLD = frozenset({"DequantizeLinear", "QMatMul", "QGather", "QGemm", "RandomNormal", "RandomUniform"})
 # Folded results up to this size are kept even when larger than their inputs.
 FOLD_SMALL_BYTES = 64 * 1024
+# Consumers whose input 1 is a filter: a dequantized filter is folded (see 1. above), directly
+# or through the Reshape the converter puts after an int4 filter's [out, in*kh*kw] blocks.
+FILTER_CONSUMERS = frozenset({"Conv", "FusedConv", "ConvTranspose"})
+
+
+def dequantized_filters(program: Program) -> frozenset[str]:
+    """DequantizeLinear/Reshape outputs read only as convolution filters (input 1)."""
+    readers: dict[str, list[tuple[Step, int]]] = {}
+    for step in program.steps:
+        for position, name in enumerate(step.inputs):
+            if name:
+                readers.setdefault(name, []).append((step, position))
+    outputs = set(program.outputs)
+
+    def only_filter(name: str) -> bool:
+        uses = readers.get(name, [])
+        if not uses or name in outputs:
+            return False
+        return all(
+            (s.op in FILTER_CONSUMERS and position == 1)
+            or (s.op == "Reshape" and position == 0 and only_filter(s.outputs[0]))
+            for s, position in uses
+        )
+
+    return frozenset(
+        name
+        for step in program.steps
+        if step.op == "DequantizeLinear"
+        for name in step.outputs[:1]
+        if name and only_filter(name)
+    )
 
 
 @dataclass
@@ -114,6 +149,7 @@ class Recorder:
             self.record.static[name] = value
         for name, value in feeds.items():
             self._note(name, value)
+        self._filters = dequantized_filters(program)
 
     def _note(self, name: str, value: np.ndarray) -> None:
         self.record.info[name] = ValueInfo(
@@ -141,15 +177,15 @@ class Recorder:
     ) -> None:
         self.record.kernels.append(kernel)
         static = self.record.static
-        foldable = step.op not in NO_FOLD and (
-            step.op in SHAPE_ONLY or all(not name or name in static for name in step.inputs)
-        )
+        known = all(not name or name in static for name in step.inputs)
+        filter_ = known and bool(step.outputs) and step.outputs[0] in self._filters
+        foldable = step.op not in NO_FOLD and (step.op in SHAPE_ONLY or known)
         in_bytes = sum(a.nbytes for a in args if a is not None)
         for name, value in zip(step.outputs, results, strict=False):
             if not name:
                 continue
             self._note(name, value)
-            if foldable and value.nbytes <= max(FOLD_SMALL_BYTES, in_bytes):
+            if filter_ or (foldable and value.nbytes <= max(FOLD_SMALL_BYTES, in_bytes)):
                 static[name] = value
 
 
@@ -160,12 +196,17 @@ class Built:
 
 
 def build(
-    program: Program, record: Record, choose: Any, after_node: Callable[[], None] | None = None
+    program: Program,
+    record: Record,
+    choose: Any,
+    after_node: Callable[[], None] | None = None,
+    use_jit: bool = False,
 ) -> Built:
     """The planned steps for one signature; ``choose(step, index, record)`` picks a node's kernel.
 
     ``after_node()`` is called after each node whose kernel was measured or whose weights
-    were packed (the session drops weight pages from memory there, to keep the peak low)."""
+    were packed (the session drops weight pages from memory there, to keep the peak low);
+    ``use_jit``: the session's JIT tier is on (fused nodes get JIT kernels)."""
     outputs = set(program.outputs)
     static = record.static
     steps: list[PlannedStep] = []
@@ -179,6 +220,7 @@ def build(
             after_node()
         steps.append(PlannedStep(step.name, step.op, kernel, step.attrs, inputs, step.outputs, note=note))
     steps = _fuse_gelu(steps, static, outputs)
+    steps = fuse_qdq(steps, static, outputs, packed, use_jit, program)
     steps, shared = _write_parts_in_place(steps, record, outputs)
     used = {name for s in steps for name in s.inputs if name} | outputs
     constants = {name: _frozen(value) for name, value in {**static, **packed}.items() if name in used}

@@ -9,7 +9,10 @@ the recorded shape (best of a few rounds over all candidates; a candidate whose 
 differs from the selector's choice is dropped).  The choice is
 cached in a JSON file per (model digest, device fingerprint) under ``FERRY_KERNEL_CACHE``
 (default ``~/.cache/ferry/kernels``), so later loads of the same model on the same device
-skip the measuring.  ``FERRY_KERNEL_SEARCH=0`` turns measuring off (the selector decides).
+skip the measuring.  Each choice also records which candidates it was made among: when an
+engine upgrade adds a kernel, or a node's weights become packable, the node is measured
+again (a cached choice among fewer kernels would otherwise hold forever).
+``FERRY_KERNEL_SEARCH=0`` turns measuring off (the selector decides).
 """
 
 from __future__ import annotations
@@ -135,13 +138,13 @@ class KernelSearch:
             return default, ""
         if len(candidates) == 1:
             return candidates[0], ""
-        key = _key(node, shapes)
+        key, among = _key(node, shapes), _among(candidates)
         cached = self.choices.get(key)
         for kernel in candidates:
-            if kernel_name(kernel) == cached:
+            if kernel_name(kernel) == cached and self.choices.get(key + AMONG) == among:
                 return kernel, "searched, cached"
         best, note = self._measure(candidates, attrs, make_inputs(), node)
-        self.choices[key] = kernel_name(best)
+        self.choices[key], self.choices[key + AMONG] = kernel_name(best), among
         self._dirty = True
         return best, note
 
@@ -253,6 +256,14 @@ def _time_rounds(
 
 def _key(node: str, shapes: Sequence[tuple[int, ...] | None]) -> str:
     return f"{node}|{[None if shape is None else tuple(shape) for shape in shapes]}"
+
+
+AMONG = "|among"  # the cache entry beside a choice: the candidates it was chosen among
+
+
+def _among(candidates: Sequence[Kernel]) -> str:
+    names = ",".join(sorted(kernel_name(kernel) for kernel in candidates))
+    return hashlib.sha256(names.encode()).hexdigest()[:16]
 
 
 def _agreeing(

@@ -217,6 +217,7 @@ class Session:
                         record,
                         lambda step, index, rec: self._choose_kernel(step, index, rec, search),
                         after_node=lambda: release_pages(self._weights),
+                        use_jit=self.jit,
                     )
                 except Exception:  # noqa: BLE001 - planning is an optimisation: never fail a run over it
                     built = planner.unoptimized(self._program, record)

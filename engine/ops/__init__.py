@@ -11,6 +11,8 @@ from engine.ops import (  # noqa: F401  (imported for their registrations)
     group_norm,
     normalization,
     pool,
+    qdq_conv,
+    qdq_matmul,
     quantized,
     raster,
     reduce,

@@ -14,6 +14,8 @@ from engine.errors import NodeExecutionError
 from engine.ops import REGISTRY, supported_operators
 from engine.ops.geglu import INTERNAL_OPS as GEGLU_INTERNAL_OPS
 from engine.ops.group_norm import INTERNAL_OPS as GROUP_NORM_INTERNAL_OPS
+from engine.ops.qdq_conv import INTERNAL_OPS as QDQ_CONV_INTERNAL_OPS
+from engine.ops.qdq_matmul import INTERNAL_OPS as QDQ_INTERNAL_OPS
 from tests.engine.helpers import assert_same, check_op, run_engine, run_onnxruntime, single_node_model
 
 rng = np.random.default_rng(7)
@@ -296,8 +298,9 @@ def test_pad_negative_pads_crop():
 # Kernels of the converter's fused, quantized and Raster forms are tested with the converter.
 ELSEWHERE = ("engine.ops.fused", "engine.ops.quantized", "engine.ops.raster")
 # other converter-written ops, tested against onnxruntime elsewhere (FusedGroupNorm:
-# tests/engine/diffusion/test_group_norm_silu.py; FusedGeglu: tests/engine/diffusion/test_geglu.py)
-INTERNAL_ELSEWHERE = GROUP_NORM_INTERNAL_OPS | GEGLU_INTERNAL_OPS
+# tests/engine/diffusion/test_group_norm_silu.py; FusedGeglu: tests/engine/diffusion/test_geglu.py;
+# the planner's QdqMatMul and QdqConv: tests/engine/test_int8_activations.py)
+INTERNAL_ELSEWHERE = GROUP_NORM_INTERNAL_OPS | GEGLU_INTERNAL_OPS | QDQ_INTERNAL_OPS | QDQ_CONV_INTERNAL_OPS
 
 
 def test_every_registered_op_is_covered():

@@ -269,7 +269,7 @@ def test_a_first_run_uses_the_kernel_this_device_chose_before(tmp_path, monkeypa
     model, x, path = _depthwise_package(tmp_path, 10)
     Session(path).profile({"x": x})  # searches and caches a choice
     [written] = list(cache.iterdir())
-    [key] = json.loads(written.read_text())
+    [key] = [key for key in json.loads(written.read_text()) if not key.endswith(search.AMONG)]
     attrs = {"group": 4, "pads": [1, 1, 1, 1]}
     candidates = kernels.NUMPY["Conv"](attrs, [(1, 4, 9, 9), (4, 1, 3, 3)])
     selector = conv.select_conv(attrs, [(1, 4, 9, 9), (4, 1, 3, 3)])

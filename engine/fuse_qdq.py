@@ -1,0 +1,118 @@
+"""Planning: QuantizeLinear -> DequantizeLinear -> QMatMul becomes one QdqMatMul on the uint8
+values (engine/ops/qdq_matmul.py), and -> Conv/FusedConv with an int8 filter a QdqConv
+(qdq_conv.py, with the JIT tier only), so int8 activations are multiplied in integers.
+
+A package converted with static int8 activations (converter/calibrate.py), like any ONNX model
+in the QDQ form, quantizes a MatMul's input per tensor and dequantizes it again right away; an
+int8-capable runtime is meant to fuse the pair into its integer kernel.  Here the QuantizeLinear
+stays (several projections often read one quantized value: computed once), each QMatMul reading
+the dequantized copy becomes a QdqMatMul reading the uint8 values, and the DequantizeLinear goes
+when nothing else reads it.  With the JIT tier the QdqMatMul's kernel is the integer GEMM
+(int8_gemm_jit.py, weights packed here once); without, the numpy kernel runs the unfused form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from engine import jit
+from engine.ops.qdq_conv import qdq_conv_operands
+from engine.ops.qdq_matmul import qdq_matmul, qdq_operands
+from engine.ops.registry import kernel_name
+from engine.program import Program, Step
+
+NOTE = "fused QuantizeLinear/DequantizeLinear/{}: integer GEMM"
+CONVS = ("Conv", "FusedConv")
+
+
+def fuse_qdq(
+    steps: list,  # planner.PlannedStep
+    static: dict[str, np.ndarray],
+    keep: set[str],
+    packed: dict[str, np.ndarray],
+    use_jit: bool,
+    program: Program,
+) -> list:
+    """The planned steps with each fusable QMatMul and Conv replaced (see the module's note);
+    packed weights are added to ``packed`` (the plan's constants)."""
+    producer = {name: step for step in steps for name in step.outputs if name}
+    original = {step.name: step for step in program.steps}  # inputs before any packing
+    filters = {s.outputs[0]: s for s in program.steps if s.op == "DequantizeLinear" and s.outputs}
+    fused: set[str] = set()
+    for position, step in enumerate(steps):
+        if step.op in CONVS and use_jit and step.name in original:
+            found = _fused_conv_inputs(original[step.name], producer, filters, static)
+            op, module, name = "QdqConv", "engine.ops.int8_conv_jit", "qdq_conv_jit"
+        else:
+            found = _fused_inputs(step, producer, static)
+            op, module, name = "QdqMatMul", "engine.ops.int8_gemm_jit", "qdq_matmul_jit"
+        if found is None:
+            continue
+        inputs, values, attrs = found
+        # imported (compiled) only for a model that has something to fuse
+        kernel = getattr(jit.module(module), name) if use_jit else qdq_matmul
+        pack = getattr(kernel, "pack", None)
+        if pack is not None:
+            for slot, array in pack(values, attrs).items():
+                inputs += [""] * (slot + 1 - len(inputs))
+                inputs[slot] = f"{inputs[3]}@{kernel_name(kernel)}/{slot}"
+                packed.setdefault(inputs[slot], array)
+        fused.add(step.inputs[0])
+        note = NOTE.format(step.op)
+        steps[position] = replace(step, op=op, kernel=kernel, attrs=attrs, inputs=inputs, note=note)
+    still_read = {name for step in steps for name in step.inputs if name} | keep
+    return [s for s in steps if not (s.op == "DequantizeLinear" and s.outputs[0] in fused - still_read)]
+
+
+def _fused_inputs(step, producer: dict, static: dict[str, np.ndarray]):  # noqa: ANN001, ANN202
+    """QdqMatMul's input names, values (a stand-in for the activations) and attrs for a QMatMul
+    reading a QuantizeLinear -> DequantizeLinear pair with fixed per-tensor parameters and fixed
+    plain int8 weights, else None."""
+    if step.op != "QMatMul" or len(step.inputs) < 2 or step.inputs[1] not in static:
+        return None
+    activations = _quantized_source(step.inputs[0], producer, static)
+    if activations is None:
+        return None
+    rest = (list(step.inputs[1:]) + [""] * 4)[:4]  # weights, scales, zero point, bias
+    inputs = [*activations, *rest]
+    weights = static[step.inputs[1]]
+    values = [np.empty((1, weights.shape[0]) if weights.ndim else 0, np.uint8)]
+    values += [static.get(name) if name else None for name in inputs[1:]]
+    return (inputs, values, step.attrs) if qdq_operands(values, step.attrs) else None
+
+
+def _fused_conv_inputs(step: Step, producer: dict, filters: dict, static: dict[str, np.ndarray]):  # noqa: ANN202
+    """QdqConv's input names, values and attrs for a Conv reading a QuantizeLinear ->
+    DequantizeLinear pair (per tensor, fixed) whose filter is an int8 DequantizeLinear's
+    (per output channel, fixed), else None."""
+    activations = _quantized_source(step.inputs[0] if step.inputs else "", producer, static)
+    source = filters.get(step.inputs[1]) if len(step.inputs) > 1 else None
+    if activations is None or source is None or len(source.inputs) < 2 or source.attrs.get("axis", 1) != 0:
+        return None
+    if len(source.inputs) > 2 and source.inputs[2]:
+        return None  # a filter zero point: not the converter's symmetric int8
+    weights, scales = source.inputs[:2]
+    if weights not in static or scales not in static:
+        return None
+    rest = (list(step.inputs[2:]) + [""] * 2)[:2]  # bias, residual
+    inputs = [*activations, weights, scales, *rest]
+    filter_ = static[weights]
+    shape = (1, filter_.shape[1], 1, 1) if filter_.ndim == 4 else (1,)
+    values = [np.empty(shape, np.uint8)] + [static.get(name) if name else None for name in inputs[1:]]
+    attrs = {**step.attrs, "kernel_shape": list(filter_.shape[2:])}
+    return (inputs, values, attrs) if qdq_conv_operands(values, attrs) else None
+
+
+def _quantized_source(name: str, producer: dict, static: dict[str, np.ndarray]) -> list[str] | None:
+    """[q, scale, zero] when ``name`` is a DequantizeLinear (per tensor, fixed parameters) of a
+    QuantizeLinear's output, else None."""
+    dequantize = producer.get(name)
+    if dequantize is None or dequantize.op != "DequantizeLinear" or len(dequantize.inputs) != 3:
+        return None
+    quantize = producer.get(dequantize.inputs[0])
+    if dequantize.attrs or quantize is None or quantize.op != "QuantizeLinear":
+        return None
+    q, scale, zero = dequantize.inputs
+    return [q, scale, zero] if scale in static and zero in static else None
