@@ -39,10 +39,10 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine import jit
+from engine.ops import int_dot_ir
 
 LANES = 16  # rows per step: 16 int32 sums in one 512-bit vector
 SUB = 32  # weights per row per step: 16 bytes, 4 lanes' worth of 4 bytes
@@ -54,49 +54,8 @@ _SUMS, _BYTES = ir.VectorType(_I32, LANES), ir.VectorType(_I8, 4 * LANES)
 _FLOATS = ir.VectorType(_F32, LANES)
 
 
-def _has_vnni() -> bool:
-    """Whether numba compiles for a CPU with AVX-512 VNNI (its host, unless NUMBA_CPU_NAME says)."""
-    import llvmlite.binding as llvm  # noqa: PLC0415
-    from numba.core import config  # noqa: PLC0415
-
-    if config.CPU_FEATURES is not None:
-        return "+avx512vnni" in config.CPU_FEATURES
-    if config.CPU_NAME not in (None, "host"):
-        return False
-    return bool(llvm.get_host_cpu_features().get("avx512vnni", False))
-
-
-VNNI = _has_vnni()
-
-
-def _splat(builder: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:
-    undefined = ir.Constant(vector, ir.Undefined)
-    first = builder.insert_element(undefined, value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(first, undefined, ir.Constant(ir.VectorType(_I32, vector.count), None))
-
-
-def _dot(builder: ir.IRBuilder, acc: ir.Value, weights: ir.Value, x: ir.Value) -> ir.Value:
-    """acc[lane] += sum over its 4 bytes of unsigned weights[byte] * signed x[byte]."""
-    if VNNI:
-        function = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_SUMS, [_SUMS] * 3), "llvm.x86.avx512.vpdpbusd.512"
-        )
-        return builder.call(function, [acc, weights, x])
-    wide = ir.VectorType(_I32, 4 * LANES)
-    w = builder.zext(builder.bitcast(weights, _BYTES), wide)
-    products = builder.mul(w, builder.sext(builder.bitcast(x, _BYTES), wide))
-    undefined = ir.Constant(wide, ir.Undefined)
-    parts = [
-        builder.shuffle_vector(products, undefined, ir.Constant(_SUMS, list(range(i, 4 * LANES, 4))))
-        for i in range(4)
-    ]
-    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
-
-
-def _at(context, builder, array_type, array, offset, element):  # noqa: ANN001, ANN202
-    """Pointer to ``element`` (an LLVM type) at element ``offset`` of a flat numba array."""
-    data = context.make_array(array_type)(context, builder, array).data
-    return builder.bitcast(builder.gep(data, [offset]), element.as_pointer())
+VNNI = int_dot_ir.VNNI
+_splat, _dot, _at = int_dot_ir.splat, int_dot_ir.dot, int_dot_ir.pointer
 
 
 def _make_step(count: int):  # noqa: ANN202

@@ -32,6 +32,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine import jit
+from engine.ops import int_dot_ir
 from engine.ops.fused import apply_activation
 from engine.ops.qdq_matmul import qdq_matmul, qdq_operands, scalar_of
 from engine.ops.quantized import quantize_linear
@@ -41,32 +42,10 @@ ROWS = 4  # rows of a tile
 VECTORS = 4  # column vectors of a tile (16 int32 lanes each): 64 columns
 COLUMNS = 16 * VECTORS
 
-VNNI = jit.has_vnni()
+VNNI = int_dot_ir.VNNI
+_dot, _pointer = int_dot_ir.dot, int_dot_ir.pointer
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _SUMS, _BYTES = ir.VectorType(_I32, 16), ir.VectorType(_I8, 64)
-
-
-def _dot(builder: ir.IRBuilder, acc: ir.Value, unsigned: ir.Value, signed: ir.Value) -> ir.Value:
-    """acc[lane] += the 4 products of the lane's unsigned and signed bytes."""
-    if VNNI:
-        function = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_SUMS, [_SUMS] * 3), "llvm.x86.avx512.vpdpbusd.512"
-        )
-        return builder.call(function, [acc, unsigned, signed])
-    wide = ir.VectorType(_I32, 64)
-    products = builder.mul(
-        builder.zext(builder.bitcast(unsigned, _BYTES), wide),
-        builder.sext(builder.bitcast(signed, _BYTES), wide),
-    )
-    undefined = ir.Constant(wide, ir.Undefined)
-    lanes = [ir.Constant(_SUMS, list(range(i, 64, 4))) for i in range(4)]
-    parts = [builder.shuffle_vector(products, undefined, lane) for lane in lanes]
-    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
-
-
-def _pointer(context, builder, array_type, array, offset, element):  # noqa: ANN001, ANN202
-    data = context.make_array(array_type)(context, builder, array).data
-    return builder.bitcast(builder.gep(data, [offset]), element.as_pointer())
 
 
 @intrinsic
