@@ -19,7 +19,7 @@ from numba import types
 from engine import jit
 from engine.ops import window
 from engine.ops.fused import apply_activation
-from engine.ops.int8_gemm_jit import COLUMNS, ROWS, _gemm_blocks, _gemm_parallel, pack_weights
+from engine.ops.int8_gemm_jit import ROWS, gemm, pack_weights
 from engine.ops.qdq_conv import qdq_conv, qdq_conv_operands
 from engine.ops.registry import Kernel
 
@@ -86,24 +86,7 @@ def qdq_conv_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
         rows = np.zeros((-(-pixels // ROWS) * ROWS, depth), np.uint8)
         (sh, sw), (pt, pl), (dh, dw) = win.strides, win.pads_begin, win.dilations
         _patches(x, kernel[0], kernel[1], sh, sw, pt, pl, dh, dw, oh, ow, np.uint8(a_zero), rows)
-    y = np.empty((pixels, out_channels), np.float32)
-    scales = np.ascontiguousarray(w_scale.reshape(-1), np.float32)
-    has_bias = bias is not None
-    jit.run(
-        _gemm_blocks,
-        _gemm_parallel,
-        rows,
-        w,
-        colsum,
-        np.float32(a_scale),
-        np.float32(a_zero),
-        scales,
-        bias if has_bias else scales,
-        has_bias,
-        y,
-        0,
-        -(-out_channels // COLUMNS),
-    )
+    y = gemm(rows, w, colsum, a_scale, a_zero, w_scale, bias, pixels)
     if residual is not None:  # a skip connection: usually a conv's output, channels last too
         y.reshape(oh, ow, out_channels)[...] += residual[0].transpose(1, 2, 0)
     y = apply_activation(y, attrs)

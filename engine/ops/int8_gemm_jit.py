@@ -87,18 +87,19 @@ def _tile(typingctx, q, q_at, q_stride, w, w_at, steps, sums):  # noqa: ANN001, 
 
 _Q = jit.array(types.uint8, 2, "C", readonly=True)
 _W = jit.array(types.int8, 1, "C", readonly=True)
+_I32S = jit.array(types.int32, 1, "C", readonly=True)
 _F = jit.array(types.float32, 1, "C", readonly=True)
-_COLSUM = jit.array(types.int32, 1, "C", readonly=True)
 _OUT = jit.array(types.float32, 2, "C")
-# q [M', K'] (rows padded to ROWS, K' to 4), packed weights, column sums, a_scale, a_zero,
-# w_scale [N], bias [N], has_bias, out [M, N], then the column blocks [first, last)
-_GEMM = types.void(
-    _Q, _W, _COLSUM, types.float32, types.float32, _F, _F, types.boolean, _OUT, types.int64, types.int64
-)
+# q [M', K'] (rows padded to ROWS, K' to 4), packed weights, then per column: the zero point's
+# share a_zero * sum_k w (int32), the scale a_scale * w_scale and the bias; out [M, N], then the
+# column blocks [first, last)
+_GEMM = types.void(_Q, _W, _I32S, _F, _F, _OUT, types.int64, types.int64)
 
 
 @jit.njit([_GEMM], error_model="numpy")
-def _gemm_blocks(q, w, colsum, a_scale, a_zero, w_scale, bias, has_bias, out, first, last):  # noqa: ANN001, ANN202
+def _gemm_blocks(q, w, zero_sums, scale, offset, out, first, last):  # noqa: ANN001, ANN202
+    """out[m, j] = float(sum_k q[m, k] w[k, j] - zero_sums[j]) * scale[j] + offset[j]: the zero
+    point taken out in exact integers, then one branch-free pass LLVM vectorises."""
     rows, n = out.shape
     depth = q.shape[1]
     steps = depth // 4
@@ -110,18 +111,38 @@ def _gemm_blocks(q, w, colsum, a_scale, a_zero, w_scale, bias, has_bias, out, fi
         for m in range(0, rows, ROWS):
             _tile(flat, m * depth, depth, w, block * steps * 4 * COLUMNS, steps, sums)
             for r in range(min(ROWS, rows - m)):
-                target = out[m + r]
+                target = out[m + r, start : start + width]
+                tile = sums[r * COLUMNS : r * COLUMNS + width]
+                zeros, scales, offsets = zero_sums[start:], scale[start:], offset[start:]
                 for c in range(width):
-                    j = start + c
-                    exact = np.float32(sums[r * COLUMNS + c]) - a_zero * np.float32(colsum[j])
-                    value = exact * (a_scale * w_scale[j])
-                    target[j] = value + bias[j] if has_bias else value
+                    target[c] = np.float32(tile[c] - zeros[c]) * scales[c] + offsets[c]
 
 
 @jit.njit([_GEMM], parallel=True, error_model="numpy")
-def _gemm_parallel(q, w, colsum, a_scale, a_zero, w_scale, bias, has_bias, out, first, last):  # noqa: ANN001, ANN202
+def _gemm_parallel(q, w, zero_sums, scale, offset, out, first, last):  # noqa: ANN001, ANN202
     for block in prange(first, last):
-        _gemm_blocks(q, w, colsum, a_scale, a_zero, w_scale, bias, has_bias, out, block, block + 1)
+        _gemm_blocks(q, w, zero_sums, scale, offset, out, block, block + 1)
+
+
+def gemm(
+    q: np.ndarray,
+    packed: np.ndarray,
+    column_sums: np.ndarray,
+    a_scale: np.ndarray,
+    a_zero: np.ndarray,
+    w_scale: np.ndarray,
+    bias: np.ndarray | None,
+    rows: int,
+) -> np.ndarray:
+    """[rows, N] float32 = a_scale * w_scale * (q @ w - a_zero * column sums) + bias, for q
+    [M', K'] uint8 (rows padded to ROWS, K' to a multiple of 4) and ``pack_weights``'s w."""
+    n = w_scale.size
+    scale = np.float32(a_scale.reshape(-1)[0]) * w_scale.reshape(-1).astype(np.float32)
+    zero_sums = (np.int32(a_zero.reshape(-1)[0]) * column_sums).astype(np.int32)
+    offset = np.zeros(n, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
+    out = np.empty((rows, n), np.float32)
+    jit.run(_gemm_blocks, _gemm_parallel, q, packed, zero_sums, scale, offset, out, 0, -(-n // COLUMNS))
+    return out
 
 
 def pack_weights(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -154,30 +175,12 @@ def qdq_matmul_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
         w, colsum = pack_weights(w)
     else:
         colsum = inputs[5]
-    n = w_scale.size
     k = q.shape[-1]
     rows = q.size // k if k else 0
-    depth = -(-k // 4) * 4
-    padded = np.zeros((-(-rows // ROWS) * ROWS, depth), np.uint8)
+    padded = np.zeros((-(-rows // ROWS) * ROWS, -(-k // 4) * 4), np.uint8)
     padded[:rows, :k] = q.reshape(rows, k)
-    out = np.empty((rows, n), np.float32)
-    scales = np.ascontiguousarray(w_scale.reshape(-1), np.float32)
-    has_bias = bias is not None
-    jit.run(
-        _gemm_blocks,
-        _gemm_parallel,
-        padded,
-        w,
-        colsum,
-        np.float32(a_scale),
-        np.float32(a_zero),
-        scales,
-        bias if has_bias else scales,
-        has_bias,
-        out,
-        0,
-        -(-n // COLUMNS),
-    )
+    out = gemm(padded, w, colsum, a_scale, a_zero, w_scale, bias, rows)
+    n = out.shape[1]
     return [apply_activation(out, attrs).reshape((*q.shape[:-1], n))]
 
 
