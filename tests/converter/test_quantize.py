@@ -296,6 +296,31 @@ def test_static_int8_activations_from_calibration(tmp_path, method):
     assert Session(dst).self_test().passed
 
 
+def test_a_depthwise_convs_input_stays_float_under_static_int8_activations(tmp_path):
+    """Only ungrouped convs (and matmuls) get a quantize/dequantize pair: no integer kernel takes a
+    grouped conv's input."""
+    rng = np.random.default_rng(6)
+    w1 = rng.standard_normal((16, 8, 1, 1)).astype(np.float32)
+    dw = rng.standard_normal((16, 1, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"], name="pointwise"),
+            helper.make_node("Conv", ["a", "dw"], ["y"], group=16, pads=[1, 1, 1, 1], name="depthwise"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 6, 6])],
+        initializer=[numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(dw, "dw")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    calibration = {"x": rng.standard_normal((1, 8, 6, 6)).astype(np.float32)}
+    dst = tmp_path / "m.ferry"
+    report = convert(model, dst, quantize="int8", calibration=calibration, activations="minmax")
+    assert sorted(report.activation_ranges) == ["x"]
+    nodes = {n["name"]: n for n in read_package(dst).graph["nodes"]}
+    assert nodes["pointwise"]["inputs"][0] == "x/act_dq" and nodes["depthwise"]["inputs"][0] == "a"
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
