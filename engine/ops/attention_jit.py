@@ -113,16 +113,26 @@ def attention_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
     return [result]
 
 
+def _per_head(inputs: list[np.ndarray | None], attrs: dict[str, Any]):  # noqa: ANN202
+    """(q, k, v broadcast to their common heads, those heads' shape, the result and its per-head
+    view) for the per-head kernels, or None where they do not apply (a mask, not float32, empty)."""
+    q, keys, v, mask = _attention_inputs(inputs, attrs)
+    if mask is not None or not (q.dtype == keys.dtype == v.dtype == np.float32) or 0 in q.shape + keys.shape:
+        return None
+    lead = np.broadcast_shapes(q.shape[:-2], keys.shape[:-2], v.shape[:-2])
+    q, keys, v = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (q, keys, v))
+    result, out = _attention_output(attrs, (*lead, q.shape[-2], v.shape[-1]), np.float32)
+    return q, keys, v, lead, result, out
+
+
 def attention_jit_per_head(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """As ``attention_jit``, one head at a time on 2-D matrices (numpy runs a batched matmul of
     strided 4-D views slower than a loop of 2-D BLAS calls at ViT's sizes; BERT's 12 small heads
     go the other way: measured).  Without a mask; float32 only."""
-    q, keys, v, mask = _attention_inputs(inputs, attrs)
-    if mask is not None or not (q.dtype == keys.dtype == v.dtype == np.float32) or 0 in q.shape + keys.shape:
+    heads = _per_head(inputs, attrs)
+    if heads is None:
         return fused_attention(inputs, attrs)
-    lead = np.broadcast_shapes(q.shape[:-2], keys.shape[:-2], v.shape[:-2])
-    q, keys, v = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (q, keys, v))
-    result, out = _attention_output(attrs, (*lead, q.shape[-2], v.shape[-1]), np.float32)
+    q, keys, v, lead, result, out = heads
     scores = np.empty((q.shape[-2], keys.shape[-2]), np.float32)
     for index in np.ndindex(*lead):
         np.matmul(q[index], keys[index].T, out=scores)
@@ -137,12 +147,10 @@ def attention_gemm_per_head(inputs: list[np.ndarray | None], attrs: dict[str, An
     OpenBLAS reaches about half its peak at a head's sizes: ViT's [197, 64] by [64, 197] took
     46 us by BLAS, 29 + 10 to pack here; scores by v 45 against 25 + 5.  Without a mask;
     float32 only."""
-    q, keys, v, mask = _attention_inputs(inputs, attrs)
-    if mask is not None or not (q.dtype == keys.dtype == v.dtype == np.float32) or 0 in q.shape + keys.shape:
+    heads = _per_head(inputs, attrs)
+    if heads is None:
         return fused_attention(inputs, attrs)
-    lead = np.broadcast_shapes(q.shape[:-2], keys.shape[:-2], v.shape[:-2])
-    q, keys, v = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (q, keys, v))
-    result, out = _attention_output(attrs, (*lead, q.shape[-2], v.shape[-1]), np.float32)
+    q, keys, v, lead, result, out = heads
     scores = np.empty((q.shape[-2], keys.shape[-2]), np.float32)
     rows = np.empty(q.shape[-2:], np.float32)
     head_out = np.empty((q.shape[-2], v.shape[-1]), np.float32)
