@@ -38,7 +38,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
+import device_blas  # first: it may re-execute this command
+
+device_blas.unset_overrides()
+
+import numpy as np  # noqa: E402  (after the re-exec above)
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -395,7 +399,8 @@ def main() -> None:
     import onnxruntime  # noqa: PLC0415
 
     print(
-        f"onnxruntime {onnxruntime.__version__}, numpy {np.__version__}, {os.cpu_count()} cores; "
+        f"onnxruntime {onnxruntime.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, "
+        f"{device_blas.unset_note()}; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
     summary: dict[str, float] = {}

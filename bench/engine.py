@@ -33,17 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# A device's image sets these for old OpenBLAS builds; they pin OpenBLAS to a kernel set (and
-# cache size) that may not be this CPU's best.  Measure as a device with a current OpenBLAS
-# runs: unset both for this command alone (re-executed before numpy loads OpenBLAS, which reads
-# them once), and say so in the header.  Tests keep them.
-OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-if any(name in os.environ for name in OPENBLAS_OVERRIDES) and "--child" not in sys.argv:
-    _env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_OVERRIDES}
-    _env["FERRY_BENCH_UNSET"] = ",".join(
-        f"{k}={os.environ[k]}" for k in OPENBLAS_OVERRIDES if k in os.environ
-    )
-    os.execve(sys.executable, [sys.executable, *sys.argv], _env)
+import device_blas  # noqa: E402  (first: it may re-execute this command)
+
+device_blas.unset_overrides()
 
 import numpy as np  # noqa: E402  (after the re-exec above)
 
@@ -510,10 +502,9 @@ def main() -> None:
             rows += bench_model(name, Path(tmp), args.rounds, args.ref_rounds, quantized)
     import onnxruntime
 
-    unset = os.environ.get("FERRY_BENCH_UNSET")
     print(
         f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_cpu()}, "
-        f"{'unset for this run: ' + unset if unset else 'OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE not set'}; "
+        f"{device_blas.unset_note()}; "
         f"{_jit_note(jit_times)}; "
         f"numpy {np.__version__} on {_blas()} ({_numpy_simd()}), onnxruntime {onnxruntime.__version__}; "
         "times in ms; np = Ferry numpy-only, jit = Ferry with its JIT tier, ort = onnxruntime; "
