@@ -41,6 +41,7 @@ from typing import Any
 MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.conv.depthwise_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.depthwise_vec_jit": ("Conv", "FusedConv"),
+    "engine.ops.conv.direct_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.pointwise_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.im2col_jit": ("Conv", "FusedConv"),
     # the conv GEMM; rides along where a UNet's norms bring numba in (its convs are ungrouped)
