@@ -64,6 +64,25 @@ def test_gemm_matches_numpy(rows, depth, m, with_bias, with_residual, with_clip,
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(depth))
 
 
+@pytest.mark.parametrize("m", [8, 16, 24, 40, 48, 56, 88])
+@pytest.mark.parametrize("rows", [11, 12, 13, 30, 97, 200])
+def test_gemm_narrow_panels_take_tall_tiles_and_match_numpy(m, rows):
+    """Panels of 8, 16 and 24 channels run 12-row tiles (then 6-row and scratch ones for the
+    rest): with bias, residual and clip, at every row count around the tile edges."""
+    rng = np.random.default_rng(m * 1000 + rows)
+    x = rng.standard_normal((rows, 37)).astype(np.float32)
+    w = rng.standard_normal((37, m)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    residual = rng.standard_normal((rows, m)).astype(np.float32)
+    for bounds, extra in ((None, None), ((-0.5, 0.75), residual), ((-0.5, 0.75), None)):
+        want = x.astype(np.float64) @ w + b + (0 if extra is None else extra)
+        if bounds is not None:
+            want = np.clip(want, *bounds)
+        out = np.full((rows, m), np.nan, np.float32)
+        gemm_jit.gemm(x, gemm_jit.pack_panels(w), out, b, extra, bounds)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(37))
+
+
 def test_gemm_clip_keeps_nan_and_inf():
     x = np.ones((7, 3), np.float32)
     x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -np.inf

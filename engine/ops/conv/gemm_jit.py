@@ -7,7 +7,8 @@ the loop over K broadcasts one input per row and loads two weight vectors, fused
 only (~55 GFMA/s on one Zen 4 core, OpenBLAS 35-45 on MobileNetV2's 1x1 shapes).  The weights
 are packed once per plan into panels of 32 output channels, (panels, K, 32), the bias in a row
 under each panel, so no call re-packs them as OpenBLAS does; bias, residual and Relu / Clip
-are applied to each tile while it is in L1.
+are applied to each tile while it is in L1.  A panel of only 8, 16 or 24 channels (narrow
+projections) runs 12-row tiles instead, so it still has enough accumulators in flight.
 
 Sums run over K in order with fused multiply-adds, then the bias, then the residual: results
 differ from numpy's (OpenBLAS's blocked sums, then the bias) by float32 rounding only.
@@ -49,11 +50,11 @@ BLOCK_INPUT_BYTES = 256 << 10
 MIN_BLOCK_ROWS = 16 * MR
 
 
-def _micro(vectors: int) -> Any:
-    """The micro-kernel: for the MR rows r and ``vectors`` 16-lane columns v (flat float32
-    arrays; element offsets and row strides):
-    out[oo + r*os + v*16 + l] = clip(sum_k x[xo + r*xs + k] * w[wo + k*ws + v*16 + l]
-    + bias[bo + v*16 + l] (+ res[ro + r*rs + v*16 + l] when has_res), lo, hi) (when has_clip)."""
+def _micro(widths: tuple[int, ...], rows: int = MR) -> Any:
+    """The micro-kernel: for ``rows`` rows r (MR unless told) and columns c < sum(widths), in
+    vectors of ``widths`` lanes (flat float32 arrays; element offsets and row strides):
+    out[oo + r*os + c] = clip(sum_k x[xo + r*xs + k] * w[wo + k*ws + c] + bias[bo + c]
+    (+ res[ro + r*rs + c] when has_res), lo, hi) (when has_clip)."""
 
     @intrinsic
     def micro(typingctx, x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi):  # noqa: ANN001, ANN202, ARG001
@@ -66,53 +67,61 @@ def _micro(vectors: int) -> Any:
                 for i, value in ((0, x_), (3, w_), (7, out_), (10, b_), (12, r_))
             )
             i32, i64 = ir.IntType(32), ir.IntType(64)
-            vec = ir.VectorType(ir.FloatType(), LANES)
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.fma.v16f32"
-            )
-            undef = ir.Constant(vec, ir.Undefined)
-            splat_mask = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
+            vecs = [ir.VectorType(ir.FloatType(), lanes) for lanes in widths]
+            fmas = [
+                cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{vec.count}f32"
+                )
+                for vec in vecs
+            ]
+            firsts = [sum(widths[:v]) for v in range(len(widths))]  # each vector's first column
 
-            def vector_at(base: Any, offset: Any) -> Any:
-                return builder.bitcast(builder.gep(base, [offset]), vec.as_pointer())
+            def vector_at(base: Any, offset: Any, v: int) -> Any:
+                return builder.bitcast(builder.gep(base, [offset]), vecs[v].as_pointer())
 
             def const(value: int) -> Any:
                 return ir.Constant(i64, value)
 
-            def splat(value: Any) -> Any:
+            def splat(value: Any, v: int) -> Any:
+                undef = ir.Constant(vecs[v], ir.Undefined)
+                mask = ir.Constant(ir.VectorType(i32, widths[v]), [0] * widths[v])
                 return builder.shuffle_vector(
-                    builder.insert_element(undef, value, ir.Constant(i32, 0)), undef, splat_mask
+                    builder.insert_element(undef, value, ir.Constant(i32, 0)), undef, mask
                 )
 
             # accumulators in allocas: LLVM's mem2reg turns them into registers
-            zero = ir.Constant(vec, None)
-            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(vectors)] for _ in range(MR)]
-            rows = [builder.add(xo_, builder.mul(const(r), xs_)) for r in range(MR)]
+            accs = [
+                [cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for vec in vecs]
+                for _ in range(rows)
+            ]
+            starts = [builder.add(xo_, builder.mul(const(r), xs_)) for r in range(rows)]
             with cgutils.for_range(builder, depth_) as loop:
                 k = loop.index
                 wk = builder.add(wo_, builder.mul(k, ws_))
                 weights = [
-                    builder.load(vector_at(wp, builder.add(wk, const(v * LANES))), align=4)
-                    for v in range(vectors)
+                    builder.load(vector_at(wp, builder.add(wk, const(firsts[v])), v), align=4)
+                    for v in range(len(widths))
                 ]
-                for r in range(MR):
-                    a = splat(builder.load(builder.gep(xp, [builder.add(rows[r], k)])))
-                    for v in range(vectors):
+                for r in range(rows):
+                    scalar = builder.load(builder.gep(xp, [builder.add(starts[r], k)]))
+                    for v in range(len(widths)):
+                        a = splat(scalar, v)
                         builder.store(
-                            builder.call(fma, [a, weights[v], builder.load(accs[r][v])]), accs[r][v]
+                            builder.call(fmas[v], [a, weights[v], builder.load(accs[r][v])]), accs[r][v]
                         )
             has_res = builder.trunc(builder.and_(flags_, const(1)), ir.IntType(1))
             has_clip = builder.trunc(builder.lshr(flags_, const(1)), ir.IntType(1))
-            low, high = splat(lo_), splat(hi_)
-            for v in range(vectors):
-                b = builder.load(vector_at(bp, builder.add(bo_, const(v * LANES))), align=4)
-                for r in range(MR):
+            for v in range(len(widths)):
+                low, high = splat(lo_, v), splat(hi_, v)
+                b = builder.load(vector_at(bp, builder.add(bo_, const(firsts[v])), v), align=4)
+                for r in range(rows):
                     slot = accs[r][v]
                     builder.store(builder.fadd(builder.load(slot), b), slot)
                     with builder.if_then(has_res):
-                        at = builder.add(builder.add(ro_, builder.mul(const(r), rs_)), const(v * LANES))
+                        at = builder.add(builder.add(ro_, builder.mul(const(r), rs_)), const(firsts[v]))
                         builder.store(
-                            builder.fadd(builder.load(slot), builder.load(vector_at(rp, at), align=4)), slot
+                            builder.fadd(builder.load(slot), builder.load(vector_at(rp, at, v), align=4)),
+                            slot,
                         )
                     with builder.if_then(has_clip):
                         # comparisons, not min/max: a NaN stays NaN, as np.clip leaves it
@@ -120,8 +129,8 @@ def _micro(vectors: int) -> Any:
                         value = builder.select(builder.fcmp_ordered(">", value, high), high, value)
                         value = builder.select(builder.fcmp_ordered("<", value, low), low, value)
                         builder.store(value, slot)
-                    target = builder.add(builder.add(oo_, builder.mul(const(r), os_)), const(v * LANES))
-                    builder.store(builder.load(slot), vector_at(op, target), align=4)
+                    target = builder.add(builder.add(oo_, builder.mul(const(r), os_)), const(firsts[v]))
+                    builder.store(builder.load(slot), vector_at(op, target, v), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -129,8 +138,15 @@ def _micro(vectors: int) -> Any:
     return micro
 
 
-_micro_full = _micro(2)  # 6 x 32
-_micro_half = _micro(1)  # 6 x 16: a panel's last 16 or fewer channels
+_micro_full = _micro((LANES, LANES))  # 6 x 32
+_micro_half = _micro((LANES,))  # 6 x 16: a panel's last 16 or fewer channels
+# A panel of 8, 16 or 24 channels (MobileNetV2's 16- and 24-channel projections): twice the rows, so
+# twelve accumulators keep both of a Zen 5 core's 512-bit FMA pipes busy where six did not
+# (FMA latency 4 cycles x 2 pipes: eight chains at least).
+TALL = 2 * MR
+_micro_tall = _micro((LANES,), TALL)  # 12 x 16
+_micro_tall8 = _micro((8,), TALL)  # 12 x 8
+_micro_tall24 = _micro((LANES, 8), TALL)  # 12 x 24: 24 accumulators, one pass over the inputs
 
 
 def pack_panels(wt: np.ndarray) -> np.ndarray:
@@ -197,7 +213,27 @@ def _gemm_items(
         j0 = panel * NR
         cols = min(NR, m - j0)
         wo = (s * panels + panel) * (depth + 2) * NR
-        for t0 in range(p0, p1, MR):
+        start = p0
+        if cols < NR and cols % 8 == 0:  # 8, 16 or 24 channels: TALL-row tiles, then 6-row ones
+            while start + TALL <= p1:
+                at, ro, xo = os + start * m + j0, start * rstride + j0, xs + start * depth
+                if cols == LANES + 8:
+                    _micro_tall24(
+                        x, xo, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
+                        flags, lo, hi,
+                    )  # fmt: skip
+                elif cols == LANES:
+                    _micro_tall(
+                        x, xo, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
+                        flags, lo, hi,
+                    )  # fmt: skip
+                else:
+                    _micro_tall8(
+                        x, xo, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
+                        flags, lo, hi,
+                    )  # fmt: skip
+                start += TALL
+        for t0 in range(start, p1, MR):
             count = min(MR, p1 - t0)
             at, ro = os + t0 * m + j0, t0 * rstride + j0
             if count == MR and cols == NR:
