@@ -21,6 +21,22 @@ COLUMN_BUDGET_BYTES = 64 * 1024 * 1024
 PING, PONG, THIRD = "conv.ping", "conv.pong", "conv.third"
 
 
+# Bytes of alignment for the JIT kernels' channels-last outputs: numpy's own arrays start 16
+# bytes into a cache line, so every 16-lane load or store of them spans two lines (MobileNetV2's
+# 144-channel 56x56 depthwise conv took 0.17 ms on numpy's alignment, 0.10 on a cache line's).
+ALIGN = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """``np.empty(shape, dtype)`` starting on an ALIGN-byte boundary (a view of a slightly larger
+    buffer, which owns it)."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(size + ALIGN, np.uint8)
+    skip = -raw.ctypes.data % ALIGN
+    return raw[skip : skip + size].view(dtype).reshape(shape)
+
+
 def _prepare(
     inputs: list[np.ndarray | None], attrs: dict[str, Any]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int, window.Window]:

@@ -27,6 +27,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine import jit
+from engine.ops.conv.common import aligned_empty
 from engine.ops.conv.depthwise_jit import _arguments, conv_depthwise_jit_nhwc, depthwise_ok
 from engine.ops.registry import Kernel
 
@@ -402,7 +403,7 @@ def conv_depthwise_jit_vec(inputs: list[np.ndarray | None], attrs: dict[str, Any
     has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl = flags
     n, c, height, width = x.shape
     pixels = np.ascontiguousarray(x.transpose(0, 2, 3, 1))  # free for a channels-last view
-    out = np.empty((n, ho, wo, c), np.float32)
+    out = aligned_empty((n, ho, wo, c), np.float32)
     res = _ZEROS if residual is None else np.ascontiguousarray(residual.transpose(0, 2, 3, 1)).reshape(-1)
     taps = np.ascontiguousarray(wk.transpose(1, 2, 0)).reshape(-1)
     geometry = (height, width, c, ho, wo, sh, sw, pt, pl)

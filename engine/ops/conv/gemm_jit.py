@@ -33,6 +33,7 @@ from engine.ops.conv.common import (
     _clipped_fallback,
     _in_batches,
     _padded_channels_last,
+    aligned_empty,
     fused_bounds,
     residual_of,
 )
@@ -458,7 +459,7 @@ def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
     (sh, sw), m = _strides(attrs), shape_w[0]
     ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
     pixels = _pixels(x, (sh, sw)).reshape(-1, c)
-    out = np.empty((n, ho, wo, m), np.float32)
+    out = aligned_empty((n, ho, wo, m), np.float32)
     res = None if residual is None else residual_rows(residual, (n, m, ho, wo))
     gemm(pixels, weights, out.reshape(-1, m), b, res, fused_bounds(attrs))
     return [out.transpose(0, 3, 1, 2)]
@@ -554,7 +555,7 @@ def conv_im2col_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
             xp, (n, ho, wo, kh, kw, c), (s_n, sh * s_h, sw * s_w, dh * s_h, dw * s_w, s_c)
         )
         np.copyto(cols, taps)
-    out = np.empty((n, ho, wo, m), np.float32)
+    out = aligned_empty((n, ho, wo, m), np.float32)
     res = None if residual is None else residual_rows(residual, (n, m, ho, wo))
     gemm(cols.reshape(-1, depth), weights, out.reshape(-1, m), b, res, fused_bounds(attrs))
     return [out.transpose(0, 3, 1, 2)]
