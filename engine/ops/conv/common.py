@@ -3,7 +3,8 @@ results, the shared scratch purposes, and the padded / phase-split copies of the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,10 +32,32 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -
     """``np.empty(shape, dtype)`` starting on an ALIGN-byte boundary (a view of a slightly larger
     buffer, which owns it)."""
     dtype = np.dtype(dtype)
-    size = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(size + ALIGN, np.uint8)
-    skip = -raw.ctypes.data % ALIGN
-    return raw[skip : skip + size].view(dtype).reshape(shape)
+    raw = np.empty(math.prod(shape) * dtype.itemsize + ALIGN, np.uint8)
+    return np.ndarray(shape, dtype, raw, -raw.ctypes.data % ALIGN)
+
+
+class NodeMemo:
+    """What a JIT kernel derives from a node's constants (packed taps, geometry, clip bounds),
+    kept per node: keyed on the identity of the node's attrs and weight arrays (a plan's, fixed
+    for its life; the memo holds them, so an id is never reused) and the input's shape and dtype.
+    Deriving it took ~8 us a call (window.geometry, the checks, a taps copy), as much as the
+    whole computation of a 7x7 MobileNetV2 layer."""
+
+    LIMIT = 1024  # entries, then start over (a process running many models)
+
+    def __init__(self) -> None:
+        self._found: dict[tuple, tuple] = {}
+
+    def get(self, attrs: dict[str, Any], arrays: tuple, x: np.ndarray, make: Callable[[], Any]) -> Any:
+        key = (id(attrs), *map(id, arrays), x.shape, x.dtype)
+        hit = self._found.get(key)
+        if hit is not None and hit[0] is attrs and all(a is b for a, b in zip(hit[1], arrays, strict=True)):
+            return hit[2]
+        value = make()
+        if len(self._found) >= self.LIMIT:
+            self._found.clear()
+        self._found[key] = (attrs, arrays, value)
+        return value
 
 
 def _prepare(

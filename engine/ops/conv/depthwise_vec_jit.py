@@ -27,7 +27,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine import jit
-from engine.ops.conv.common import aligned_empty
+from engine.ops.conv.common import NodeMemo, aligned_empty, residual_of
 from engine.ops.conv.depthwise_jit import _arguments, conv_depthwise_jit_nhwc, depthwise_ok
 from engine.ops.registry import Kernel
 
@@ -389,24 +389,42 @@ def vec_ok(x_shape: Sequence[int], w_shape: Sequence[int], attrs: dict[str, Any]
     )
 
 
+def _setup(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict[str, Any]) -> tuple | None:
+    """What the rows need besides the image (packed taps, bias, clip, geometry, the output's
+    channels-last shape), or None when the node is not for this kernel."""
+    if not vec_ok(x.shape, w.shape, attrs):
+        return None
+    found = _arguments([x, w, b], attrs)
+    if found is None:
+        return None
+    _, wk, bias, _, flags, (ho, wo) = found
+    _, has_clip, lo, hi, sh, sw, _, _, pt, pl = flags
+    n, c, height, width = x.shape
+    taps = np.ascontiguousarray(wk.transpose(1, 2, 0)).reshape(-1)
+    return taps, bias, has_clip, lo, hi, (height, width, c, ho, wo, sh, sw, pt, pl), (n, ho, wo, c)
+
+
+_MEMO = NodeMemo()
+
+
 def conv_depthwise_jit_vec(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Depthwise 3x3 conv of float32 input computed channels last, 16 channels per register,
     bias, residual and a fused Relu / Clip (``fuses_clip``) before the one store; the result a
     channels-last view.  Other shapes go to depthwise_jit's channels-last kernel."""
     x, w = inputs[0], inputs[1]
-    if x is None or w is None or not vec_ok(x.shape, w.shape, attrs):
-        return conv_depthwise_jit_nhwc(inputs, attrs)
-    found = _arguments(inputs, attrs)
+    b = inputs[2] if len(inputs) > 2 else None
+    residual = residual_of(inputs)
+    found = None if x is None or w is None else _MEMO.get(attrs, (w, b), x, lambda: _setup(x, w, b, attrs))
+    if found is not None and residual is not None:
+        n, ho, wo, c = found[-1]
+        if residual.dtype != np.float32 or residual.shape != (n, c, ho, wo):
+            found = None  # the fallback says what is wrong, or handles it
     if found is None:
         return conv_depthwise_jit_nhwc(inputs, attrs)
-    x, wk, bias, residual, flags, (ho, wo) = found
-    has_res, has_clip, lo, hi, sh, sw, dh, dw, pt, pl = flags
-    n, c, height, width = x.shape
+    taps, bias, has_clip, lo, hi, geometry, shape = found
     pixels = np.ascontiguousarray(x.transpose(0, 2, 3, 1))  # free for a channels-last view
-    out = aligned_empty((n, ho, wo, c), np.float32)
+    out = aligned_empty(shape, np.float32)
     res = _ZEROS if residual is None else np.ascontiguousarray(residual.transpose(0, 2, 3, 1)).reshape(-1)
-    taps = np.ascontiguousarray(wk.transpose(1, 2, 0)).reshape(-1)
-    geometry = (height, width, c, ho, wo, sh, sw, pt, pl)
     args = (
         pixels.reshape(-1),
         taps,
@@ -414,13 +432,12 @@ def conv_depthwise_jit_vec(inputs: list[np.ndarray | None], attrs: dict[str, Any
         out.reshape(-1),
         res,
         _ZEROS,
-        has_res,
+        residual is not None,
         has_clip,
         lo,
         hi,
-        *geometry,
     )
-    jit.run(_rows, _rows_parallel, *args, 0, n * ho)
+    jit.run(_rows, _rows_parallel, *args, *geometry, 0, shape[0] * shape[1])
     return [out.transpose(0, 3, 1, 2)]
 
 

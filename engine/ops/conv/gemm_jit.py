@@ -30,6 +30,7 @@ from engine.ops import window
 from engine.ops.conv.common import (
     COLUMN_BUDGET_BYTES,
     PING,
+    NodeMemo,
     _clipped_fallback,
     _in_batches,
     _padded_channels_last,
@@ -239,25 +240,9 @@ def _gemm_items(
             at, ro = os + t0 * m + j0, t0 * rstride + j0
             if count == MR and cols == NR:
                 _micro_full(
-                    x,
-                    xs + t0 * depth,
-                    depth,
-                    packed,
-                    wo,
-                    NR,
-                    depth,
-                    out,
-                    at,
-                    m,
-                    bias,
-                    j0,
-                    res,
-                    ro,
-                    rstride,
-                    flags,
-                    lo,
-                    hi,
-                )
+                    x, xs + t0 * depth, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
+                    flags, lo, hi,
+                )  # fmt: skip
                 continue
             source, offset = x, xs + t0 * depth
             if count < MR:  # the last rows, copied so the tile reads no row past the input
@@ -269,46 +254,14 @@ def _gemm_items(
                 w_at, b_at = wo + half, j0 + half
                 if count == MR and width == LANES:
                     _micro_half(
-                        source,
-                        offset,
-                        depth,
-                        packed,
-                        w_at,
-                        NR,
-                        depth,
-                        out,
-                        at + half,
-                        m,
-                        bias,
-                        b_at,
-                        res,
-                        ro + half,
-                        rstride,
-                        flags,
-                        lo,
-                        hi,
-                    )
+                        source, offset, depth, packed, w_at, NR, depth, out, at + half, m, bias, b_at, res,
+                        ro + half, rstride, flags, lo, hi,
+                    )  # fmt: skip
                     continue
                 _micro_half(
-                    source,
-                    offset,
-                    depth,
-                    packed,
-                    w_at,
-                    NR,
-                    depth,
-                    tile,
-                    0,
-                    NR,
-                    bias,
-                    b_at,
-                    res,
-                    0,
-                    0,
-                    0,
-                    lo,
-                    hi,
-                )
+                    source, offset, depth, packed, w_at, NR, depth, tile, 0, NR, bias, b_at, res, 0, 0, 0,
+                    lo, hi,
+                )  # fmt: skip
                 for r in range(count):
                     for j in range(width):
                         value = tile[r * NR + j]
@@ -441,6 +394,34 @@ def _unpacked(packed: np.ndarray, kernel: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(wt.T.reshape(m, *kernel, depth // taps).transpose(0, 3, 1, 2))
 
 
+def _pointwise_setup(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict[str, Any]
+) -> tuple | None:
+    """What conv_1x1_gemm derives from the node's constants: packed weights, the bias over whole
+    panels, clip flags, strides and output shape; None when the node is not for the kernel."""
+    packed = w.ndim == 3
+    shape_w = (packed_shape(w)[1], packed_shape(w)[0], 1, 1) if packed else w.shape
+    if not (_plain(x, w, b, None) and pointwise_ok(x.shape, shape_w, attrs)):
+        return None
+    weights = w if packed else pack_pointwise(w)
+    n, c, height, width = x.shape
+    (sh, sw), m = _strides(attrs), shape_w[0]
+    vector = np.zeros(weights.shape[0] * NR, np.float32)  # whole panels: the tiles read 16 lanes
+    if b is not None:
+        vector[:m] = b
+    bounds = fused_bounds(attrs)
+    low, high = (None, None) if bounds is None else bounds
+    clip = (
+        bounds is not None,
+        np.float32(-np.inf if low is None else low),
+        np.float32(np.inf if high is None else high),
+    )
+    return weights, vector, clip, (sh, sw), (n, (height - 1) // sh + 1, (width - 1) // sw + 1, m)
+
+
+_POINTWISE = NodeMemo()
+
+
 def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """1x1 conv of float32 input as (pixels, C) @ (C, M) on the micro-kernel, its result channels
     last, bias, residual and a fused Relu / Clip (``fuses_clip``) applied per tile in registers;
@@ -448,20 +429,20 @@ def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = residual_of(inputs)
-    packed = w.ndim == 3
-    shape_w = (packed_shape(w)[1], packed_shape(w)[0], 1, 1) if packed else w.shape
-    if not (_plain(x, w, b, residual) and pointwise_ok(x.shape, shape_w, attrs)):
-        if packed:  # a plan's packed weights with shapes it was not packed for: unpack them
+    found = _POINTWISE.get(attrs, (w, b), x, lambda: _pointwise_setup(x, w, b, attrs))
+    if found is None or (residual is not None and residual.dtype != np.float32):
+        if w.ndim == 3:  # a plan's packed weights with shapes it was not packed for: unpack them
             inputs = [x, _unpacked(w, (1, 1)), *inputs[2:]]
         return _clipped_fallback(conv_1x1, inputs, attrs)
-    weights = w if packed else pack_pointwise(w)
-    n, c, height, width = x.shape
-    (sh, sw), m = _strides(attrs), shape_w[0]
-    ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
-    pixels = _pixels(x, (sh, sw)).reshape(-1, c)
-    out = aligned_empty((n, ho, wo, m), np.float32)
-    res = None if residual is None else residual_rows(residual, (n, m, ho, wo))
-    gemm(pixels, weights, out.reshape(-1, m), b, res, fused_bounds(attrs))
+    weights, vector, (has_clip, lo, hi), strides, shape = found
+    n, ho, wo, m = shape
+    pixels = _pixels(x, strides).reshape(-1, x.shape[1])
+    out = aligned_empty(shape, np.float32)
+    res = NO_RESIDUAL if residual is None else residual_rows(residual, (n, m, ho, wo))
+    parallel = jit.threads() > 1 and pixels.shape[0] * weights.shape[0] >= 2 * MR
+    block = block_rows_for(pixels.shape[0], pixels.shape[1], parallel)
+    flags = (residual is not None, has_clip, lo, hi)
+    _run_gemm(pixels[None], weights[None], out.reshape(1, -1, m), vector, res, res.shape[-1], flags, block)
     return [out.transpose(0, 3, 1, 2)]
 
 
