@@ -137,3 +137,20 @@ def test_direct_is_offered_for_ungrouped_kernels_larger_than_1x1():
     assert direct.CANDIDATES["Conv"](stem, [(1, 64, 16, 16), (64, 64, 3, 3)]) == [direct.conv_direct_jit_hwc]
     assert direct.CANDIDATES["Conv"]({"group": 1}, [(1, 64, 16, 16), (64, 64, 1, 1)]) == []
     assert direct.CANDIDATES["Conv"]({**stem, "group": 2}, [(1, 64, 16, 16), (64, 32, 3, 3)]) == []
+
+
+def test_a_session_brings_the_jit_tier_in_for_ungrouped_convs_wider_than_1x1():
+    """ResNet-style models (no grouped conv) load the conv JIT modules for their 3x3 and 7x7
+    convs; a model of 1x1 convs alone still does not."""
+    from engine.ops.registry import REGISTRY  # noqa: PLC0415
+    from engine.program import Program, Step  # noqa: PLC0415
+    from engine.session import _jit_ops  # noqa: PLC0415 - the session's own choice, tested directly
+
+    def program(*attrs: dict) -> Program:
+        steps = [
+            Step(f"n{i}", "FusedConv", REGISTRY.get("Conv"), None, a, [], []) for i, a in enumerate(attrs)
+        ]
+        return Program(steps, {}, [], [], 17)
+
+    assert _jit_ops(program({"group": 1, "kernel_shape": [3, 3]})) == {"FusedConv"}
+    assert _jit_ops(program({"group": 1, "kernel_shape": [1, 1]})) == set()
