@@ -10,7 +10,9 @@ lies.  Two layouts:
 - ``conv_direct_jit``: NCHW padded copy, K in the weights' own (channel, i, j) order -- for few
   input channels (a stem), where a channels-last copy would be runs of 3 floats;
 - ``conv_direct_jit_hwc``: channels-last padded copy, K tap-major (i, j, channel), the order
-  of gemm_jit.pack_columns.
+  of gemm_jit.pack_columns.  Not a search candidate: on ResNet18's 3x3 layers it took twice
+  im2col_gemm's time (whose GEMM reads each tile's inputs as contiguous rows); kept, tested,
+  for the next try (blocks of K did not change that).
 
 Weights are packed once per plan into 32-channel panels (gemm_jit.pack_panels); bias, residual
 and Relu / Clip are applied to each tile in registers and the result is left channels last.
@@ -424,7 +426,9 @@ def _conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | N
         or not direct_ok(shapes[0], shapes[1], attrs)
     ):
         return []
-    return [conv_direct_jit if shapes[0][1] < HWC_MIN_CHANNELS else conv_direct_jit_hwc]
+    # channels last it lost to im2col_gemm's gathered columns on every 3x3 layer of ResNet18 (its
+    # search, in the model: 1.22-2.98 ms against 0.44-1.55), so only the NCHW form is offered
+    return [conv_direct_jit] if shapes[0][1] < HWC_MIN_CHANNELS else []
 
 
 CANDIDATES = {"Conv": _conv_candidates}
