@@ -83,6 +83,23 @@ def test_gemm_narrow_panels_take_tall_tiles_and_match_numpy(m, rows):
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(37))
 
 
+@pytest.mark.parametrize("rows", [7, 49, 100])
+def test_gemm_adds_a_residual_it_overwrites_once(rows):
+    """A block's last rows run as a tile overlapping the one before (recomputed, stored again),
+    except when the output is the residual itself: that would add the residual twice."""
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 19)).astype(np.float32)
+    w = rng.standard_normal((19, 40)).astype(np.float32)
+    residual = rng.standard_normal((rows, 40)).astype(np.float32)
+    want = x.astype(np.float64) @ w + residual
+    packed = gemm_jit.pack_panels(w)
+    separate = np.full((rows, 40), np.nan, np.float32)
+    gemm_jit.gemm(x, packed, separate, None, residual, None)
+    np.testing.assert_allclose(separate, want, rtol=1e-5, atol=1e-4)
+    gemm_jit.gemm(x, packed, residual, None, residual, None)  # in place
+    np.testing.assert_array_equal(residual, separate)
+
+
 def test_gemm_clip_keeps_nan_and_inf():
     x = np.ones((7, 3), np.float32)
     x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -np.inf

@@ -179,6 +179,10 @@ def _rows(
     panels = (m + NR - 1) // NR
     flags = (1 if has_res else 0) | (2 if has_clip else 0)
     tile = np.empty(MR * NR, np.float32)
+    # a row's last few pixels are computed as a whole tile ending at its last pixel (pixels
+    # before them computed twice, the same values stored again), as gemm_jit's last rows
+    rp, op = res.ctypes.data, out.ctypes.data
+    in_place = has_res and rp < op + 4 * out.size and op < rp + 4 * res.size
     for index in range(first, last):
         n, oh = index // ho, index % ho
         base = n * image + oh * line
@@ -188,6 +192,8 @@ def _rows(
             wo_at = panel * (depth + 2) * NR
             for t0 in range(0, wo, MR):
                 count = min(MR, wo - t0)
+                if count < MR and wo >= MR and not in_place:
+                    t0, count = wo - MR, MR
                 xo = base + t0 * step
                 at = (index * wo + t0) * m + j0
                 if count == MR and cols == NR:

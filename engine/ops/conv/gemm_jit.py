@@ -207,6 +207,12 @@ def _gemm_items(
     flags = (1 if has_res else 0) | (2 if has_clip else 0)
     tile = np.empty(MR * NR, np.float32)
     tail = np.zeros(MR * depth, np.float32)
+    # a block's last few rows are computed as a whole tile ending at its last row (rows before
+    # them computed twice, the same values stored again) unless the output is also the
+    # residual (an in-place add would add it twice): 49 pixels, MobileNetV2's 7x7 layers, were
+    # 8 tiles and a 1-row remainder through scratch and a scalar copy
+    rp, op = res.ctypes.data, out.ctypes.data
+    in_place = has_res and rp < op + 4 * out.size and op < rp + 4 * res.size
     for item in range(first, last):
         s, rest = item // per_slot, item % per_slot
         p0, panel = (rest // panels) * block_rows, rest % panels
@@ -237,6 +243,8 @@ def _gemm_items(
                 start += TALL
         for t0 in range(start, p1, MR):
             count = min(MR, p1 - t0)
+            if count < MR and p1 - MR >= p0 and not in_place:
+                t0, count = p1 - MR, MR
             at, ro = os + t0 * m + j0, t0 * rstride + j0
             if count == MR and cols == NR:
                 _micro_full(
