@@ -100,6 +100,21 @@ def test_gemm_adds_a_residual_it_overwrites_once(rows):
     np.testing.assert_array_equal(residual, separate)
 
 
+def test_gemm_on_two_threads_matches_one_and_small_ones_stay_on_one():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((301, 100)).astype(np.float32)  # 2.4 M multiply-adds: parallel
+    w = rng.standard_normal((100, 80)).astype(np.float32)
+    residual = rng.standard_normal((301, 80)).astype(np.float32)
+    assert x.shape[0] * x.shape[1] * w.shape[1] >= gemm_jit.MIN_PARALLEL_MACS
+    packed = gemm_jit.pack_panels(w)
+    serial, parallel = np.empty((301, 80), np.float32), np.empty((301, 80), np.float32)
+    gemm_jit.gemm(x, packed, serial, None, residual, (-1.0, 1.0))
+    with jit.thread_limit(2):
+        gemm_jit.gemm(x, packed, parallel, None, residual, (-1.0, 1.0))
+    np.testing.assert_array_equal(parallel, serial)
+    np.testing.assert_allclose(serial, np.clip(x @ w + residual, -1, 1), rtol=1e-5, atol=1e-4)
+
+
 def test_gemm_clip_keeps_nan_and_inf():
     x = np.ones((7, 3), np.float32)
     x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -np.inf

@@ -29,6 +29,7 @@ from numba.extending import intrinsic
 from engine import jit
 from engine.ops.conv.common import NodeMemo, aligned_empty, residual_of
 from engine.ops.conv.depthwise_jit import _arguments, conv_depthwise_jit_nhwc, depthwise_ok
+from engine.ops.conv.gemm_jit import MIN_PARALLEL_MACS
 from engine.ops.registry import Kernel
 
 LANES = 16  # float32 lanes of one LLVM vector (a zmm register, or two ymm)
@@ -437,7 +438,10 @@ def conv_depthwise_jit_vec(inputs: list[np.ndarray | None], attrs: dict[str, Any
         lo,
         hi,
     )
-    jit.run(_rows, _rows_parallel, *args, *geometry, 0, shape[0] * shape[1])
+    if np.prod(shape) * 9 < MIN_PARALLEL_MACS:  # as the GEMM's: a pool launch would cost the gain
+        _rows(*args, *geometry, 0, shape[0] * shape[1])
+    else:
+        jit.run(_rows, _rows_parallel, *args, *geometry, 0, shape[0] * shape[1])
     return [out.transpose(0, 3, 1, 2)]
 
 

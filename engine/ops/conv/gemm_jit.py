@@ -50,6 +50,10 @@ MR = 6  # output rows (pixels) per tile: 12 accumulators + 2 weight vectors + a 
 # Input rows per block of tiles: a block's inputs stay in L2 while every panel streams past them.
 BLOCK_INPUT_BYTES = 256 << 10
 MIN_BLOCK_ROWS = 16 * MR
+# Below this many multiply-adds (~20 us on one core) a GEMM runs on one thread even in a session
+# allowed more: numba's pool launch costs 5-10 us idle, and on a loaded 2-core host far more
+# (MobileNetV2's 7x7 layers took twice their one-thread time on two, 2026-11-26 21:00 UTC)
+MIN_PARALLEL_MACS = 2_000_000
 
 
 def _micro(widths: tuple[int, ...], rows: int = MR) -> Any:
@@ -328,6 +332,9 @@ def _run_gemm(
     m = out.shape[2]
     items = slots * -(-rows // block) * packed.shape[1]
     args = (_flat(x), _flat(packed), _flat(out), bias, _flat(res), *flags, rows, depth, m, rstride, block)
+    if slots * rows * depth * m < MIN_PARALLEL_MACS:
+        _gemm_items(*args, 0, items)  # a thread pool's launch would cost what a second thread saves
+        return
     jit.run(_gemm_items, _gemm_parallel, *args, 0, items)
 
 
