@@ -431,7 +431,12 @@ def _pointwise_setup(
         np.float32(-np.inf if low is None else low),
         np.float32(np.inf if high is None else high),
     )
-    return weights, vector, clip, (sh, sw), (n, (height - 1) // sh + 1, (width - 1) // sw + 1, m)
+    ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
+    rows = n * ho * wo
+    blocks = (block_rows_for(rows, c, False), block_rows_for(rows, c, True))  # one thread, several
+    serial = rows * c * m < MIN_PARALLEL_MACS  # one thread, as _run_gemm decides
+    items = tuple(-(-rows // block) * weights.shape[0] for block in blocks)
+    return weights.reshape(-1), vector, clip, (sh, sw), (n, ho, wo, m), blocks, items, serial
 
 
 _POINTWISE = NodeMemo()
@@ -449,15 +454,30 @@ def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
         if w.ndim == 3:  # a plan's packed weights with shapes it was not packed for: unpack them
             inputs = [x, _unpacked(w, (1, 1)), *inputs[2:]]
         return _clipped_fallback(conv_1x1, inputs, attrs)
-    weights, vector, (has_clip, lo, hi), strides, shape = found
+    weights, vector, (has_clip, lo, hi), strides, shape, blocks, items, serial = found
     n, ho, wo, m = shape
-    pixels = _pixels(x, strides).reshape(-1, x.shape[1])
+    pixels = _pixels(x, strides)  # C-contiguous (N, Ho, Wo, C): flat below without a copy
     out = aligned_empty(shape, np.float32)
     res = NO_RESIDUAL if residual is None else residual_rows(residual, (n, m, ho, wo))
-    parallel = jit.threads() > 1 and pixels.shape[0] * weights.shape[0] >= 2 * MR
-    block = block_rows_for(pixels.shape[0], pixels.shape[1], parallel)
-    flags = (residual is not None, has_clip, lo, hi)
-    _run_gemm(pixels[None], weights[None], out.reshape(1, -1, m), vector, res, res.shape[-1], flags, block)
+    # few Python steps: ~8 us of them a call were as much as a 7x7 layer's GEMM
+    parallel = (
+        not serial and jit.threads() > 1 and pixels.size // pixels.shape[3] * len(vector) >= 2 * MR * NR
+    )
+    args = (
+        pixels.reshape(-1),
+        weights,
+        out.reshape(-1),
+        vector,
+        res.reshape(-1),
+        residual is not None,
+        has_clip,
+    )
+    rows, block = n * ho * wo, blocks[parallel]
+    geometry = (lo, hi, rows, pixels.shape[3], m, res.shape[-1], block, 0, items[parallel])
+    if parallel:
+        jit.run(_gemm_items, _gemm_parallel, *args, *geometry)
+    else:
+        _gemm_items(*args, *geometry)
     return [out.transpose(0, 3, 1, 2)]
 
 
