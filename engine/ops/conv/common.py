@@ -28,12 +28,17 @@ PING, PONG, THIRD = "conv.ping", "conv.pong", "conv.third"
 ALIGN = 64
 
 
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> np.ndarray:
+def aligned_empty(
+    shape: tuple[int, ...],
+    dtype: np.dtype | type = np.float32,
+    address: Callable[[np.ndarray], int] | None = None,
+) -> np.ndarray:
     """``np.empty(shape, dtype)`` starting on an ALIGN-byte boundary (a view of a slightly larger
-    buffer, which owns it)."""
+    buffer, which owns it); ``address`` finds a buffer's address faster than ``ctypes`` (0.8 us)
+    where the caller has one (a JIT function)."""
     dtype = np.dtype(dtype)
     raw = np.empty(math.prod(shape) * dtype.itemsize + ALIGN, np.uint8)
-    return np.ndarray(shape, dtype, raw, -raw.ctypes.data % ALIGN)
+    return np.ndarray(shape, dtype, raw, -(raw.ctypes.data if address is None else address(raw)) % ALIGN)
 
 
 class NodeMemo:

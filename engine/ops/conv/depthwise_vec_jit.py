@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 from engine import jit
 from engine.ops.conv.common import NodeMemo, aligned_empty, residual_of
 from engine.ops.conv.depthwise_jit import _arguments, conv_depthwise_jit_nhwc, depthwise_ok
-from engine.ops.conv.gemm_jit import MIN_PARALLEL_MACS
+from engine.ops.conv.gemm_jit import MIN_PARALLEL_MACS, address
 from engine.ops.registry import Kernel
 
 LANES = 16  # float32 lanes of one LLVM vector (a zmm register, or two ymm)
@@ -424,7 +424,7 @@ def conv_depthwise_jit_vec(inputs: list[np.ndarray | None], attrs: dict[str, Any
         return conv_depthwise_jit_nhwc(inputs, attrs)
     taps, bias, has_clip, lo, hi, geometry, shape = found
     pixels = np.ascontiguousarray(x.transpose(0, 2, 3, 1))  # free for a channels-last view
-    out = aligned_empty(shape, np.float32)
+    out = aligned_empty(shape, np.float32, address)
     res = _ZEROS if residual is None else np.ascontiguousarray(residual.transpose(0, 2, 3, 1)).reshape(-1)
     args = (
         pixels.reshape(-1),
@@ -438,7 +438,7 @@ def conv_depthwise_jit_vec(inputs: list[np.ndarray | None], attrs: dict[str, Any
         lo,
         hi,
     )
-    if np.prod(shape) * 9 < MIN_PARALLEL_MACS:  # as the GEMM's: a pool launch would cost the gain
+    if shape[0] * shape[1] * shape[2] * shape[3] * 9 < MIN_PARALLEL_MACS:  # as the GEMM's
         _rows(*args, *geometry, 0, shape[0] * shape[1])
     else:
         jit.run(_rows, _rows_parallel, *args, *geometry, 0, shape[0] * shape[1])

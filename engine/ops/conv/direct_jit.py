@@ -34,7 +34,17 @@ from numba.extending import intrinsic
 from engine import jit
 from engine.ops import window
 from engine.ops.conv.common import PONG, _clipped_fallback, aligned_empty, fused_bounds, residual_of
-from engine.ops.conv.gemm_jit import LANES, MR, NR, _plain, _unpacked, pack_columns, pack_panels, packed_shape
+from engine.ops.conv.gemm_jit import (
+    LANES,
+    MR,
+    NR,
+    _plain,
+    _unpacked,
+    address,
+    pack_columns,
+    pack_panels,
+    packed_shape,
+)
 from engine.ops.conv.im2col import conv_im2col
 from engine.ops.conv.pointwise_jit import residual_rows
 from engine.ops.registry import Kernel
@@ -371,7 +381,7 @@ def _direct(inputs: list[np.ndarray | None], attrs: dict[str, Any], channels_las
         image, line, step = c * hp * wp, sh * wp, sw
     slack = MR * step + int(offs.max()) + 1
     xp = _padded(x, win, channels_last, slack)
-    out = aligned_empty((n, ho, wo, m), np.float32)
+    out = aligned_empty((n, ho, wo, m), np.float32, address)
     bias = np.zeros(weights.shape[0] * NR, np.float32)  # whole panels: the tiles read 16 lanes
     if b is not None:
         bias[:m] = b

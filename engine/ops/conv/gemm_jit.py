@@ -290,23 +290,15 @@ def _gemm_parallel(
 ):  # noqa: ANN001, ANN202
     for item in prange(first, last):
         _gemm_items(
-            x,
-            packed,
-            out,
-            bias,
-            res,
-            has_res,
-            has_clip,
-            lo,
-            hi,
-            rows,
-            depth,
-            m,
-            rstride,
-            block_rows,
-            item,
+            x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth, m, rstride, block_rows, item,
             item + 1,
-        )
+        )  # fmt: skip
+
+
+@jit.njit([types.int64(jit.array(types.uint8, 1, "C"))])
+def address(raw):  # noqa: ANN001, ANN201
+    """A buffer's address (for aligned_empty: 0.1 us, ctypes' 0.8)."""
+    return raw.ctypes.data
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -457,7 +449,7 @@ def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
     weights, vector, (has_clip, lo, hi), strides, shape, blocks, items, serial = found
     n, ho, wo, m = shape
     pixels = _pixels(x, strides)  # C-contiguous (N, Ho, Wo, C): flat below without a copy
-    out = aligned_empty(shape, np.float32)
+    out = aligned_empty(shape, np.float32, address)
     res = NO_RESIDUAL if residual is None else residual_rows(residual, (n, m, ho, wo))
     # few Python steps: ~8 us of them a call were as much as a 7x7 layer's GEMM
     parallel = (
@@ -571,7 +563,7 @@ def conv_im2col_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
             xp, (n, ho, wo, kh, kw, c), (s_n, sh * s_h, sw * s_w, dh * s_h, dw * s_w, s_c)
         )
         np.copyto(cols, taps)
-    out = aligned_empty((n, ho, wo, m), np.float32)
+    out = aligned_empty((n, ho, wo, m), np.float32, address)
     res = None if residual is None else residual_rows(residual, (n, m, ho, wo))
     gemm(cols.reshape(-1, depth), weights, out.reshape(-1, m), b, res, fused_bounds(attrs))
     return [out.transpose(0, 3, 1, 2)]
