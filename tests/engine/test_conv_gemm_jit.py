@@ -282,3 +282,22 @@ def test_winograd_on_the_gemm_falls_back_off_its_shapes():
     assert winograd_jit.CANDIDATES["Conv"](attrs, [x.shape, w.shape]) == []
     got = winograd_jit.conv_winograd_gemm([x, w], attrs)[0]
     np.testing.assert_allclose(got, conv_im2col([x, w], attrs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_1x1_gemm_on_two_threads_matches_one():
+    """Past MIN_PARALLEL_MACS the 1x1 conv runs its items on the pool, blocks cut for threads."""
+    rng = np.random.default_rng(7)
+    x = _laid_out(rng.standard_normal((1, 64, 40, 40)).astype(np.float32), "channels_last")
+    w = rng.standard_normal((96, 64, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(96).astype(np.float32)
+    residual = _laid_out(rng.standard_normal((1, 96, 40, 40)).astype(np.float32), "channels_last")
+    attrs = _with_activation({"group": 1, "kernel_shape": [1, 1]}, "Clip")
+    kernel = fused.with_activation(gemm_jit.conv_1x1_gemm)
+    serial = kernel([x, gemm_jit.pack_pointwise(w), b, residual], attrs)[0]
+    with jit.thread_limit(2):
+        parallel = kernel([x, gemm_jit.pack_pointwise(w), b, residual], attrs)[0]
+    np.testing.assert_array_equal(parallel, serial)
+    want = fused.with_activation(conv_1x1)(
+        [np.ascontiguousarray(x), w, b, np.ascontiguousarray(residual)], attrs
+    )[0]
+    np.testing.assert_allclose(serial, want, rtol=1e-5, atol=1e-4)
