@@ -126,8 +126,6 @@ def _micro(checked: bool) -> Any:
                             pointer = builder.select(builder.and_(row_ok[i], col_ok), pointer, zero_vec)
                         products[i, j] = (weights[i * 3 + j], builder.load(pointer, align=4))
                 # one chain of fused multiply-adds per kernel row, then their sum: three short
-                # dependency chains where one of nine kept the FMA units waiting on latency
-                # one chain of fused multiply-adds per kernel row, then their sum: three short
                 # dependency chains (the same speed as one chain of nine on Zen 4, which is
                 # bound by the loads; kept for cores with fewer loads in flight)
                 sums = []
