@@ -325,19 +325,20 @@ def pack_nchw(w: np.ndarray) -> np.ndarray:
 
 def _padded(x: np.ndarray, win: window.Window, channels_last: bool, slack: int) -> np.ndarray:
     """The zero-padded image, (N, C, Hp, Wp) or (N, Hp, Wp, C), flat with ``slack`` zeros after
-    it (a tile's dropped rows may read past the last image)."""
+    it (a tile's dropped rows may read past the last image); only the padding is zeroed."""
     n, c, height, width = x.shape
     (pt, pl), (pb, pr) = win.pads_begin, win.pads_end
     hp, wp = height + pt + pb, width + pl + pr
     flat = scratch(PONG, (n * c * hp * wp + slack,), np.float32)
-    flat[:] = 0
-    if channels_last:
-        np.copyto(
-            flat[: n * c * hp * wp].reshape(n, hp, wp, c)[:, pt : pt + height, pl : pl + width],
-            x.transpose(0, 2, 3, 1),
-        )
-    else:
-        np.copyto(flat[: n * c * hp * wp].reshape(n, c, hp, wp)[:, :, pt : pt + height, pl : pl + width], x)
+    flat[n * c * hp * wp :] = 0
+    image = flat[: n * c * hp * wp].reshape((n, hp, wp, c) if channels_last else (n, c, hp, wp))
+    # as (N, C, Hp, Wp) either way (a transposed view when channels last)
+    planes = image.transpose(0, 3, 1, 2) if channels_last else image
+    planes[:, :, :pt] = 0
+    planes[:, :, pt + height :] = 0
+    planes[:, :, pt : pt + height, :pl] = 0
+    planes[:, :, pt : pt + height, pl + width :] = 0
+    np.copyto(planes[:, :, pt : pt + height, pl : pl + width], x)
     return flat
 
 
