@@ -2,7 +2,7 @@
 and what each of Ferry's math forms (engine.ops.fastmath) costs in the whole model here.
 
     .venv/bin/python bench/engine_breakdown.py [--models vit_tiny,bert_encoder] [--runs 20]
-        [--tiers numpy,jit]
+        [--tiers numpy,jit] [--nodes]
 
 For each benchmark model (bench/models.py) this converts the ONNX file to a Ferry package,
 then, at one thread, sums ``Session.profile`` times per (op, kernel) for Ferry (numpy-only, and
@@ -10,7 +10,10 @@ with its JIT tier where numba is installed: JIT kernels are named ``*_jit*``) an
 onnxruntime's own profiler (``enable_profiling``) per op type, over the same number of runs
 of the same feeds, and prints the two lists side by side with their totals.  The op names
 differ (Ferry's FusedMatMul is a GEMM, its bias and activation; onnxruntime fuses its own
-way), so read it as "where the time goes", not as a per-row ratio.
+way), so read it as "where the time goes", not as a per-row ratio.  ``--nodes`` also lists each
+Conv node beside onnxruntime's (its fused convs included) where onnxruntime's fusions
+kept one, paired in graph order (MobileNetV2's and ResNet18's convs map one to one), with the
+ratio of each pair.
 
 Then it times the model with fastmath's forms forced in turn (np.exp2 with the np.exp2 GELU
 polynomial, as before fastmath measured anything; exp(x ln 2) with the np.exp polynomial;
@@ -58,6 +61,54 @@ def ferry_breakdown(package: Path, feeds: dict, runs: int, jit: bool = True) -> 
         seconds = float(np.median([profile[position].seconds for profile in profiles]))
         totals[f"{timing.op} ({timing.kernel.rsplit('.', 1)[-1]})"] += seconds * 1e3
     return totals
+
+
+def ferry_nodes(package: Path, feeds: dict, runs: int) -> list[tuple[str, str, float]]:
+    """(node, kernel, median ms) of each Conv / FusedConv node with the JIT tier, graph order."""
+    session = Session(package, threads=1)
+    for _ in range(3):
+        session.run(feeds)
+    profiles = [session.profile(feeds) for _ in range(runs)]
+    return [
+        (t.node, t.kernel.rsplit(".", 1)[-1], float(np.median([p[i].seconds for p in profiles])) * 1e3)
+        for i, t in enumerate(profiles[0])
+        if t.op in ("Conv", "FusedConv")
+    ]
+
+
+def ort_nodes(onnx_path: Path, feeds: dict, runs: int) -> list[tuple[str, float]]:
+    """(node, median ms) of each onnxruntime Conv node (its fused ones included), run order."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory(prefix="ferry-breakdown-") as tmp:
+        options.profile_file_prefix = str(Path(tmp) / "ort")
+        session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        for _ in range(3 + runs):
+            session.run(None, feeds)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    windows = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run"][-runs:]
+    per_node: dict[str, list[float]] = {}
+    for e in events:
+        conv = (
+            e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and "Conv" in e["args"]["op_name"]
+        )
+        if conv and any(start <= e["ts"] <= stop for start, stop in windows):
+            per_node.setdefault(e["name"].removesuffix("_kernel_time"), []).append(e["dur"] / 1e3)
+    return [(name, statistics.median(durations)) for name, durations in per_node.items()]
+
+
+def print_nodes(name: str, ferry: list[tuple[str, str, float]], ort: list[tuple[str, float]]) -> None:
+    """Ferry's conv nodes beside onnxruntime's, paired in order (both keep one node per conv)."""
+    print(f"\n{name}: conv nodes, Ferry JIT beside onnxruntime (1 thread, median ms)")
+    if len(ferry) != len(ort):
+        print(f"  ({len(ferry)} Ferry and {len(ort)} onnxruntime conv nodes: pairs may not match)")
+    for (node, kernel, f_ms), (_, o_ms) in zip(ferry, ort, strict=False):
+        print(f"  {node[-38:]:<38} {kernel[:30]:<30} {f_ms:7.3f} {o_ms:7.3f} {f_ms / o_ms:6.2f}x")
+    f_total, o_total = sum(f[2] for f in ferry), sum(o[1] for o in ort)
+    print(f"  {'all conv nodes':<69} {f_total:7.3f} {o_total:7.3f} {f_total / o_total:6.2f}x")
 
 
 def ort_breakdown(onnx_path: Path, feeds: dict, runs: int) -> dict[str, float]:
@@ -215,6 +266,7 @@ def main() -> None:
     parser.add_argument("--models", default="vit_tiny,bert_encoder")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--tiers", default="numpy,jit", help="Ferry's kernel tiers to profile (numpy, jit)")
+    parser.add_argument("--nodes", action="store_true", help="each conv node beside onnxruntime's")
     args = parser.parse_args()
     helpers = _engine_bench()
     forms = []
@@ -227,6 +279,10 @@ def main() -> None:
             for tier in args.tiers.split(","):
                 ferry = ferry_breakdown(package, feeds, args.runs, jit=tier == "jit")
                 print_side_by_side(f"{name} [Ferry {tier}]", ferry, ort)
+            if args.nodes:
+                print_nodes(
+                    name, ferry_nodes(package, feeds, args.runs), ort_nodes(onnx_path, feeds, args.runs)
+                )
             if _uses_math_forms(package):
                 forms.append((name, forms_ab(package, feeds, 2 * args.runs)))
         print()

@@ -40,6 +40,8 @@ from typing import Any
 # model's nodes can use: a model with none never imports numba (~65 MB of LLVM, ~0.3 s).
 MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.conv.depthwise_jit": ("Conv", "FusedConv"),
+    "engine.ops.conv.depthwise_vec_jit": ("Conv", "FusedConv"),
+    "engine.ops.conv.direct_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.pointwise_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.im2col_jit": ("Conv", "FusedConv"),
     # the conv GEMM; rides along where a UNet's norms bring numba in (its convs are ungrouped)

@@ -39,6 +39,9 @@ def max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     x = inputs[0]
     win = _geometry(x, attrs)
     if _is_3x3_stride_2(x, win):
+        pixels = x.transpose(0, 2, 3, 1)
+        if pixels.flags.c_contiguous and not x.flags.c_contiguous:
+            return [_max_pool_3x3_stride_2_channels_last(pixels).transpose(0, 3, 1, 2)]
         return [_max_pool_3x3_stride_2(x)]
     y = x
     last = x.ndim - 1
@@ -91,6 +94,21 @@ def _max_pool_3x3_stride_2(x: np.ndarray) -> np.ndarray:
     np.maximum(out[1:], odd[:-1], out=out[1:])
     first = y.reshape(-1, wo)[:, 0]
     np.maximum(even.reshape(-1, wo)[:, 0], odd.reshape(-1, wo)[:, 0], out=first)
+    return y
+
+
+def _max_pool_3x3_stride_2_channels_last(pixels: np.ndarray) -> np.ndarray:
+    """The 3x3/2 pool of a channels-last input (N, H, W, C), left channels last: every pass runs
+    over whole C-channel runs.  A JIT stem conv leaves ResNet's 64x112x112 channels last, and
+    the NCHW form's reshape copied it first: 1.45 ms, against onnxruntime's 0.12."""
+    n, height, width, c = pixels.shape
+    ho, wo = height // 2, width // 2
+    rows = scratch(PING, (n, ho, width, c), pixels.dtype)
+    np.maximum(pixels[:, 0::2], pixels[:, 1::2], out=rows)
+    np.maximum(rows[:, 1:], pixels[:, 1:-1:2], out=rows[:, 1:])  # row 0 has no row above
+    y = np.empty((n, ho, wo, c), dtype=pixels.dtype)
+    np.maximum(rows[:, :, 0::2], rows[:, :, 1::2], out=y)
+    np.maximum(y[:, :, 1:], rows[:, :, 1:-1:2], out=y[:, :, 1:])  # column 0 has none left of it
     return y
 
 

@@ -64,6 +64,57 @@ def test_gemm_matches_numpy(rows, depth, m, with_bias, with_residual, with_clip,
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(depth))
 
 
+@pytest.mark.parametrize("m", [8, 16, 24, 40, 48, 56, 88])
+@pytest.mark.parametrize("rows", [11, 12, 13, 30, 97, 200])
+def test_gemm_narrow_panels_take_tall_tiles_and_match_numpy(m, rows):
+    """Panels of 8, 16 and 24 channels run 12-row tiles (then 6-row and scratch ones for the
+    rest): with bias, residual and clip, at every row count around the tile edges."""
+    rng = np.random.default_rng(m * 1000 + rows)
+    x = rng.standard_normal((rows, 37)).astype(np.float32)
+    w = rng.standard_normal((37, m)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    residual = rng.standard_normal((rows, m)).astype(np.float32)
+    for bounds, extra in ((None, None), ((-0.5, 0.75), residual), ((-0.5, 0.75), None)):
+        want = x.astype(np.float64) @ w + b + (0 if extra is None else extra)
+        if bounds is not None:
+            want = np.clip(want, *bounds)
+        out = np.full((rows, m), np.nan, np.float32)
+        gemm_jit.gemm(x, gemm_jit.pack_panels(w), out, b, extra, bounds)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(37))
+
+
+@pytest.mark.parametrize("rows", [7, 49, 100])
+def test_gemm_adds_a_residual_it_overwrites_once(rows):
+    """A block's last rows run as a tile overlapping the one before (recomputed, stored again),
+    except when the output is the residual itself: that would add the residual twice."""
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 19)).astype(np.float32)
+    w = rng.standard_normal((19, 40)).astype(np.float32)
+    residual = rng.standard_normal((rows, 40)).astype(np.float32)
+    want = x.astype(np.float64) @ w + residual
+    packed = gemm_jit.pack_panels(w)
+    separate = np.full((rows, 40), np.nan, np.float32)
+    gemm_jit.gemm(x, packed, separate, None, residual, None)
+    np.testing.assert_allclose(separate, want, rtol=1e-5, atol=1e-4)
+    gemm_jit.gemm(x, packed, residual, None, residual, None)  # in place
+    np.testing.assert_array_equal(residual, separate)
+
+
+def test_gemm_on_two_threads_matches_one_and_small_ones_stay_on_one():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((301, 100)).astype(np.float32)  # 2.4 M multiply-adds: parallel
+    w = rng.standard_normal((100, 80)).astype(np.float32)
+    residual = rng.standard_normal((301, 80)).astype(np.float32)
+    assert x.shape[0] * x.shape[1] * w.shape[1] >= gemm_jit.MIN_PARALLEL_MACS
+    packed = gemm_jit.pack_panels(w)
+    serial, parallel = np.empty((301, 80), np.float32), np.empty((301, 80), np.float32)
+    gemm_jit.gemm(x, packed, serial, None, residual, (-1.0, 1.0))
+    with jit.thread_limit(2):
+        gemm_jit.gemm(x, packed, parallel, None, residual, (-1.0, 1.0))
+    np.testing.assert_array_equal(parallel, serial)
+    np.testing.assert_allclose(serial, np.clip(x @ w + residual, -1, 1), rtol=1e-5, atol=1e-4)
+
+
 def test_gemm_clip_keeps_nan_and_inf():
     x = np.ones((7, 3), np.float32)
     x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -np.inf
@@ -231,3 +282,22 @@ def test_winograd_on_the_gemm_falls_back_off_its_shapes():
     assert winograd_jit.CANDIDATES["Conv"](attrs, [x.shape, w.shape]) == []
     got = winograd_jit.conv_winograd_gemm([x, w], attrs)[0]
     np.testing.assert_allclose(got, conv_im2col([x, w], attrs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_1x1_gemm_on_two_threads_matches_one():
+    """Past MIN_PARALLEL_MACS the 1x1 conv runs its items on the pool, blocks cut for threads."""
+    rng = np.random.default_rng(7)
+    x = _laid_out(rng.standard_normal((1, 64, 40, 40)).astype(np.float32), "channels_last")
+    w = rng.standard_normal((96, 64, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(96).astype(np.float32)
+    residual = _laid_out(rng.standard_normal((1, 96, 40, 40)).astype(np.float32), "channels_last")
+    attrs = _with_activation({"group": 1, "kernel_shape": [1, 1]}, "Clip")
+    kernel = fused.with_activation(gemm_jit.conv_1x1_gemm)
+    serial = kernel([x, gemm_jit.pack_pointwise(w), b, residual], attrs)[0]
+    with jit.thread_limit(2):
+        parallel = kernel([x, gemm_jit.pack_pointwise(w), b, residual], attrs)[0]
+    np.testing.assert_array_equal(parallel, serial)
+    want = fused.with_activation(conv_1x1)(
+        [np.ascontiguousarray(x), w, b, np.ascontiguousarray(residual)], attrs
+    )[0]
+    np.testing.assert_allclose(serial, want, rtol=1e-5, atol=1e-4)

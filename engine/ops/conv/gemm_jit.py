@@ -7,7 +7,8 @@ the loop over K broadcasts one input per row and loads two weight vectors, fused
 only (~55 GFMA/s on one Zen 4 core, OpenBLAS 35-45 on MobileNetV2's 1x1 shapes).  The weights
 are packed once per plan into panels of 32 output channels, (panels, K, 32), the bias in a row
 under each panel, so no call re-packs them as OpenBLAS does; bias, residual and Relu / Clip
-are applied to each tile while it is in L1.
+are applied to each tile while it is in L1.  A panel of only 8, 16 or 24 channels (narrow
+projections) runs 12-row tiles instead, so it still has enough accumulators in flight.
 
 Sums run over K in order with fused multiply-adds, then the bias, then the residual: results
 differ from numpy's (OpenBLAS's blocked sums, then the bias) by float32 rounding only.
@@ -29,9 +30,11 @@ from engine.ops import window
 from engine.ops.conv.common import (
     COLUMN_BUDGET_BYTES,
     PING,
+    NodeMemo,
     _clipped_fallback,
     _in_batches,
     _padded_channels_last,
+    aligned_empty,
     fused_bounds,
     residual_of,
 )
@@ -47,13 +50,17 @@ MR = 6  # output rows (pixels) per tile: 12 accumulators + 2 weight vectors + a 
 # Input rows per block of tiles: a block's inputs stay in L2 while every panel streams past them.
 BLOCK_INPUT_BYTES = 256 << 10
 MIN_BLOCK_ROWS = 16 * MR
+# Below this many multiply-adds (~20 us on one core) a GEMM runs on one thread even in a session
+# allowed more: numba's pool launch costs 5-10 us idle, and on a loaded 2-core host far more
+# (MobileNetV2's 7x7 layers took twice their one-thread time on two, 2026-11-26 21:00 UTC)
+MIN_PARALLEL_MACS = 2_000_000
 
 
-def _micro(vectors: int) -> Any:
-    """The micro-kernel: for the MR rows r and ``vectors`` 16-lane columns v (flat float32
-    arrays; element offsets and row strides):
-    out[oo + r*os + v*16 + l] = clip(sum_k x[xo + r*xs + k] * w[wo + k*ws + v*16 + l]
-    + bias[bo + v*16 + l] (+ res[ro + r*rs + v*16 + l] when has_res), lo, hi) (when has_clip)."""
+def _micro(widths: tuple[int, ...], rows: int = MR) -> Any:
+    """The micro-kernel: for ``rows`` rows r (MR unless told) and columns c < sum(widths), in
+    vectors of ``widths`` lanes (flat float32 arrays; element offsets and row strides):
+    out[oo + r*os + c] = clip(sum_k x[xo + r*xs + k] * w[wo + k*ws + c] + bias[bo + c]
+    (+ res[ro + r*rs + c] when has_res), lo, hi) (when has_clip)."""
 
     @intrinsic
     def micro(typingctx, x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi):  # noqa: ANN001, ANN202, ARG001
@@ -66,53 +73,61 @@ def _micro(vectors: int) -> Any:
                 for i, value in ((0, x_), (3, w_), (7, out_), (10, b_), (12, r_))
             )
             i32, i64 = ir.IntType(32), ir.IntType(64)
-            vec = ir.VectorType(ir.FloatType(), LANES)
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.fma.v16f32"
-            )
-            undef = ir.Constant(vec, ir.Undefined)
-            splat_mask = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
+            vecs = [ir.VectorType(ir.FloatType(), lanes) for lanes in widths]
+            fmas = [
+                cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{vec.count}f32"
+                )
+                for vec in vecs
+            ]
+            firsts = [sum(widths[:v]) for v in range(len(widths))]  # each vector's first column
 
-            def vector_at(base: Any, offset: Any) -> Any:
-                return builder.bitcast(builder.gep(base, [offset]), vec.as_pointer())
+            def vector_at(base: Any, offset: Any, v: int) -> Any:
+                return builder.bitcast(builder.gep(base, [offset]), vecs[v].as_pointer())
 
             def const(value: int) -> Any:
                 return ir.Constant(i64, value)
 
-            def splat(value: Any) -> Any:
+            def splat(value: Any, v: int) -> Any:
+                undef = ir.Constant(vecs[v], ir.Undefined)
+                mask = ir.Constant(ir.VectorType(i32, widths[v]), [0] * widths[v])
                 return builder.shuffle_vector(
-                    builder.insert_element(undef, value, ir.Constant(i32, 0)), undef, splat_mask
+                    builder.insert_element(undef, value, ir.Constant(i32, 0)), undef, mask
                 )
 
             # accumulators in allocas: LLVM's mem2reg turns them into registers
-            zero = ir.Constant(vec, None)
-            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(vectors)] for _ in range(MR)]
-            rows = [builder.add(xo_, builder.mul(const(r), xs_)) for r in range(MR)]
+            accs = [
+                [cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for vec in vecs]
+                for _ in range(rows)
+            ]
+            starts = [builder.add(xo_, builder.mul(const(r), xs_)) for r in range(rows)]
             with cgutils.for_range(builder, depth_) as loop:
                 k = loop.index
                 wk = builder.add(wo_, builder.mul(k, ws_))
                 weights = [
-                    builder.load(vector_at(wp, builder.add(wk, const(v * LANES))), align=4)
-                    for v in range(vectors)
+                    builder.load(vector_at(wp, builder.add(wk, const(firsts[v])), v), align=4)
+                    for v in range(len(widths))
                 ]
-                for r in range(MR):
-                    a = splat(builder.load(builder.gep(xp, [builder.add(rows[r], k)])))
-                    for v in range(vectors):
+                for r in range(rows):
+                    scalar = builder.load(builder.gep(xp, [builder.add(starts[r], k)]))
+                    for v in range(len(widths)):
+                        a = splat(scalar, v)
                         builder.store(
-                            builder.call(fma, [a, weights[v], builder.load(accs[r][v])]), accs[r][v]
+                            builder.call(fmas[v], [a, weights[v], builder.load(accs[r][v])]), accs[r][v]
                         )
             has_res = builder.trunc(builder.and_(flags_, const(1)), ir.IntType(1))
             has_clip = builder.trunc(builder.lshr(flags_, const(1)), ir.IntType(1))
-            low, high = splat(lo_), splat(hi_)
-            for v in range(vectors):
-                b = builder.load(vector_at(bp, builder.add(bo_, const(v * LANES))), align=4)
-                for r in range(MR):
+            for v in range(len(widths)):
+                low, high = splat(lo_, v), splat(hi_, v)
+                b = builder.load(vector_at(bp, builder.add(bo_, const(firsts[v])), v), align=4)
+                for r in range(rows):
                     slot = accs[r][v]
                     builder.store(builder.fadd(builder.load(slot), b), slot)
                     with builder.if_then(has_res):
-                        at = builder.add(builder.add(ro_, builder.mul(const(r), rs_)), const(v * LANES))
+                        at = builder.add(builder.add(ro_, builder.mul(const(r), rs_)), const(firsts[v]))
                         builder.store(
-                            builder.fadd(builder.load(slot), builder.load(vector_at(rp, at), align=4)), slot
+                            builder.fadd(builder.load(slot), builder.load(vector_at(rp, at, v), align=4)),
+                            slot,
                         )
                     with builder.if_then(has_clip):
                         # comparisons, not min/max: a NaN stays NaN, as np.clip leaves it
@@ -120,8 +135,8 @@ def _micro(vectors: int) -> Any:
                         value = builder.select(builder.fcmp_ordered(">", value, high), high, value)
                         value = builder.select(builder.fcmp_ordered("<", value, low), low, value)
                         builder.store(value, slot)
-                    target = builder.add(builder.add(oo_, builder.mul(const(r), os_)), const(v * LANES))
-                    builder.store(builder.load(slot), vector_at(op, target), align=4)
+                    target = builder.add(builder.add(oo_, builder.mul(const(r), os_)), const(firsts[v]))
+                    builder.store(builder.load(slot), vector_at(op, target, v), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -129,8 +144,15 @@ def _micro(vectors: int) -> Any:
     return micro
 
 
-_micro_full = _micro(2)  # 6 x 32
-_micro_half = _micro(1)  # 6 x 16: a panel's last 16 or fewer channels
+_micro_full = _micro((LANES, LANES))  # 6 x 32
+_micro_half = _micro((LANES,))  # 6 x 16: a panel's last 16 or fewer channels
+# A panel of 8, 16 or 24 channels (MobileNetV2's 16- and 24-channel projections): twice the rows, so
+# twelve accumulators keep both of a Zen 5 core's 512-bit FMA pipes busy where six did not
+# (FMA latency 4 cycles x 2 pipes: eight chains at least).
+TALL = 2 * MR
+_micro_tall = _micro((LANES,), TALL)  # 12 x 16
+_micro_tall8 = _micro((8,), TALL)  # 12 x 8
+_micro_tall24 = _micro((LANES, 8), TALL)  # 12 x 24: 24 accumulators, one pass over the inputs
 
 
 def pack_panels(wt: np.ndarray) -> np.ndarray:
@@ -189,6 +211,12 @@ def _gemm_items(
     flags = (1 if has_res else 0) | (2 if has_clip else 0)
     tile = np.empty(MR * NR, np.float32)
     tail = np.zeros(MR * depth, np.float32)
+    # a block's last few rows are computed as a whole tile ending at its last row (rows before
+    # them computed twice, the same values stored again) unless the output is also the
+    # residual (an in-place add would add it twice): 49 pixels, MobileNetV2's 7x7 layers, were
+    # 8 tiles and a 1-row remainder through scratch and a scalar copy
+    rp, op = res.ctypes.data, out.ctypes.data
+    in_place = has_res and rp < op + 4 * out.size and op < rp + 4 * res.size
     for item in range(first, last):
         s, rest = item // per_slot, item % per_slot
         p0, panel = (rest // panels) * block_rows, rest % panels
@@ -197,30 +225,36 @@ def _gemm_items(
         j0 = panel * NR
         cols = min(NR, m - j0)
         wo = (s * panels + panel) * (depth + 2) * NR
-        for t0 in range(p0, p1, MR):
+        start = p0
+        if cols < NR and cols % 8 == 0:  # 8, 16 or 24 channels: TALL-row tiles, then 6-row ones
+            while start + TALL <= p1:
+                at, ro, xo = os + start * m + j0, start * rstride + j0, xs + start * depth
+                if cols == LANES + 8:
+                    _micro_tall24(
+                        x, xo, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
+                        flags, lo, hi,
+                    )  # fmt: skip
+                elif cols == LANES:
+                    _micro_tall(
+                        x, xo, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
+                        flags, lo, hi,
+                    )  # fmt: skip
+                else:
+                    _micro_tall8(
+                        x, xo, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
+                        flags, lo, hi,
+                    )  # fmt: skip
+                start += TALL
+        for t0 in range(start, p1, MR):
             count = min(MR, p1 - t0)
+            if count < MR and p1 - MR >= p0 and not in_place:
+                t0, count = p1 - MR, MR
             at, ro = os + t0 * m + j0, t0 * rstride + j0
             if count == MR and cols == NR:
                 _micro_full(
-                    x,
-                    xs + t0 * depth,
-                    depth,
-                    packed,
-                    wo,
-                    NR,
-                    depth,
-                    out,
-                    at,
-                    m,
-                    bias,
-                    j0,
-                    res,
-                    ro,
-                    rstride,
-                    flags,
-                    lo,
-                    hi,
-                )
+                    x, xs + t0 * depth, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
+                    flags, lo, hi,
+                )  # fmt: skip
                 continue
             source, offset = x, xs + t0 * depth
             if count < MR:  # the last rows, copied so the tile reads no row past the input
@@ -232,46 +266,14 @@ def _gemm_items(
                 w_at, b_at = wo + half, j0 + half
                 if count == MR and width == LANES:
                     _micro_half(
-                        source,
-                        offset,
-                        depth,
-                        packed,
-                        w_at,
-                        NR,
-                        depth,
-                        out,
-                        at + half,
-                        m,
-                        bias,
-                        b_at,
-                        res,
-                        ro + half,
-                        rstride,
-                        flags,
-                        lo,
-                        hi,
-                    )
+                        source, offset, depth, packed, w_at, NR, depth, out, at + half, m, bias, b_at, res,
+                        ro + half, rstride, flags, lo, hi,
+                    )  # fmt: skip
                     continue
                 _micro_half(
-                    source,
-                    offset,
-                    depth,
-                    packed,
-                    w_at,
-                    NR,
-                    depth,
-                    tile,
-                    0,
-                    NR,
-                    bias,
-                    b_at,
-                    res,
-                    0,
-                    0,
-                    0,
-                    lo,
-                    hi,
-                )
+                    source, offset, depth, packed, w_at, NR, depth, tile, 0, NR, bias, b_at, res, 0, 0, 0,
+                    lo, hi,
+                )  # fmt: skip
                 for r in range(count):
                     for j in range(width):
                         value = tile[r * NR + j]
@@ -288,23 +290,15 @@ def _gemm_parallel(
 ):  # noqa: ANN001, ANN202
     for item in prange(first, last):
         _gemm_items(
-            x,
-            packed,
-            out,
-            bias,
-            res,
-            has_res,
-            has_clip,
-            lo,
-            hi,
-            rows,
-            depth,
-            m,
-            rstride,
-            block_rows,
-            item,
+            x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth, m, rstride, block_rows, item,
             item + 1,
-        )
+        )  # fmt: skip
+
+
+@jit.njit([types.int64(jit.array(types.uint8, 1, "C"))])
+def address(raw):  # noqa: ANN001, ANN201
+    """A buffer's address (for aligned_empty: 0.1 us, ctypes' 0.8)."""
+    return raw.ctypes.data
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -330,6 +324,9 @@ def _run_gemm(
     m = out.shape[2]
     items = slots * -(-rows // block) * packed.shape[1]
     args = (_flat(x), _flat(packed), _flat(out), bias, _flat(res), *flags, rows, depth, m, rstride, block)
+    if slots * rows * depth * m < MIN_PARALLEL_MACS:
+        _gemm_items(*args, 0, items)  # a thread pool's launch would cost what a second thread saves
+        return
     jit.run(_gemm_items, _gemm_parallel, *args, 0, items)
 
 
@@ -404,6 +401,39 @@ def _unpacked(packed: np.ndarray, kernel: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(wt.T.reshape(m, *kernel, depth // taps).transpose(0, 3, 1, 2))
 
 
+def _pointwise_setup(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict[str, Any]
+) -> tuple | None:
+    """What conv_1x1_gemm derives from the node's constants: packed weights, the bias over whole
+    panels, clip flags, strides and output shape; None when the node is not for the kernel."""
+    packed = w.ndim == 3
+    shape_w = (packed_shape(w)[1], packed_shape(w)[0], 1, 1) if packed else w.shape
+    if not (_plain(x, w, b, None) and pointwise_ok(x.shape, shape_w, attrs)):
+        return None
+    weights = w if packed else pack_pointwise(w)
+    n, c, height, width = x.shape
+    (sh, sw), m = _strides(attrs), shape_w[0]
+    vector = np.zeros(weights.shape[0] * NR, np.float32)  # whole panels: the tiles read 16 lanes
+    if b is not None:
+        vector[:m] = b
+    bounds = fused_bounds(attrs)
+    low, high = (None, None) if bounds is None else bounds
+    clip = (
+        bounds is not None,
+        np.float32(-np.inf if low is None else low),
+        np.float32(np.inf if high is None else high),
+    )
+    ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
+    rows = n * ho * wo
+    blocks = (block_rows_for(rows, c, False), block_rows_for(rows, c, True))  # one thread, several
+    serial = rows * c * m < MIN_PARALLEL_MACS  # one thread, as _run_gemm decides
+    items = tuple(-(-rows // block) * weights.shape[0] for block in blocks)
+    return weights.reshape(-1), vector, clip, (sh, sw), (n, ho, wo, m), blocks, items, serial
+
+
+_POINTWISE = NodeMemo()
+
+
 def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """1x1 conv of float32 input as (pixels, C) @ (C, M) on the micro-kernel, its result channels
     last, bias, residual and a fused Relu / Clip (``fuses_clip``) applied per tile in registers;
@@ -411,20 +441,35 @@ def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = residual_of(inputs)
-    packed = w.ndim == 3
-    shape_w = (packed_shape(w)[1], packed_shape(w)[0], 1, 1) if packed else w.shape
-    if not (_plain(x, w, b, residual) and pointwise_ok(x.shape, shape_w, attrs)):
-        if packed:  # a plan's packed weights with shapes it was not packed for: unpack them
+    found = _POINTWISE.get(attrs, (w, b), x, lambda: _pointwise_setup(x, w, b, attrs))
+    if found is None or (residual is not None and residual.dtype != np.float32):
+        if w.ndim == 3:  # a plan's packed weights with shapes it was not packed for: unpack them
             inputs = [x, _unpacked(w, (1, 1)), *inputs[2:]]
         return _clipped_fallback(conv_1x1, inputs, attrs)
-    weights = w if packed else pack_pointwise(w)
-    n, c, height, width = x.shape
-    (sh, sw), m = _strides(attrs), shape_w[0]
-    ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
-    pixels = _pixels(x, (sh, sw)).reshape(-1, c)
-    out = np.empty((n, ho, wo, m), np.float32)
-    res = None if residual is None else residual_rows(residual, (n, m, ho, wo))
-    gemm(pixels, weights, out.reshape(-1, m), b, res, fused_bounds(attrs))
+    weights, vector, (has_clip, lo, hi), strides, shape, blocks, items, serial = found
+    n, ho, wo, m = shape
+    pixels = _pixels(x, strides)  # C-contiguous (N, Ho, Wo, C): flat below without a copy
+    out = aligned_empty(shape, np.float32, address)
+    res = NO_RESIDUAL if residual is None else residual_rows(residual, (n, m, ho, wo))
+    # few Python steps: ~8 us of them a call were as much as a 7x7 layer's GEMM
+    parallel = (
+        not serial and jit.threads() > 1 and pixels.size // pixels.shape[3] * len(vector) >= 2 * MR * NR
+    )
+    args = (
+        pixels.reshape(-1),
+        weights,
+        out.reshape(-1),
+        vector,
+        res.reshape(-1),
+        residual is not None,
+        has_clip,
+    )
+    rows, block = n * ho * wo, blocks[parallel]
+    geometry = (lo, hi, rows, pixels.shape[3], m, res.shape[-1], block, 0, items[parallel])
+    if parallel:
+        jit.run(_gemm_items, _gemm_parallel, *args, *geometry)
+    else:
+        _gemm_items(*args, *geometry)
     return [out.transpose(0, 3, 1, 2)]
 
 
@@ -518,7 +563,7 @@ def conv_im2col_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
             xp, (n, ho, wo, kh, kw, c), (s_n, sh * s_h, sw * s_w, dh * s_h, dw * s_w, s_c)
         )
         np.copyto(cols, taps)
-    out = np.empty((n, ho, wo, m), np.float32)
+    out = aligned_empty((n, ho, wo, m), np.float32, address)
     res = None if residual is None else residual_rows(residual, (n, m, ho, wo))
     gemm(cols.reshape(-1, depth), weights, out.reshape(-1, m), b, res, fused_bounds(attrs))
     return [out.transpose(0, 3, 1, 2)]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from engine.ops import window
-from engine.ops.conv.common import PING, _clipped_fallback, _flat_phases, residual_of
+from engine.ops.conv.common import PING, _clipped_fallback, _flat_phases, aligned_empty, residual_of
 from engine.ops.conv.im2col import conv_im2col
 from engine.ops.conv.pointwise_jit import NO_RESIDUAL, block_rows, epilogue, epilogue_flags, residual_rows
 from engine.ops.registry import Kernel
@@ -72,7 +72,7 @@ def conv_im2col_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     win = window.geometry(attrs, tuple(x.shape[2:]), kernel)
     n, depth, m = x.shape[0], weights.shape[0], weights.shape[1]
     ho, wo = win.out
-    out = np.empty((n, ho, wo, m), np.float32)
+    out = aligned_empty((n, ho, wo, m), np.float32)
     res = NO_RESIDUAL if residual is None else residual_rows(residual, (n, m, ho, wo))
     flags, bias = epilogue_flags(attrs, b, residual, m)
     step, pixels = block_rows(m), ho * wo

@@ -18,7 +18,15 @@ import numpy as np
 from numba import prange, types
 
 from engine import jit
-from engine.ops.conv.common import PING, THIRD, _check_residual, _clipped_fallback, fused_bounds, residual_of
+from engine.ops.conv.common import (
+    PING,
+    THIRD,
+    _check_residual,
+    _clipped_fallback,
+    aligned_empty,
+    fused_bounds,
+    residual_of,
+)
 from engine.ops.conv.direct import conv_1x1
 from engine.ops.registry import Kernel
 from engine.ops.scratch import scratch
@@ -147,7 +155,7 @@ def conv_1x1_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
     (sh, sw), m = _strides(attrs), weights.shape[1]
     ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
     pixels = _pixels(x, (sh, sw)).reshape(-1, c)
-    out = np.empty((n, ho, wo, m), np.float32)
+    out = aligned_empty((n, ho, wo, m), np.float32)
     rows = out.reshape(-1, m)
     res = NO_RESIDUAL if residual is None else residual_rows(residual, (n, m, ho, wo))
     flags, bias = epilogue_flags(attrs, b, residual, m)
