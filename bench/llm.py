@@ -19,6 +19,9 @@ tokens, decode ``--decode`` tokens greedily (argmax of the logits each step, bot
 its peak RSS is the process's VmHWM.  The ceiling is the bytes of weights a decode step reads
 divided by the read bandwidth measured in this run at that thread count.  Ferry's rows also
 split a decode step into its GEMVs per matrix and the rest (attention, norms, RoPE, Python).
+``--aot`` adds rows ``ferry-aot``, interleaved with the others: the same package served with
+the kernels compiled ahead of time (engine/llm/aot.py, ``FERRY_LLM_AOT=1``; built once before
+the runs, in a subprocess), so the process never imports numba or LLVM.
 The host is shared: compare ratios within one run.  Prints tables; asserts nothing.
 """
 
@@ -272,6 +275,7 @@ def ferry_child(package: Path, threads: int, prompt: dict, decode: int) -> dict:
     from threadpoolctl import threadpool_limits  # noqa: PLC0415
 
     from engine import jit  # noqa: PLC0415
+    from engine.llm import aot  # noqa: PLC0415
     from engine.llm.package import load_model  # noqa: PLC0415
     from engine.llm.weights import gemv_kernel  # noqa: PLC0415
 
@@ -299,7 +303,8 @@ def ferry_child(package: Path, threads: int, prompt: dict, decode: int) -> dict:
         **_cpu_rates(len(ids), prefill_cpu, decode, decode_cpu),
         "gemv_ms": {k: v * 1e3 for k, v in gemv.items()},
         "rss_mb": _peak_rss_mb(),
-        "tier": "jit" if jit.enabled() else "numpy",
+        "tier": "aot" if aot.kernels() is not None else "jit" if jit.enabled() else "numpy",
+        "numba_imported": "numba" in sys.modules,
     }
 
 
@@ -443,12 +448,15 @@ def run_model(name: str, args: argparse.Namespace, ceilings: dict[int, float]) -
             f"{accuracy['top1_agreement']:.1%}, mean KL {accuracy['mean_kl']:.2e}, "
             f"perplexity {accuracy['perplexity']:.1f} (fp32 {accuracy['fp32_perplexity']:.1f})"
         )
+    if args.aot:  # built before any timing (package activation's job in the agent); rows ferry-jit on numba
+        __import__("engine.llm.aot").llm.aot.build()
+        os.environ["FERRY_LLM_AOT"] = "0"
     before = {p: before_package(args.before_tree, checkpoint, directory, p, args.block) for p in precisions}
     rows = []
     for precision in precisions:
         package = packages[precision][0]
         for t in args.threads:
-            runs: dict[str, list[dict]] = {"ferry": [], "llama": [], "before": []}
+            runs: dict[str, list[dict]] = {"ferry": [], "aot": [], "llama": [], "before": []}
             for _ in range(args.repeat):  # alternating, so both see the same spells of load
                 command = [
                     sys.executable,
@@ -460,6 +468,9 @@ def run_model(name: str, args: argparse.Namespace, ceilings: dict[int, float]) -
                     str(prompt_file),
                 ]
                 runs["ferry"].append(_run(command + ["--decode", str(args.decode)]))
+                if args.aot:
+                    aot_env = dict(os.environ, FERRY_LLM_AOT="1")
+                    runs["aot"].append(_run(command + ["--decode", str(args.decode)], aot_env))
                 if before[precision] is not None:
                     command[4] = str(before[precision])
                     extra = ["--decode", str(args.decode), "--root", str(args.before_tree)]
@@ -471,6 +482,9 @@ def run_model(name: str, args: argparse.Namespace, ceilings: dict[int, float]) -
             size = sum(p.stat().st_size for p in package.iterdir()) / 1e6
             ceiling = ceilings[t] * 1e9 / decode_bytes(package)
             rows.append((f"ferry-{result['tier']}", precision, t, result, size, ceiling))
+            if runs["aot"]:
+                aot_row = _best(runs["aot"])
+                rows.append((f"ferry-{aot_row['tier']}", precision, t, aot_row, size, ceiling))
             if runs["before"]:
                 old_package = before[precision]
                 old_size = sum(p.stat().st_size for p in old_package.iterdir()) / 1e6
@@ -496,8 +510,8 @@ def _best(results: list[dict]) -> dict:
     return best
 
 
-def _run(command: list[str]) -> dict:
-    done = subprocess.run(command, capture_output=True, text=True)
+def _run(command: list[str], env: dict | None = None) -> dict:
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -575,6 +589,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=1, help="runs per row, alternating; the best is kept")
     parser.add_argument("--no-peer", action="store_true", help="Ferry alone (no llama.cpp rows)")
+    parser.add_argument("--aot", action="store_true", help="also Ferry on AOT kernels (rows ferry-aot)")
     parser.add_argument(
         "--before-tree", type=Path, help="also run an earlier checkout's Ferry, interleaved (rows ferry-old)"
     )

@@ -145,9 +145,13 @@ class LlmService:
         kv_cache: str | None = None,
     ) -> None:
         """``kv_cache``: "fp32" or "int8" (None: the package's, else the environment's; see above)."""
+        from engine.llm import aot  # noqa: PLC0415
         from engine.llm.package import load_model  # noqa: PLC0415 - numpy only when an LLM runs
         from engine.llm.tokenizer import LlmTokenizer  # noqa: PLC0415
 
+        # activation: with FERRY_LLM_AOT=1, compile the kernels ahead of time in a subprocess
+        # (once per engine, numba and CPU) so serving never imports numba/LLVM (engine/llm/aot.py)
+        aot.prepare()
         self.directory = Path(directory)
         self.model = load_model(self.directory)
         self.tokenizer = LlmTokenizer.from_directory(self.directory)

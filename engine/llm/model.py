@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine import jit
-from engine.llm import gemv
+from engine.llm import aot, gemv
 from engine.llm.cache import KVCache
 from engine.llm.checkpoint import Checkpoint
 from engine.llm.config import LlmConfig
@@ -173,7 +173,8 @@ class LlmModel:
             return None
         found = getattr(self._local, "fused", None)
         if found is None:
-            kernels = jit.module("engine.llm.layer_jit")
+            # the ahead-of-time extension when built (no numba in this process), else numba's
+            kernels = aot.kernels() or jit.module("engine.llm.layer_jit")
             found = self._local.fused = DecodeBuffers(self.config, self.weights, kernels)
         return found
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from engine import jit, kernels
-from engine.llm import gemv
+from engine.llm import aot, gemv
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 _log = logging.getLogger(__name__)
@@ -27,6 +27,9 @@ _kernels: dict[str, Any] = {}
 def gemv_kernel(op: str) -> Any:
     """The kernel this process runs for ``op`` (LlmGemvInt4/LlmGemvInt8/LlmDecodeAttention): JIT if
     there, else numpy."""
+    compiled = aot.kernels() if op in ("LlmGemvInt4", "LlmGemvInt8") else None
+    if compiled is not None:  # ahead of time: numba stays out of this process (aot.py)
+        return compiled.gemv_int4 if op == "LlmGemvInt4" else compiled.gemv_int8
     found = _kernels.get(op)
     if found is None:
         jit.load(ops=[op])
@@ -112,11 +115,13 @@ class Matrix:
             return gemv.gemm_float(x, self.arrays["w"])
         if self.kind == "int8" and self.group == gemv.DOT_GROUP:
             if jit.enabled():  # 4-byte integer dot products (dot_jit.py), the same rounded x
-                return jit.module("engine.llm.dot_jit").gemm8(x, self.arrays["q"], self.arrays["scale"])
+                return _dot_kernels().gemm8(x, self.arrays["q"], self.arrays["scale"])
             return gemv.gemm_int8_dot(x, self.arrays["q"], self.arrays["scale"])
         if self.kind == "int8":
             return gemv.gemm_int8(x, self.arrays["q"], self.arrays["scale"])
         q, scale = self.arrays["q"], self.arrays["scale"]
+        if jit.enabled() and self.group == gemv.DOT_GROUP:  # dot_jit.py's GEMM (or aot.py's)
+            return _dot_kernels().gemm(x, q, scale, self.block)
         if jit.enabled():  # tiles dequantized by a JIT kernel (gemv_jit.py), the same products
             kernels = jit.module("engine.llm.gemv_jit")
             return kernels.gemm_int4_jit(x, q, scale, self.block, self.group, self.activations)
@@ -170,3 +175,8 @@ def make_matrix(
             return Matrix("int8", shape, {"q": q, "scale": scale}, block, group, activations)
         return Matrix("int8", shape, {"q": q, "scale": scale})
     raise ValueError(f"weights precision {kind!r} is not one of {', '.join(PRECISIONS)}")
+
+
+def _dot_kernels() -> Any:
+    """dot_jit's prefill GEMMs: the ahead-of-time extension's when built (aot.py), else numba's."""
+    return aot.kernels() or jit.module("engine.llm.dot_jit")
