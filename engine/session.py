@@ -17,9 +17,9 @@ from threadpoolctl import ThreadpoolController
 from engine import batch_split, debug, planner, selftest
 from engine import jit as jit_tier
 from engine.allocator import tune_malloc
-from engine.diffusion import flash
 from engine.errors import EngineError, InputError, NodeExecutionError, PackageError
 from engine.format import read_package, release_pages
+from engine.jit_needs import jit_ops, jit_unused
 from engine.ops.registry import kernel_name
 from engine.plan import Plan, PlanCache, Signature
 from engine.plan_threads import ThreadChoice
@@ -120,7 +120,7 @@ class Session:
         self._split_refs: dict[Signature, tuple[dict, dict]] = {}
         self._part_search: KernelSearch | None = None  # the parts' kernels, measured on one thread
         if self.jit:
-            jit_tier.load(ops=_jit_ops(self._program), threads=threads, skip=_jit_unused(self._program))
+            jit_tier.load(ops=jit_ops(self._program), threads=threads, skip=jit_unused(self._program))
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, inputs={[s.name for s in self.inputs]}, threads={self.threads})"
@@ -433,60 +433,6 @@ def _note_output_order(record: Record, step: Step, orders: dict[str, tuple[int, 
     if step.name in orders and step.outputs and step.outputs[0] in record.info:
         info = record.info[step.outputs[0]]
         record.info[step.outputs[0]] = replace(info, order=orders[step.name])
-
-
-def _jit_ops(program: Program) -> set[str]:
-    """The ops of this model that JIT kernels may serve (a Conv when grouped or wider than 1x1; a
-    FusedMatMul only with a GELU).  GELU alone does not bring numba in: its JIT kernel measured
-    within noise of numpy's GELU (ViT 197x768: 1.06 vs 0.75 ms, BERT 128x1536: 1.55 vs 1.60), and
-    numba's LLVM costs ~120 MB of peak RSS and ~0.5 s of load; where numba is loaded anyway (a
-    depthwise conv, an int8 matmul) the GELU kernels are measured too.  Attention's JIT softmax
-    rides along the same way: loading numba for it alone put ViT-Tiny's peak RSS at 190 MB
-    against onnxruntime's 92."""
-    served = set().union(*jit_tier.MODULES.values())
-    ops = {step.op for step in program.steps if step.op in served and _jit_may_serve(step)}
-    return ops if ops - set(RIDER_OPS) or _many_query_attention(program) else set()
-
-
-# From this many queries (an attention's static view) a transformer's JIT kernels bring numba in
-# themselves: its GEMM, GELU, LayerNorm and softmax took ViT-Tiny from 1.23x to 1.09x
-# onnxruntime's time, BERT from 1.06x to 0.95x, for ~125 MB more peak RSS and ~0.5 s more load.
-# A decode step (1 query, memory-bound GEMVs) gained nothing: numpy-only.
-MANY_QUERIES = 16
-
-
-def _many_query_attention(program: Program) -> bool:
-    for step in program.steps:
-        query = (step.attrs.get("views") or [None])[0] if step.op == "FusedAttention" else None
-        shape = getattr(query, "shape", None) or (query.get("shape") if isinstance(query, dict) else None)
-        if shape and len(shape) >= 2 and int(shape[-2]) >= MANY_QUERIES:
-            return True
-    return False
-
-
-def _jit_unused(program: Program) -> set[str]:
-    """JIT modules serving this model's ops that none of its nodes can use: flash attention where
-    every attention node's static views are too short (ViT-Tiny's 197 queries, BERT's 128, a
-    decode step's 1); its kernels were ~3 s of a first compile's CPU for nothing."""
-    attention = [step for step in program.steps if step.op == "FusedAttention"]
-    if attention and not any(flash.may_serve(step.attrs) for step in attention):
-        return {"engine.diffusion.attention_jit"}
-    return set()
-
-
-# JIT kernels that never bring numba in on their own (see _jit_ops)
-RIDER_OPS = ("FusedMatMul", "MatMul", "Gelu", "FusedGeglu", "FusedAttention", "LayerNormalization")
-
-
-def _jit_may_serve(step: Step) -> bool:
-    if step.op in ("Conv", "FusedConv"):
-        # grouped (depthwise) convs, and ungrouped ones with a window: direct_jit's implicit GEMM
-        # (ResNet18's 7x7 stem 1.36 ms against numpy's best 3.27, its 64-channel 3x3s 1.33 vs 1.65)
-        window = step.attrs.get("kernel_shape") or ()
-        return int(step.attrs.get("group", 1)) > 1 or any(int(k) > 1 for k in window)
-    if step.op == "FusedMatMul":
-        return step.attrs.get("activation") == "Gelu"
-    return True
 
 
 def _digest(manifest: dict[str, Any], graph: dict[str, Any]) -> str:

@@ -142,9 +142,9 @@ def test_direct_is_offered_for_ungrouped_kernels_larger_than_1x1():
 def test_a_session_brings_the_jit_tier_in_for_ungrouped_convs_wider_than_1x1():
     """ResNet-style models (no grouped conv) load the conv JIT modules for their 3x3 and 7x7
     convs; a model of 1x1 convs alone still does not."""
+    from engine.jit_needs import jit_ops as _jit_ops  # noqa: PLC0415
     from engine.ops.registry import REGISTRY  # noqa: PLC0415
     from engine.program import Program, Step  # noqa: PLC0415
-    from engine.session import _jit_ops  # noqa: PLC0415 - the session's own choice, tested directly
 
     def program(*attrs: dict) -> Program:
         steps = [

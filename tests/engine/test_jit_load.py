@@ -76,7 +76,7 @@ def test_flash_attention_is_ruled_out_only_by_a_static_view_too_short_or_too_wid
 
 
 def test_a_session_skips_flash_attention_when_no_attention_node_can_use_it():
-    from engine.session import _jit_unused  # noqa: PLC0415 - the session's own choice, tested directly
+    from engine.jit_needs import jit_unused as _jit_unused  # noqa: PLC0415
 
     def program(*steps: Step) -> Program:
         return Program(list(steps), {}, [], [], 17)

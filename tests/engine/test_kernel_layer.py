@@ -94,8 +94,8 @@ def test_a_session_loads_only_the_jit_kernels_its_model_can_use():
     """A model with no depthwise conv or int8 matmul needs no JIT module (nor numba's memory); a
     grouped conv needs the depthwise one; GELU's rides along only where numba is loaded anyway,
     or where an attention has many queries (an encoder's JIT kernels pay for numba there)."""
+    from engine.jit_needs import jit_ops as _jit_ops  # noqa: PLC0415 - the session's own choice
     from engine.ops.fused import prepare_attention  # noqa: PLC0415
-    from engine.session import _jit_ops  # noqa: PLC0415 - the session's own choice, tested directly
 
     def program(*nodes: tuple[str, dict]) -> Program:
         steps = [
