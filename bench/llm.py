@@ -35,11 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-# As bench/engine.py: measure with the CPU's own OpenBLAS kernel set, as a device would.
-OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-if any(name in os.environ for name in OPENBLAS_OVERRIDES) and "--child" not in sys.argv:
-    _env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_OVERRIDES}
-    os.execve(sys.executable, [sys.executable, *sys.argv], _env)
+import device_blas  # noqa: E402  (first: it may re-execute this command)
+
+device_blas.unset_overrides()  # as bench/engine.py: the CPU's own OpenBLAS kernel set
 
 import numpy as np  # noqa: E402  (after the re-exec above)
 

@@ -21,11 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-# As bench/llm.py: the CPU's own OpenBLAS kernel set, as a device would use
-OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-if any(name in os.environ for name in OPENBLAS_OVERRIDES):
-    _env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_OVERRIDES}
-    os.execve(sys.executable, [sys.executable, *sys.argv], _env)
+import device_blas  # noqa: E402  (first: it may re-execute this command)
+
+device_blas.unset_overrides()  # as bench/engine.py: the CPU's own OpenBLAS kernel set
 
 # the repository first: bench/engine.py must not stand in for the engine package
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
