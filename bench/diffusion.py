@@ -52,6 +52,10 @@ from converter.errors import ConversionError  # noqa: E402  (bench/ runs as a sc
 
 OUT = Path(os.environ.get("FERRY_BENCH_DIR", ROOT / "var" / "bench")) / "diffusion"
 LATENT = 32  # 256x256 images
+# Runs before the timed ones, for both runtimes: Ferry's second run plans, and a 2-thread session
+# then tries one thread for three runs before settling (engine/plan_threads.py); with two
+# warm-ups the 2-thread median of the small UNet landed on those (58 ms against 45 settled).
+WARM_UPS = 8
 PROMPT = "a red ferry crossing a calm sea at sunset"
 SEED = 1234
 
@@ -198,7 +202,7 @@ def unet_feeds(root: Path, width: int) -> dict[str, np.ndarray]:
 def time_step(
     unet_package: Path, onnx_path: Path, feeds: dict, threads: int, rounds: int
 ) -> tuple[float, float]:
-    """Median seconds of one UNet step: Ferry, onnxruntime (interleaved, after two warm-ups)."""
+    """Median seconds of one UNet step: Ferry, onnxruntime (interleaved, after WARM_UPS runs)."""
     import onnxruntime as ort  # noqa: PLC0415
 
     from engine import Session  # noqa: PLC0415
@@ -209,10 +213,15 @@ def time_step(
     theirs = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     runs = {"ferry": lambda: ferry.run(feeds), "ort": lambda: theirs.run(None, feeds)}
     for run in runs.values():
-        run(), run()
+        for _ in range(WARM_UPS):
+            run()
     times: dict[str, list[float]] = defaultdict(list)
+    # as bench/engine.py: idle pool threads of a 2-thread session (onnxruntime's, OpenBLAS's,
+    # numba's) spin a while after each run and would starve the other runtime's next run
+    settle = 0.05 if threads > 1 else 0.0
     for i in range(rounds):
         for key in sorted(runs, reverse=bool(i % 2)):
+            time.sleep(settle)
             began = time.perf_counter()
             runs[key]()
             times[key].append(time.perf_counter() - began)
