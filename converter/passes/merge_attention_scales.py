@@ -3,7 +3,9 @@
 torch's ``scaled_dot_product_attention`` exports as ``MatMul(q * s, kᵀ * s) -> Softmax`` with
 ``s = sqrt(1 / sqrt(d))`` (numerically kinder in half precision); ``fuse_attention`` matches a
 single scale after the product.  Once ``fold_shape_values`` has made each ``s`` a constant,
-this pass rewrites the two Muls as ``MatMul(q, kᵀ) * (s_q * s_k)`` so the attention fuses.
+this pass rewrites the two Muls as ``MatMul(q, kᵀ) * (s_q * s_k)`` so the attention fuses.  An
+additive mask between the product and the Softmax (CLIP's causal mask: ``Add(scores, mask)``)
+is allowed: fuse_attention takes it as the fused node's mask.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from converter.translate import FerryGraph
 
 
 def merge_attention_scales(graph: FerryGraph) -> FerryGraph:
-    """MatMul(a * s1, b * s2) read only by a last-axis Softmax -> MatMul(a, b) * (s1 * s2)."""
+    """MatMul(a * s1, b * s2) read only by a last-axis Softmax (directly, or through an additive
+    mask) -> MatMul(a, b) * (s1 * s2)."""
     readers, producers = _readers(graph), _producers(graph)
     tensors = dict(graph.tensors)
     drop: set[int] = set()
@@ -52,6 +55,13 @@ def merge_attention_scales(graph: FerryGraph) -> FerryGraph:
 
 def _feeds_softmax(graph: FerryGraph, readers: dict[str, list[int]], node: dict[str, Any]) -> bool:
     reader = _only_reader(graph, readers, node["outputs"][0])
+    if reader is not None and graph.nodes[reader]["op"] == "Add":  # Add(scores, mask), as matched
+        add = graph.nodes[reader]
+        reader = (
+            _only_reader(graph, readers, add["outputs"][0])
+            if add["inputs"][0] == node["outputs"][0]
+            else None
+        )
     if reader is None or graph.nodes[reader]["op"] != "Softmax":
         return False
     return int(graph.nodes[reader]["attrs"].get("axis", -1)) == -1 and graph.opset >= 13

@@ -45,8 +45,10 @@ def _heads(prefix: str, source: str, perm: list[int]) -> list[onnx.NodeProto]:
     ]
 
 
-def torch_attention() -> onnx.ModelProto:
-    """Cross-attention as torch exports diffusers' Attention (opset 17, dynamic batch and length)."""
+def torch_attention(masked: bool = False) -> onnx.ModelProto:
+    """Cross-attention as torch exports diffusers' Attention (opset 17, dynamic batch and length);
+    ``masked``: with an additive mask between the product and the Softmax, as CLIP's text encoder
+    adds its causal mask."""
     nodes = [
         helper.make_node("MatMul", ["x", "wq"], ["q"]),
         helper.make_node("MatMul", ["ctx", "wk"], ["k"]),
@@ -66,7 +68,8 @@ def torch_attention() -> onnx.ModelProto:
         helper.make_node("Sqrt", ["inv_f"], ["s2"]),
         helper.make_node("Mul", ["k_h", "s2"], ["kt_scaled"]),
         helper.make_node("MatMul", ["qs_scaled", "kt_scaled"], ["scores"]),
-        helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+        *([helper.make_node("Add", ["scores", "mask"], ["masked"])] if masked else []),
+        helper.make_node("Softmax", ["masked" if masked else "scores"], ["probs"], axis=-1),
         helper.make_node("MatMul", ["probs", "v_h"], ["heads_out"]),
         helper.make_node("Transpose", ["heads_out"], ["merged"], perm=[0, 2, 1, 3]),
         helper.make_node("Reshape", ["merged", "out_shape"], ["y"]),
@@ -80,6 +83,8 @@ def torch_attention() -> onnx.ModelProto:
         const("one", [1.0]), ints("out_shape", [0, -1, WIDTH]),
     ]  # fmt: skip
     inputs = [fvalue("x", ["batch", "seq", WIDTH]), fvalue("ctx", ["batch", "tokens", CONTEXT])]
+    if masked:
+        inputs.append(fvalue("mask", ["seq", "tokens"]))
     return model(nodes, inputs, [fvalue("y", ["batch", "seq", WIDTH])], initializers)
 
 
@@ -130,6 +135,18 @@ def test_torch_attention_fuses(tmp_path, batch, seq, tokens):
     assert "FusedAttention" in ops(graph)
     assert "Softmax" not in ops(graph) and "Sqrt" not in ops(graph)
     fused = next(node for node in graph.nodes if node["op"] == "FusedAttention")
+    assert fused["attrs"]["scale"] == pytest.approx((WIDTH // HEADS) ** -0.5, rel=1e-6)
+
+
+def test_torch_attention_with_an_additive_causal_mask_fuses(tmp_path):
+    """CLIP's text encoder: split scales, then Add(scores, causal mask) before the Softmax."""
+    seq = tokens = 6
+    causal = np.where(np.tril(np.ones((seq, tokens))) > 0, 0.0, -1e4).astype(np.float32)
+    feeds = {"x": rand(2, seq, WIDTH), "ctx": rand(2, tokens, CONTEXT), "mask": causal}
+    graph = converted(tmp_path, torch_attention(masked=True), feeds)
+    assert "Softmax" not in ops(graph) and "Sqrt" not in ops(graph)
+    fused = next(node for node in graph.nodes if node["op"] == "FusedAttention")
+    assert fused["inputs"][3] == "mask"
     assert fused["attrs"]["scale"] == pytest.approx((WIDTH // HEADS) ** -0.5, rel=1e-6)
 
 
