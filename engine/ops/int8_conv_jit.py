@@ -76,21 +76,45 @@ def qdq_conv_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
     channels = q.shape[1]
     win = window.geometry(attrs, tuple(q.shape[2:]), kernel)
     oh, ow = win.out
-    x = np.ascontiguousarray(q[0].transpose(1, 2, 0))  # free when q is channels last already
     depth = -(-kernel[0] * kernel[1] * channels // 4) * 4
     pixels = oh * ow
+    images = q.shape[0]
+    products = [  # a batch: one image's patches at a time
+        gemm(
+            _image_rows(q[image], a_zero, kernel, win, depth),
+            w,
+            colsum,
+            a_scale,
+            a_zero,
+            w_scale,
+            bias,
+            pixels,
+        )
+        for image in range(images)
+    ]
+    y = products[0][None] if images == 1 else np.stack(products)
+    if residual is not None:  # a skip connection: usually a conv's output, channels last too
+        y.reshape(images, oh, ow, out_channels)[...] += residual.transpose(0, 2, 3, 1)
+    y = apply_activation(y, attrs)
+    return [y.reshape(images, oh, ow, out_channels).transpose(0, 3, 1, 2)]  # NCHW, channels last
+
+
+def _image_rows(
+    image: np.ndarray, a_zero: np.ndarray, kernel: tuple, win: window.Window, depth: int
+) -> np.ndarray:
+    """One image's uint8 patches [pixels padded to ROWS, depth], or its pixels as they are for
+    a 1x1 stride-1 unpadded conv whose channels 4 divides."""
+    channels = image.shape[0]
+    oh, ow = win.out
+    pixels = oh * ow
+    x = np.ascontiguousarray(image.transpose(1, 2, 0))  # free when it is channels last already
     simple = kernel == (1, 1) and win.strides == (1, 1) and not any(win.pads_begin) and channels % 4 == 0
     if simple and pixels % ROWS == 0:
-        rows = x.reshape(pixels, channels)
-    else:
-        rows = np.zeros((-(-pixels // ROWS) * ROWS, depth), np.uint8)
-        (sh, sw), (pt, pl), (dh, dw) = win.strides, win.pads_begin, win.dilations
-        _patches(x, kernel[0], kernel[1], sh, sw, pt, pl, dh, dw, oh, ow, np.uint8(a_zero), rows)
-    y = gemm(rows, w, colsum, a_scale, a_zero, w_scale, bias, pixels)
-    if residual is not None:  # a skip connection: usually a conv's output, channels last too
-        y.reshape(oh, ow, out_channels)[...] += residual[0].transpose(1, 2, 0)
-    y = apply_activation(y, attrs)
-    return [y.reshape(1, oh, ow, out_channels).transpose(0, 3, 1, 2)]  # NCHW, channels last
+        return x.reshape(pixels, channels)
+    rows = np.zeros((-(-pixels // ROWS) * ROWS, depth), np.uint8)
+    (sh, sw), (pt, pl), (dh, dw) = win.strides, win.pads_begin, win.dilations
+    _patches(x, kernel[0], kernel[1], sh, sw, pt, pl, dh, dw, oh, ow, np.uint8(a_zero), rows)
+    return rows
 
 
 qdq_conv_jit.jit = True  # type: ignore[attr-defined]

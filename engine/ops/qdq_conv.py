@@ -25,13 +25,13 @@ MIN_WIDTH = 64
 
 
 def qdq_conv_operands(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> bool:
-    """Whether the integer kernel takes these: one 2-D image, no groups, uint8 activations
-    per tensor, an int8 filter with float32 scales per output channel."""
+    """Whether the integer kernel takes these: 2-D images, no groups, uint8 activations per
+    tensor, an int8 filter with float32 scales per output channel."""
     q, a_scale, a_zero, w, w_scale = (list(inputs) + [None] * 5)[:5]
     bias = inputs[5] if len(inputs) > 5 else None
     if q is None or w is None or w_scale is None or q.dtype != np.uint8 or w.dtype != np.int8:
         return False
-    if q.ndim != 4 or w.ndim != 4 or q.shape[0] != 1 or q.shape[1] != w.shape[1]:
+    if q.ndim != 4 or w.ndim != 4 or q.shape[1] != w.shape[1]:
         return False
     out = w.shape[0]
     return (

@@ -185,10 +185,11 @@ def test_a_static_int8_package_plans_its_matmuls_as_integer_products(tmp_path, u
     st.booleans(),  # bias
     st.booleans(),  # residual
     st.sampled_from([None, "Relu"]),
+    st.integers(1, 2),  # images in the batch
     st.integers(0, 2**31),
 )
 def test_the_integer_conv_matches_the_unfused_form(
-    channels, kernel, stride, pad, dilation, side, with_bias, with_residual, activation, seed
+    channels, kernel, stride, pad, dilation, side, with_bias, with_residual, activation, images, seed
 ):
     jit, _ = _jit_module()
     module = jit.module("engine.ops.int8_conv_jit")
@@ -198,7 +199,7 @@ def test_the_integer_conv_matches_the_unfused_form(
     out_channels = MIN_WIDTH + int(rng.integers(0, 70))
     taps = kernel[0] * kernel[1]
     channels = max(channels, -(-MIN_WIDTH // taps))  # a filter wide enough to be fused
-    q = rng.integers(0, 256, (1, channels, side, side), dtype=np.uint8)
+    q = rng.integers(0, 256, (images, channels, side, side), dtype=np.uint8)
     w, w_scale = quant.quantize_int8(
         rng.standard_normal((out_channels, channels, *kernel)).astype(np.float32), 0
     )
@@ -213,7 +214,9 @@ def test_the_integer_conv_matches_the_unfused_form(
     if min(span) < 1:
         return
     bias = rng.standard_normal(out_channels).astype(np.float32) if with_bias else None
-    residual = rng.standard_normal((1, out_channels, *span)).astype(np.float32) if with_residual else None
+    residual = (
+        rng.standard_normal((images, out_channels, *span)).astype(np.float32) if with_residual else None
+    )
     inputs = [
         q,
         np.array(0.05, np.float32),
