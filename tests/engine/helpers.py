@@ -152,6 +152,32 @@ def run_int8_matmul_reference(
     return ReferenceEvaluator(model).run(None, {"a": a})[0]
 
 
+def laid_out(x: np.ndarray, layout: str) -> np.ndarray:
+    """``x`` (NCHW) as a kernel may meet it: "channels_last" (a transposed view of NHWC memory),
+    "strided" (every other element of a wider array), or as it is."""
+    if layout == "channels_last":
+        return np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    if layout == "strided":
+        wide = np.zeros((*x.shape[:3], 2 * x.shape[3]), x.dtype)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+    return x
+
+
+def fused_conv_reference(x, w, b, residual, attrs: dict, activation: str | None) -> np.ndarray:  # noqa: ANN001
+    """onnx's reference Conv, plus the residual, then the activation: what a FusedConv means."""
+    plain = {k: v for k, v in attrs.items() if k not in ("activation", "activation_attrs")}
+    model, feeds = single_node_model("Conv", [x, w, b], plain)
+    (want,) = run_reference(model, feeds)
+    if residual is not None:
+        want = want + residual
+    if activation == "Relu":
+        want = np.maximum(want, 0)
+    elif activation == "Clip":
+        want = np.clip(want, 0.0, 6.0)
+    return want
+
+
 def assert_candidates_match(
     candidates: list, inputs: list[np.ndarray | None], attrs: dict, want: np.ndarray, atol: float
 ) -> None:

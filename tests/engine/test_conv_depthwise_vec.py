@@ -16,7 +16,7 @@ pytest.importorskip("numba")
 from engine import jit  # noqa: E402
 from engine.ops import fused  # noqa: E402
 from engine.ops.conv import conv_depthwise  # noqa: E402
-from tests.engine.helpers import run_reference, single_node_model  # noqa: E402
+from tests.engine.helpers import fused_conv_reference, laid_out  # noqa: E402
 
 if not jit.enabled():
     pytest.skip("the JIT tier is turned off (FERRY_JIT=0)", allow_module_level=True)
@@ -24,30 +24,6 @@ if not jit.enabled():
 vec = jit.module("engine.ops.conv.depthwise_vec_jit")
 SETTINGS = settings(max_examples=60, deadline=None)
 EDGES = (0.0, -0.0, 1e30, -1e30, 1e-30, 65504.0)
-
-
-def _laid_out(x: np.ndarray, layout: str) -> np.ndarray:
-    if layout == "channels_last":
-        return np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-    if layout == "strided":
-        wide = np.zeros((*x.shape[:3], 2 * x.shape[3]), x.dtype)
-        wide[..., ::2] = x
-        return wide[..., ::2]
-    return x
-
-
-def _expected(x, w, b, residual, attrs, activation):  # noqa: ANN001, ANN202
-    """onnx's reference Conv, plus the residual, then the activation: what a FusedConv means."""
-    plain = {k: v for k, v in attrs.items() if k not in ("activation", "activation_attrs")}
-    model, feeds = single_node_model("Conv", [x, w, b], plain)
-    (want,) = run_reference(model, feeds)
-    if residual is not None:
-        want = want + residual
-    if activation == "Relu":
-        want = np.maximum(want, 0)
-    elif activation == "Clip":
-        want = np.clip(want, 0.0, 6.0)
-    return want
 
 
 @st.composite
@@ -88,10 +64,10 @@ def test_vec_depthwise_matches_numpy_and_the_reference(case, activation, layout,
     if with_residual:
         shape = conv_depthwise([x, w, b], attrs)[0].shape
         residual = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
-        inputs.append(_laid_out(residual, residual_layout))
-    want = _expected(x, w, b, residual, attrs, activation)
+        inputs.append(laid_out(residual, residual_layout))
+    want = fused_conv_reference(x, w, b, residual, attrs, activation)
     numpy_result = fused.with_activation(conv_depthwise)(inputs, attrs)[0]
-    got = fused.with_activation(vec.conv_depthwise_jit_vec)([_laid_out(x, layout), *inputs[1:]], attrs)[0]
+    got = fused.with_activation(vec.conv_depthwise_jit_vec)([laid_out(x, layout), *inputs[1:]], attrs)[0]
     assert got.shape == want.shape and got.dtype == np.float32
     # a huge input makes huge sums: the tolerance scales with the largest input
     scale = max(1.0, float(np.abs(x).max()))

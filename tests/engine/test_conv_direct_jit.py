@@ -16,7 +16,7 @@ pytest.importorskip("numba")
 from engine import jit  # noqa: E402
 from engine.ops import fused  # noqa: E402
 from engine.ops.conv import conv_im2col  # noqa: E402
-from tests.engine.helpers import run_reference, single_node_model  # noqa: E402
+from tests.engine.helpers import fused_conv_reference, laid_out  # noqa: E402
 
 if not jit.enabled():
     pytest.skip("the JIT tier is turned off (FERRY_JIT=0)", allow_module_level=True)
@@ -26,29 +26,6 @@ SETTINGS = settings(max_examples=60, deadline=None)
 EDGES = (0.0, -0.0, 1e30, -1e30, 1e-30, 65504.0)
 KERNELS = {"nchw": direct.conv_direct_jit, "hwc": direct.conv_direct_jit_hwc}
 PACKS = {"nchw": direct.pack_nchw, "hwc": direct.pack_columns}
-
-
-def _laid_out(x: np.ndarray, layout: str) -> np.ndarray:
-    if layout == "channels_last":
-        return np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-    if layout == "strided":
-        wide = np.zeros((*x.shape[:3], 2 * x.shape[3]), x.dtype)
-        wide[..., ::2] = x
-        return wide[..., ::2]
-    return x
-
-
-def _expected(x, w, b, residual, attrs, activation):  # noqa: ANN001, ANN202
-    plain = {k: v for k, v in attrs.items() if k not in ("activation", "activation_attrs")}
-    model, feeds = single_node_model("Conv", [x, w, b], plain)
-    (want,) = run_reference(model, feeds)
-    if residual is not None:
-        want = want + residual
-    if activation == "Relu":
-        want = np.maximum(want, 0)
-    elif activation == "Clip":
-        want = np.clip(want, 0.0, 6.0)
-    return want
 
 
 @st.composite
@@ -96,11 +73,11 @@ def test_direct_matches_numpy_and_the_reference(case, activation, layout, form, 
     if with_residual:
         shape = conv_im2col([x, w, b], attrs)[0].shape
         residual = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
-        inputs.append(_laid_out(residual, layout))
-    want = _expected(x, w, b, residual, attrs, activation)
+        inputs.append(laid_out(residual, layout))
+    want = fused_conv_reference(x, w, b, residual, attrs, activation)
     numpy_result = fused.with_activation(conv_im2col)(inputs, attrs)[0]
     weights = PACKS[form](w) if prepacked else w
-    got = fused.with_activation(KERNELS[form])([_laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
+    got = fused.with_activation(KERNELS[form])([laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
     assert got.shape == want.shape and got.dtype == np.float32
     scale = max(1.0, float(np.abs(x).max())) * np.sqrt(w[0].size)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)

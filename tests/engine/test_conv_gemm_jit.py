@@ -17,11 +17,11 @@ from engine import jit, kernels  # noqa: E402
 from engine.ops import fused  # noqa: E402
 from engine.ops.conv import conv_1x1, conv_im2col  # noqa: E402
 from engine.planner import memory_order  # noqa: E402
+from tests.engine.helpers import laid_out  # noqa: E402
 from tests.engine.test_conv_jit_chain import (  # noqa: E402
     ACTIVATIONS,
     LAYOUTS,
     _fused_expected,
-    _laid_out,
     _with_activation,
     pointwise_cases,
 )
@@ -134,9 +134,9 @@ def test_1x1_gemm_matches_numpy_and_the_reference(case, activation, layout, resi
     inputs = [x, w, b] + ([residual] if residual is not None else [])
     want = _fused_expected(inputs, attrs, activation)
     numpy_result = fused.with_activation(conv_1x1)(inputs, attrs)[0]
-    laid = [_laid_out(x, layout), w, b]
+    laid = [laid_out(x, layout), w, b]
     if residual is not None:
-        laid.append(_laid_out(residual, residual_layout))
+        laid.append(laid_out(residual, residual_layout))
     kernel = fused.with_activation(gemm_jit.conv_1x1_gemm)
     for weights in (w, gemm_jit.pack_pointwise(w)):
         for threads in (1, 2):
@@ -181,7 +181,7 @@ def test_im2col_gemm_matches_numpy_and_the_reference(case, activation, layout):
     for weights in (w, gemm_jit.pack_columns(w)):
         for threads in (1, 2):
             with jit.thread_limit(threads):
-                got = kernel([_laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
+                got = kernel([laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
             assert got.shape == want.shape and got.dtype == np.float32
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
             np.testing.assert_allclose(got, numpy_result, rtol=1e-5, atol=1e-4)
@@ -264,7 +264,7 @@ def test_winograd_on_the_gemm_matches_numpy_and_the_reference(case, activation, 
         kernel = fused.with_activation(inner)
         for weights in (w, inner.pack([x, w], attrs)[1]):
             with jit.thread_limit(threads):
-                got = kernel([_laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
+                got = kernel([laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
             assert got.shape == want.shape and got.dtype == np.float32
             # Winograd's transforms round at the size of the sum of |x|·|w| over a window, which
             # edge values (all ±0.5, 0.75) make far larger than the output: F(4x4) loses ~1e-5 of it
@@ -287,10 +287,10 @@ def test_winograd_on_the_gemm_falls_back_off_its_shapes():
 def test_1x1_gemm_on_two_threads_matches_one():
     """Past MIN_PARALLEL_MACS the 1x1 conv runs its items on the pool, blocks cut for threads."""
     rng = np.random.default_rng(7)
-    x = _laid_out(rng.standard_normal((1, 64, 40, 40)).astype(np.float32), "channels_last")
+    x = laid_out(rng.standard_normal((1, 64, 40, 40)).astype(np.float32), "channels_last")
     w = rng.standard_normal((96, 64, 1, 1)).astype(np.float32)
     b = rng.standard_normal(96).astype(np.float32)
-    residual = _laid_out(rng.standard_normal((1, 96, 40, 40)).astype(np.float32), "channels_last")
+    residual = laid_out(rng.standard_normal((1, 96, 40, 40)).astype(np.float32), "channels_last")
     attrs = _with_activation({"group": 1, "kernel_shape": [1, 1]}, "Clip")
     kernel = fused.with_activation(gemm_jit.conv_1x1_gemm)
     serial = kernel([x, gemm_jit.pack_pointwise(w), b, residual], attrs)[0]

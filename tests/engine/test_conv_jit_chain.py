@@ -19,7 +19,7 @@ from engine.ops import fused  # noqa: E402
 from engine.ops.conv import conv_1x1, conv_depthwise, conv_im2col  # noqa: E402
 from engine.planner import memory_order  # noqa: E402
 from engine.search import KernelSearch  # noqa: E402
-from tests.engine.helpers import assert_same, run_engine, run_reference, single_node_model  # noqa: E402
+from tests.engine.helpers import assert_same, laid_out, run_engine, run_reference, single_node_model  # noqa: E402
 
 if not jit.enabled():
     pytest.skip("the JIT tier is turned off (FERRY_JIT=0)", allow_module_level=True)
@@ -30,16 +30,6 @@ depthwise_jit = jit.module("engine.ops.conv.depthwise_jit")
 SETTINGS = settings(max_examples=40, deadline=None)
 LAYOUTS = ("nchw", "channels_last", "strided")
 ACTIVATIONS = (None, "Relu", "Clip")
-
-
-def _laid_out(x: np.ndarray, layout: str) -> np.ndarray:
-    if layout == "channels_last":
-        return np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-    if layout == "strided":
-        wide = np.zeros((*x.shape[:3], 2 * x.shape[3]), x.dtype)
-        wide[..., ::2] = x
-        return wide[..., ::2]
-    return x
 
 
 def _with_activation(attrs: dict, activation: str | None) -> dict:
@@ -91,9 +81,9 @@ def test_pointwise_jit_matches_numpy_and_the_reference(case, activation, layout,
     inputs = [x, w, b] + ([residual] if residual is not None else [])
     want = _fused_expected(inputs, attrs, activation)
     numpy_result = fused.with_activation(conv_1x1)(inputs, attrs)[0]
-    laid = [_laid_out(x, layout), w, b]
+    laid = [laid_out(x, layout), w, b]
     if residual is not None:
-        laid.append(_laid_out(residual, residual_layout))
+        laid.append(laid_out(residual, residual_layout))
     kernel = fused.with_activation(pointwise_jit.conv_1x1_jit)
     for weights in (w, pointwise_jit.pack_pointwise(w)):
         got = kernel([laid[0], weights, *laid[2:]], attrs)[0]
@@ -153,7 +143,7 @@ def test_im2col_jit_matches_numpy_and_the_reference(case, activation, layout):
     numpy_result = fused.with_activation(conv_im2col)(inputs, attrs)[0]
     kernel = fused.with_activation(im2col_jit.conv_im2col_jit)
     for weights in (w, im2col_jit.pack_columns(w)):
-        got = kernel([_laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
+        got = kernel([laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
         assert got.shape == want.shape and got.dtype == np.float32
         tolerance = 1e-5 * x.shape[1] * w.shape[2] * w.shape[3]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=tolerance)
@@ -195,11 +185,11 @@ def test_depthwise_nhwc_register_path_matches_numpy_and_the_reference(case, acti
     inputs = [x, w, b]
     if with_residual:
         shape = conv_depthwise([x, w, b], attrs)[0].shape
-        inputs.append(_laid_out(np.random.default_rng(10).standard_normal(shape).astype(np.float32), layout))
+        inputs.append(laid_out(np.random.default_rng(10).standard_normal(shape).astype(np.float32), layout))
     want = _fused_expected([x, w, b, *(np.ascontiguousarray(r) for r in inputs[3:])], attrs, activation)
     numpy_result = fused.with_activation(conv_depthwise)(inputs, attrs)[0]
     got = fused.with_activation(depthwise_jit.conv_depthwise_jit_nhwc)(
-        [_laid_out(x, layout), *inputs[1:]], attrs
+        [laid_out(x, layout), *inputs[1:]], attrs
     )[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, numpy_result, rtol=1e-5, atol=1e-5)
@@ -303,9 +293,9 @@ def test_a_channels_last_kernel_wins_a_close_call_with_the_jit_tier(tmp_path, mo
 def test_pointwise_jit_parallel_epilogue_on_a_large_output(activation):
     """Outputs above PARALLEL_MIN_ELEMENTS take the parallel epilogue when two threads are allowed."""
     rng = np.random.default_rng(13)
-    x = _laid_out(rng.standard_normal((1, 8, 40, 40)).astype(np.float32), "channels_last")
+    x = laid_out(rng.standard_normal((1, 8, 40, 40)).astype(np.float32), "channels_last")
     w, b = rng.standard_normal((64, 8, 1, 1)).astype(np.float32), rng.standard_normal(64).astype(np.float32)
-    residual = _laid_out(rng.standard_normal((1, 64, 40, 40)).astype(np.float32), "channels_last")
+    residual = laid_out(rng.standard_normal((1, 64, 40, 40)).astype(np.float32), "channels_last")
     attrs = _with_activation({"group": 1, "kernel_shape": [1, 1]}, activation)
     assert pointwise_jit.PARALLEL_MIN_ELEMENTS <= 64 * 40 * 40
     want = fused.with_activation(conv_1x1)([x, w, b, residual], attrs)[0]

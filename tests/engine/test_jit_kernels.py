@@ -19,6 +19,7 @@ from engine.ops import fastmath, fused, quantized  # noqa: E402
 from engine.ops.conv import depthwise  # noqa: E402
 from tests.engine.helpers import (  # noqa: E402
     assert_same,
+    laid_out,
     run_engine,
     run_int8_matmul_reference,
     run_reference,
@@ -34,18 +35,6 @@ rows_jit = jit.module("engine.ops.rows_jit")
 DEPTHWISE = [depthwise_jit.conv_depthwise_jit, depthwise_jit.conv_depthwise_jit_nhwc]
 SETTINGS = settings(max_examples=40, deadline=None)
 LAYOUTS = ("nchw", "channels_last", "strided")
-
-
-def _laid_out(x: np.ndarray, layout: str) -> np.ndarray:
-    """The same values as NCHW, as a channels-last view (what Ferry's channels-last kernels
-    return), or as a strided view of a larger array."""
-    if layout == "channels_last":
-        return np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-    if layout == "strided":
-        wide = np.zeros((*x.shape[:3], 2 * x.shape[3]), x.dtype)
-        wide[..., ::2] = x
-        return wide[..., ::2]
-    return x
 
 
 @st.composite
@@ -73,7 +62,7 @@ def test_depthwise_jit_matches_numpy_and_the_reference(case, layout):
     model, feeds = single_node_model("Conv", inputs, attrs)
     (want,) = run_reference(model, feeds)
     numpy_result = depthwise.conv_depthwise(inputs, attrs)[0]
-    laid = [_laid_out(inputs[0], layout), *inputs[1:]]
+    laid = [laid_out(inputs[0], layout), *inputs[1:]]
     for kernel in DEPTHWISE:
         got = kernel(laid, attrs)[0]
         assert got.shape == want.shape and got.dtype == np.float32
@@ -97,7 +86,7 @@ def test_depthwise_jit_fuses_residual_and_clip_as_the_numpy_form(case, activatio
             0
         ].shape
         extra = np.random.default_rng(1).standard_normal(out_shape).astype(np.float32)
-        inputs = [*inputs, _laid_out(extra, layout)]
+        inputs = [*inputs, laid_out(extra, layout)]
     want = fused.with_activation(depthwise.conv_depthwise)(inputs, attrs)[0]
     for kernel in DEPTHWISE:
         got = fused.with_activation(kernel)(inputs, attrs)[0]
