@@ -48,9 +48,9 @@ LANES = 16  # rows per step: 16 int32 sums in one 512-bit vector
 SUB = 32  # weights per row per step: 16 bytes, 4 lanes' worth of 4 bytes
 TOKENS = 8  # prefill: tokens per weight load (see above)
 
-_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_I16, _I32, _I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _F32, _HALF = ir.FloatType(), ir.HalfType()
-_SUMS, _BYTES = ir.VectorType(_I32, LANES), ir.VectorType(_I8, 4 * LANES)
+_SUMS = ir.VectorType(_I32, LANES)
 _FLOATS = ir.VectorType(_F32, LANES)
 
 
