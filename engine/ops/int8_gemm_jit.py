@@ -43,9 +43,8 @@ VECTORS = 4  # column vectors of a tile (16 int32 lanes each): 64 columns
 COLUMNS = 16 * VECTORS
 
 VNNI = int_dot_ir.VNNI
-_dot, _pointer = int_dot_ir.dot, int_dot_ir.pointer
-_I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-_SUMS, _BYTES = ir.VectorType(_I32, 16), ir.VectorType(_I8, 64)
+_dot, _pointer, _splat = int_dot_ir.dot, int_dot_ir.pointer, int_dot_ir.splat
+_I32, _I64, _SUMS = int_dot_ir.I32, ir.IntType(64), int_dot_ir.SUMS
 
 
 @intrinsic
@@ -70,9 +69,7 @@ def _tile(typingctx, q, q_at, q_stride, w, w_at, steps, sums):  # noqa: ANN001, 
                 row = builder.add(q_at, builder.mul(q_stride, ir.Constant(_I64, r)))
                 at = builder.add(row, builder.mul(loop.index, ir.Constant(_I64, 4)))
                 four = builder.load(_pointer(context, builder, kinds[0], q, at, _I32), align=1)
-                undefined = ir.Constant(_SUMS, ir.Undefined)
-                first = builder.insert_element(undefined, four, ir.Constant(_I32, 0))
-                broadcast = builder.shuffle_vector(first, undefined, ir.Constant(_SUMS, None))
+                broadcast = _splat(builder, four, _SUMS)
                 for v in range(VECTORS):
                     builder.store(_dot(builder, builder.load(acc[r][v]), broadcast, weights[v]), acc[r][v])
         for r in range(ROWS):
@@ -177,8 +174,12 @@ def qdq_matmul_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
         colsum = inputs[5]
     k = q.shape[-1]
     rows = q.size // k if k else 0
-    padded = np.zeros((-(-rows // ROWS) * ROWS, -(-k // 4) * 4), np.uint8)
-    padded[:rows, :k] = q.reshape(rows, k)
+    flat = q.reshape(rows, k)
+    if rows % ROWS == 0 and k % 4 == 0 and flat.flags.c_contiguous:
+        padded = flat  # whole tiles already: no padded copy
+    else:
+        padded = np.zeros((-(-rows // ROWS) * ROWS, -(-k // 4) * 4), np.uint8)
+        padded[:rows, :k] = flat
     out = gemm(padded, w, colsum, a_scale, a_zero, w_scale, bias, rows)
     n = out.shape[1]
     return [apply_activation(out, attrs).reshape((*q.shape[:-1], n))]
