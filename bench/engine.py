@@ -220,7 +220,8 @@ class Runner:
     times: list[float] = field(default_factory=list)
 
     def median_ms(self) -> float:
-        return statistics.median(self.times) * 1e3
+        # nan for a runner left out (--ref-rounds 0): its column prints as nan
+        return statistics.median(self.times) * 1e3 if self.times else float("nan")
 
     def min_ms(self) -> float:
         return min(self.times) * 1e3
