@@ -360,7 +360,8 @@ def gemv_int4_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.nd
         k = half_k * 2
         scratch = np.empty(k, np.int8), np.empty(k // 32, np.int32), np.empty(k // 32, np.float32)
         w, halves = packed.reshape(-1), scale.view(np.uint16).reshape(-1)
-        jit.module("engine.llm.dot_jit").gemv_dot(x, w, halves, block, *scratch, out)
+        dot = jit.module("engine.llm.dot_jit")
+        dot.spread_gemv(dot.gemv_dot, dot.gemv_dot_parallel, x, w, halves, block, *scratch, out)
         return [out]
     if group > 1 and quantized and scale.dtype == np.float16:  # 4 or 8 rows per group
         grouped = packed.reshape(n // group, block // 2, group * half_k * 2 // block)
