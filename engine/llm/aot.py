@@ -112,7 +112,17 @@ def build(timeout: float = 900.0) -> Path:
         subprocess.run(command, check=True, env=env, timeout=timeout, capture_output=True)
         with _lock:
             _loaded.pop(str(target), None)
+    _remove_stale(target)
     return target
+
+
+def _remove_stale(target: Path) -> None:
+    """Delete the extensions (and manifests) of other keys beside ``target``: an engine, numba or
+    CPU change leaves its predecessor's ~10 MB behind otherwise.  A process still running an old
+    one keeps its mapping (Linux frees the file when the last user unmaps it)."""
+    for other in target.parent.glob("ferry_llm_aot_*"):
+        if other.name.split(".")[0] != target.name.split(".")[0]:
+            other.unlink(missing_ok=True)
 
 
 def prepare() -> bool:

@@ -126,3 +126,12 @@ def test_an_extension_for_other_kernel_sources_is_not_used(built: Path, monkeypa
     assert aot.kernels(engine_version="an older engine") is None  # built's file is there, not its
     monkeypatch.setenv("FERRY_LLM_AOT", "0")
     assert aot.kernels() is None  # switched off: never loaded
+
+
+def test_building_removes_the_extensions_of_other_keys(built: Path) -> None:
+    stale = aot.path(engine_version="an older engine")
+    stale.write_bytes(b"an old extension")
+    stale.with_suffix(".json").write_text("{}")
+    assert aot.build() == built
+    assert built.exists() and built.with_suffix(".json").exists()
+    assert not stale.exists() and not stale.with_suffix(".json").exists()
