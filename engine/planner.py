@@ -201,16 +201,18 @@ def build(
     choose: Any,
     after_node: Callable[[], None] | None = None,
     use_jit: bool = False,
+    shared: dict[str, np.ndarray] | None = None,
 ) -> Built:
     """The planned steps for one signature; ``choose(step, index, record)`` picks a node's kernel.
 
     ``after_node()`` is called after each node whose kernel was measured or whose weights
     were packed (the session drops weight pages from memory there, to keep the peak low);
-    ``use_jit``: the session's JIT tier is on (fused nodes get JIT kernels)."""
+    ``use_jit``: the session's JIT tier is on (fused nodes get JIT kernels); ``shared``: another
+    plan's constants, whose packed weights this plan uses where it packs the same ones."""
     outputs = set(program.outputs)
     static = record.static
     steps: list[PlannedStep] = []
-    packed: dict[str, np.ndarray] = {}
+    packed: dict[str, np.ndarray] = dict(shared or {})
     for index, step in enumerate(program.steps):
         if all(not name or name in static for name in step.outputs):
             continue  # folded

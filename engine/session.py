@@ -111,6 +111,9 @@ class Session:
         # per plan (input shapes): each one's runs on ``threads`` and on 1, for the faster
         self._thread_choices: dict[Signature, ThreadChoice] = {}
         self._records: dict[Signature, Record] = {}  # first runs awaiting their plan
+        # a multi-thread session's plans for its runs on one thread, and the records they need
+        self._plans_one = PlanCache()
+        self._records_one: dict[Signature, Record] = {}
         self.jit = jit_tier.enabled() if jit is None else bool(jit) and jit_tier.enabled()
         self._digest = _digest(package.manifest, package.graph)
         self._search = KernelSearch(self._digest, threads, self.jit)
@@ -211,20 +214,12 @@ class Session:
                 # Second run of a signature: plan now (search, packing), so the first result
                 # comes as fast as a plain run and the planning cost lands on the next one.
                 record = self._records.pop(signature)
-                try:
-                    built = planner.build(
-                        self._program,
-                        record,
-                        lambda step, index, rec: self._choose_kernel(step, index, rec, search),
-                        after_node=lambda: release_pages(self._weights),
-                        use_jit=self.jit,
-                    )
-                except Exception:  # noqa: BLE001 - planning is an optimisation: never fail a run over it
-                    built = planner.unoptimized(self._program, record)
-                search.save()
-                plan = Plan(signature, tuple(built.steps), built.constants)
+                plan = self._plan(signature, record, search)
                 self._plans.put(plan)
-                release_pages(self._weights)  # weights now pre-packed are never read again
+                if threads > 1:  # for its runs on one thread (``_one_thread_plan``)
+                    self._records_one[signature] = record
+                    while len(self._records_one) > self._plans.capacity:
+                        self._records_one.pop(next(iter(self._records_one)))
             if plan is None or debug.enabled():
                 # The first run of a signature (or a FERRY_DEBUG run) goes node by node and
                 # records what the plan needs; every later run executes the plan.
@@ -238,12 +233,49 @@ class Session:
                 env = _execute_plan(plan, self._program.constants, arrays, on_node)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}
 
+    def _plan(
+        self, signature: Signature, record: Record, search: KernelSearch, shared: dict | None = None
+    ) -> Plan:
+        """A signature's plan from its recorded run, kernels chosen by ``search``."""
+        try:
+            built = planner.build(
+                self._program,
+                record,
+                lambda step, index, rec: self._choose_kernel(step, index, rec, search),
+                after_node=lambda: release_pages(self._weights),
+                use_jit=self.jit,
+                shared=shared,
+            )
+        except Exception:  # noqa: BLE001 - planning is an optimisation: never fail a run over it
+            built = planner.unoptimized(self._program, record)
+        search.save()
+        release_pages(self._weights)  # weights now pre-packed are never read again
+        return Plan(signature, tuple(built.steps), built.constants)
+
+    def _one_thread_plan(self, plan: Plan) -> Plan:
+        """The plan for a multi-thread session's runs on one thread (``ThreadChoice``): kernels
+        measured on one thread, since those chosen for several can be slower alone (MobileNetV2:
+        1.16x), packed weights shared with ``plan`` where both pack them alike; built on the
+        first such run (before it is timed), ``plan`` itself once its record is gone."""
+        found = self._plans_one.get(plan.signature)
+        record = self._records_one.pop(plan.signature, None)
+        if found is not None or record is None:
+            return found or plan
+        if self._part_search is None:
+            self._part_search = KernelSearch(self._digest, 1, self.jit)
+        with _threadpools().limit(limits=1), jit_tier.thread_limit(1):
+            found = self._plan(plan.signature, record, self._part_search, shared=plan.constants)
+        self._plans_one.put(found)
+        return found
+
     def _run_plan(
         self, plan: Plan, arrays: dict[str, np.ndarray], feeds: Mapping[str, np.ndarray], threads: int
     ) -> dict[str, np.ndarray]:
         """A planned run on the thread count its ``ThreadChoice`` picks, timed for it."""
         choice = self._thread_choice(plan.signature, threads)
         threads = choice.pick()
+        if threads == 1 and self.threads > 1:
+            plan = self._one_thread_plan(plan)
         start = time.perf_counter()
         with _threadpools().limit(limits=threads), jit_tier.thread_limit(threads):
             env = _execute_plan(plan, self._program.constants, arrays, None)

@@ -64,3 +64,22 @@ def test_a_two_thread_session_gives_the_same_results_on_either_count(tmp_path):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     (choice,) = session._thread_choices.values()  # one plan: one input shape
     assert all(len(choice.times[n]) >= pt.FIRST_SAMPLES for n in (2, 1))
+
+
+def test_the_runs_on_one_thread_use_kernels_measured_on_one_thread(tmp_path, monkeypatch):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 8, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    model, feeds = single_node_model("Conv", [x, w], {"pads": [1, 1, 1, 1]})
+    monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path / "kernels"))
+    session = Session(write_model_package(model, tmp_path / "m.ferry", feeds), threads=2)
+    want = run_reference(model, feeds)[0]
+    for _ in range(2 + 2 * pt.FIRST_SAMPLES):  # record, plan, then both counts sampled
+        np.testing.assert_allclose(next(iter(session.run(feeds).values())), want, rtol=1e-4, atol=1e-4)
+    (signature,) = session._thread_choices
+    two, one = session._plans.get(signature), session._plans_one.get(signature)
+    assert one is not None and one is not two and not session._records_one  # built, record dropped
+    assert session._search.threads == 2 and session._part_search.threads == 1  # each its own search
+    for name, value in one.constants.items():  # packed for the same kernel: the very same array
+        if "@" in name and name in two.constants:
+            assert value is two.constants[name]
