@@ -116,6 +116,12 @@ def parser() -> argparse.ArgumentParser:
         help="keep the KV cache as int8 (per head and position scales): ~3.8x less cache memory, "
         "a small accuracy cost (README, LLM section); default: the package's choice, else fp32",
     )
+    serve_llm.add_argument(
+        "--threads",
+        type=_positive,
+        default=None,
+        help="cores a request's kernels may use (default: FERRY_LLM_THREADS, else 1)",
+    )
     serve_llm.add_argument("--log-level", default="INFO")
     status = sub.add_parser("status", help="print what the agent's state directory says, as JSON")
     status.add_argument("--state-dir", type=Path, required=True)
@@ -219,11 +225,19 @@ def _serve_llm(args: argparse.Namespace) -> int:
             queue_bound=max(args.queue, 0),
             adapters=_adapters(args.adapter),
             kv_cache="int8" if args.kv_int8 else None,
+            threads=args.threads,
         )
     except (PackageError, LlmError, OSError) as exc:
         logging.getLogger("serve-llm").error("%s", exc)
         return 2
     return 0
+
+
+def _positive(value: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    if not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {value!r}")
+    return int(value)
 
 
 def _adapters(values: list[str]) -> dict[str, Path]:

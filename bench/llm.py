@@ -198,14 +198,13 @@ def _peak_rss_mb() -> float:
 
 def ferry_child(package: Path, threads: int, prompt: dict, decode: int) -> dict:
     """Map, prefill, decode; tok/s, peak RSS and one decode step's GEMVs by matrix."""
-    from threadpoolctl import threadpool_limits  # noqa: PLC0415
-
     from engine import jit  # noqa: PLC0415
     from engine.llm import aot  # noqa: PLC0415
     from engine.llm.package import load_model  # noqa: PLC0415
+    from engine.llm.threads import running_on  # noqa: PLC0415
     from engine.llm.weights import gemv_kernel  # noqa: PLC0415
 
-    with threadpool_limits(threads), jit.thread_limit(threads):
+    with running_on(threads):  # as the chat API runs a request (serve-llm --threads)
         model = load_model(package)
         for op in ("LlmGemvInt4", "LlmGemvInt8"):
             gemv_kernel(op)  # compile or load the JIT kernels before timing

@@ -31,6 +31,7 @@ from agent.llm_api.template import ChatTemplate, TemplateError
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_QUEUE_BOUND = 8
 KV_CACHE_ENV = "FERRY_LLM_KV_CACHE"
+THREADS_ENV = "FERRY_LLM_THREADS"  # the cores a request may use (serve-llm: --threads)
 
 
 def package_kind(directory: Path) -> str | None:
@@ -143,8 +144,11 @@ class LlmService:
         queue_bound: int = DEFAULT_QUEUE_BOUND,
         adapters: dict[str, Path] | None = None,
         kv_cache: str | None = None,
+        threads: int | None = None,
     ) -> None:
-        """``kv_cache``: "fp32" or "int8" (None: the package's, else the environment's; see above)."""
+        """``kv_cache``: "fp32" or "int8" (None: the package's, else the environment's; see above);
+        ``threads``: the cores a request's kernels may use (engine/llm/threads.py; None:
+        ``FERRY_LLM_THREADS``, else 1)."""
         from engine.llm import aot  # noqa: PLC0415
         from engine.llm.package import load_model  # noqa: PLC0415 - numpy only when an LLM runs
         from engine.llm.tokenizer import LlmTokenizer  # noqa: PLC0415
@@ -152,6 +156,14 @@ class LlmService:
         # activation: with FERRY_LLM_AOT=1, compile the kernels ahead of time in a subprocess
         # (once per engine, numba and CPU) so serving never imports numba/LLVM (engine/llm/aot.py)
         aot.prepare()
+        threads = _configured_threads() if threads is None else threads
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, not {threads}")
+        self.threads = threads
+        if threads > 1:
+            from engine.llm import threads as llm_threads  # noqa: PLC0415
+
+            llm_threads.prepare(threads)  # parallel kernels compiled now, not in a request
         self.directory = Path(directory)
         self.model = load_model(self.directory)
         self.tokenizer = LlmTokenizer.from_directory(self.directory)
@@ -184,7 +196,7 @@ class LlmService:
         if kind not in KINDS:
             raise ValueError(f"KV cache {kind!r} is not one of {', '.join(KINDS)}")
         with self._running:
-            self.generator = Generator(self.model, self.tokenizer, kv_cache=kind)
+            self.generator = Generator(self.model, self.tokenizer, kv_cache=kind, threads=self.threads)
         self.kv_cache = kind
 
     def _stop_tokens(self, config: dict[str, Any]) -> list[int]:
@@ -332,6 +344,16 @@ class LlmService:
         with self._figures_lock:
             figures, self._figures = self._figures, Figures()
         return figures.summary()
+
+
+def _configured_threads() -> int:
+    """``FERRY_LLM_THREADS`` (a whole number of at least 1), else 1."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return 1
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{THREADS_ENV} must be a whole number of at least 1, not {value!r}")
+    return int(value)
 
 
 def _configured_kv_cache(directory: Path) -> str:

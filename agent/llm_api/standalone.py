@@ -107,10 +107,12 @@ def serve(
     queue_bound: int = 8,
     adapters: dict[str, Path] | None = None,
     kv_cache: str | None = None,
+    threads: int | None = None,
 ) -> None:
     """Load the package (and its LoRA ``adapters``, by model name) and serve it until
     interrupted (SIGINT or SIGTERM).  An adapter made for another base is refused.
-    ``kv_cache``: "int8" or "fp32" (None: the package's choice, see agent/llm_api/service.py)."""
+    ``kv_cache``: "int8" or "fp32" (None: the package's choice, see agent/llm_api/service.py);
+    ``threads``: the cores a request's kernels may use (None: ``FERRY_LLM_THREADS``, else 1)."""
     from agent.llm_api.server import LlmApiServer  # noqa: PLC0415
     from agent.llm_api.service import LlmService  # noqa: PLC0415
 
@@ -128,6 +130,7 @@ def serve(
                 queue_bound=queue_bound,
                 adapters=found,
                 kv_cache=kv_cache,
+                threads=threads,
             )
         except ValueError as exc:
             raise PackageError(str(exc)) from exc

@@ -21,6 +21,7 @@ from engine.llm.errors import ContextLimitError
 from engine.llm.lora import LoraAdapter
 from engine.llm.model import LlmModel
 from engine.llm.sampler import Sampler, SamplingOptions
+from engine.llm.threads import running_on
 from engine.llm.tokenizer import LlmTokenizer
 
 
@@ -141,10 +142,17 @@ class Generator:
     Not thread-safe: one request at a time (the chat service's lock)."""
 
     def __init__(
-        self, model: LlmModel, tokenizer: LlmTokenizer, context: int | None = None, kv_cache: str = "fp32"
+        self,
+        model: LlmModel,
+        tokenizer: LlmTokenizer,
+        context: int | None = None,
+        kv_cache: str = "fp32",
+        threads: int = 1,
     ) -> None:
+        """``threads``: what the kernels may use (engine/llm/threads.py)."""
         self.model, self.tokenizer = model, tokenizer
         self.cache = model.new_cache(context, kv_cache)
+        self.threads = threads
         self._adapter: LoraAdapter | None = None
 
     def generate(
@@ -155,7 +163,10 @@ class Generator:
             self.cache.reset()
             self._adapter = adapter
         model, tokenizer, cache = self.model, self.tokenizer, self.cache
-        return generate(model, tokenizer, prompt, cache=cache, adapter=adapter, reuse_prefix=True, **options)
+        with running_on(self.threads):
+            return generate(
+                model, tokenizer, prompt, cache=cache, adapter=adapter, reuse_prefix=True, **options
+            )
 
 
 def _first_stop(text: str, stop: Sequence[str]) -> int | None:
