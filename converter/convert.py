@@ -103,10 +103,11 @@ def convert(
     ``calibration`` and int8/int4 weights) adds post-training static int8 activations: the
     ranges seen on the calibration samples, as QuantizeLinear/DequantizeLinear pairs on the
     input of each quantized layer (see converter.calibrate); "dynamic" (no calibration needed)
-    puts DynamicQuantizeLinear/DequantizeLinear pairs there instead, ranges computed per run.  ``limits`` caps model and tensor
-    sizes (default: from the environment, see converter.limits).  ``options`` holds all of
-    these at once (a ConversionOptions, e.g. from ``ConversionOptions.from_dict``) instead of
-    the separate arguments; bad options raise InvalidOptionsError naming the option.
+    puts DynamicQuantizeLinear/DequantizeLinear pairs there instead, ranges computed per run.
+    ``limits`` caps model and tensor sizes (default: from the environment, see
+    converter.limits).  ``options`` holds all of these at once (a ConversionOptions, e.g. from
+    ``ConversionOptions.from_dict``) instead of the separate arguments; bad options raise
+    InvalidOptionsError naming the option.
 
     The package holds self-test vectors (metadata "selftest") and metadata keys
     source_sha256, source_opset, producer, converter_version, quantize, dynamic_inputs and

@@ -66,7 +66,7 @@ def fuse_qdq(
         steps[position] = replace(step, op=op, kernel=kernel, attrs=attrs, inputs=inputs, note=note)
     still_read = {name for step in steps for name in step.inputs if name} | keep
     steps = [s for s in steps if not (s.op == "DequantizeLinear" and s.outputs[0] in fused - still_read)]
-    return _dynamic_kernels(steps) if use_jit and fused else steps
+    return _dynamic_kernels(steps) if use_jit else steps
 
 
 def _dynamic_parameters(steps: list) -> dict[str, np.ndarray]:
@@ -81,16 +81,13 @@ def _dynamic_parameters(steps: list) -> dict[str, np.ndarray]:
 
 
 def _dynamic_kernels(steps: list) -> list:
-    """Each DynamicQuantizeLinear whose values an integer kernel reads on its JIT kernel (range
-    and quantize in two passes, keeping x's memory order: a conv's channels-last result stays so)."""
-    integer = {step.inputs[0] for step in steps if step.op in ("QdqMatMul", "QdqConv")}
+    """Each DynamicQuantizeLinear on the JIT kernel: range and quantize in two passes, in x's
+    memory order (a conv's channels-last result stays so for the integer conv reading it); also
+    where the pair stays unfused (a conv too narrow for the integer GEMM), numpy's takes seven."""
+    if not any(step.op == "DynamicQuantizeLinear" for step in steps):
+        return steps  # the module is not imported for nothing
     kernel = jit.module("engine.ops.int8_gemm_jit").dynamic_quantize_linear_jit
-    return [
-        replace(step, kernel=kernel)
-        if step.op == "DynamicQuantizeLinear" and step.outputs and step.outputs[0] in integer
-        else step
-        for step in steps
-    ]
+    return [replace(step, kernel=kernel) if step.op == "DynamicQuantizeLinear" else step for step in steps]
 
 
 def _fused_inputs(step, producer: dict, static: dict[str, np.ndarray]):  # noqa: ANN001, ANN202
