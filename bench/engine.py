@@ -276,8 +276,9 @@ def ort_runner(name: str, onnx_path: Path, feeds: dict, threads: int, rounds: in
 def convert_package(
     onnx_path: Path, out_dir: Path, quantize: str | None = None, feeds: dict | None = None
 ) -> Path | None:
-    """``quantize``: None, "int8", "int4", or "int8a": int8 weights and static int8 activations
-    calibrated (min/max) on ``feeds``, the bench's own inputs."""
+    """``quantize``: None, "int8", "int4", "int8a": int8 weights and static int8 activations
+    calibrated (min/max) on ``feeds``, the bench's own inputs, or "int8d": int8 weights and
+    dynamic int8 activations (DynamicQuantizeLinear, no calibration)."""
     from converter import convert
     from converter.errors import ConversionError
 
@@ -285,12 +286,31 @@ def convert_package(
     options: dict = {"quantize": quantize}
     if quantize == "int8a":
         options = {"quantize": "int8", "activations": "minmax", "calibration": feeds}
+    if quantize == "int8d":
+        options = {"quantize": "int8", "activations": "dynamic"}
     try:
         convert(onnx_path, package, **options)
     except ConversionError as exc:
         print(f"  {onnx_path.stem} {quantize}: not converted ({exc})", file=sys.stderr)
         return None
     return package
+
+
+def ort_dynamic_model(onnx_path: Path, out_dir: Path) -> Path | None:
+    """onnxruntime's own dynamic int8 form of the model (quantize_dynamic: int8 weights,
+    DynamicQuantizeLinear activations), the peer of Ferry's int8d package; None if onnxruntime
+    cannot make or run it."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    target = out_dir / f"{onnx_path.stem}-ort-int8d.onnx"
+    try:
+        quantize_dynamic(onnx_path, target, weight_type=QuantType.QInt8)
+        ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - any failure: that peer is left out
+        print(f"  {onnx_path.stem}: onnxruntime quantize_dynamic failed ({exc})", file=sys.stderr)
+        return None
+    return target
 
 
 def bench_model(
@@ -307,6 +327,8 @@ def bench_model(
     variants = [("fp32", package)] + [(q, convert_package(onnx_path, out_dir, q, feeds)) for q in quantized]
     ort1, ort_session = ort_runner("ort1", onnx_path, feeds, 1, rounds)
     ort2, _ = ort_runner("ort2", onnx_path, feeds, 2, rounds)
+    ort_dynamic = ort_dynamic_model(onnx_path, out_dir) if "int8d" in quantized else None
+    ort1d = ort_runner("ort1-int8d", ort_dynamic, feeds, 1, rounds)[0] if ort_dynamic else None
     reference = ReferenceEvaluator(str(onnx_path))
     ref = Runner("ref", one_blas_thread(lambda: reference.run(None, feeds)), ref_rounds)
     ferry: dict[tuple[str, str, int], Runner] = {}
@@ -320,7 +342,8 @@ def bench_model(
     # 1-thread and 2-thread runtimes in separate phases, with a pause before each 2-thread
     # run: idle pool threads of a 2-thread session (onnxruntime's, OpenBLAS's, numba's) spin for
     # a while after each run and would starve whatever runs next on a 2-core machine.
-    interleave([*(r for k, r in ferry.items() if k[2] == 1), ort1, ref], rounds)
+    peers = [ort1, ref] + ([ort1d] if ort1d is not None else [])
+    interleave([*(r for k, r in ferry.items() if k[2] == 1), *peers], rounds)
     interleave([*(r for k, r in ferry.items() if k[2] == 2), ort2], rounds, settle=0.05)
 
     expected = ort_session.run(None, feeds)
@@ -357,6 +380,7 @@ def bench_model(
                 "rss_numpy": fresh_numpy["peak_rss_mb"],
                 "rss_stages": {k: v for k, v in fresh.items() if k.startswith("rss_")},
                 "rel_diff": diff,
+                **({"ort1_own": ort1d.median_ms()} if label == "int8d" and ort1d is not None else {}),
             }
         )
     return rows
@@ -410,9 +434,21 @@ def variant_notes(rows: list[dict]) -> list[str]:
             f"{base['jit1'][0] / r['jit1'][0]:.2f}x faster than Ferry fp32 (numpy-only "
             f"{base['numpy1'] / r['numpy1']:.2f}x), "
             f"peak RSS {r['rss'][0]:.0f} MB = {100 * r['rss'][0] / base['rss'][0]:.0f}% of Ferry fp32's"
+            + _own_peer(r)
         )
         notes.extend(f"  {label}: {_rss_growth(row)}" for label, row in (("fp32", base), (r["variant"], r)))
     return notes
+
+
+def _own_peer(row: dict) -> str:
+    """onnxruntime on its quantize_dynamic of the model (int8d rows), when it ran."""
+    if "ort1_own" not in row:
+        return ""
+    own = row["ort1_own"]
+    return (
+        f"; onnxruntime quantize_dynamic {own:.1f} ms = {row['ort1'][0] / own:.2f}x faster than its fp32, "
+        f"Ferry int8d JIT / it {row['jit1'][0] / own:.2f}"
+    )
 
 
 def _rss_growth(row: dict) -> str:
@@ -479,7 +515,8 @@ def main() -> None:
         "--quantized",
         default="int8,int8a",
         help="quantized packages to time beside fp32: int8, int4, int8a (int8 weights and static int8 "
-        "activations calibrated on the bench's inputs), several comma-separated, or none",
+        "activations calibrated on the bench's inputs), int8d (int8 weights and dynamic int8 "
+        "activations, also timed against onnxruntime's quantize_dynamic), several comma-separated, or none",
     )
     parser.add_argument(
         "--child", nargs=4, metavar=("RUNTIME", "PATH", "FEEDS", "THREADS"), help=argparse.SUPPRESS

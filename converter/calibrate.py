@@ -8,6 +8,9 @@ report shows their cost) rather than speeding anything up.
 
 Ranges per tensor, asymmetric uint8: ``minmax`` takes the smallest and largest value seen;
 ``percentile`` the 0.01th and 99.99th percentiles, so a few outliers do not stretch the scale.
+
+``dynamic`` needs no calibration: the same inputs get DynamicQuantizeLinear -> DequantizeLinear
+(onnxruntime's quantize_dynamic form), so each run quantizes with its own values' range.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import numpy as np
 
 from converter.translate import FerryGraph
 
-METHODS = ("minmax", "percentile")
+METHODS = ("minmax", "percentile")  # static: ranges from calibration samples
+DYNAMIC = "dynamic"  # ranges from each run's own values
+MODES = (*METHODS, DYNAMIC)
 PERCENTILE = 99.99
 QUANTIZED_READERS = {"QMatMul": 0, "Conv": 0, "FusedConv": 0}
 Runner = Callable[[FerryGraph, list[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]]
@@ -73,7 +78,6 @@ def insert_qdq(graph: FerryGraph, ranges: dict[str, tuple[float, float]]) -> Fer
     """QuantizeLinear -> DequantizeLinear (uint8, per tensor) on each value, right after it is
     produced; its readers among the quantized nodes read the dequantized copy."""
     tensors = dict(graph.tensors)
-    renamed: dict[str, str] = {}
     pairs: dict[str, list[dict[str, Any]]] = {}
     for value, (low, high) in sorted(ranges.items()):
         scale = np.float32((high - low) / 255.0 or 1.0)
@@ -85,10 +89,30 @@ def insert_qdq(graph: FerryGraph, ranges: dict[str, tuple[float, float]]) -> Fer
             _node(f"{value}/quantize", "QuantizeLinear", [value, *params], [quantized]),
             _node(f"{value}/dequantize", "DequantizeLinear", [quantized, *params], [dequantized]),
         ]
-        renamed[value] = dequantized
+    return _rewired(FerryGraph(**{**graph.__dict__, "tensors": tensors}), pairs)
+
+
+def insert_dynamic(graph: FerryGraph, values: list[str]) -> FerryGraph:
+    """DynamicQuantizeLinear -> DequantizeLinear on each value (scale and zero point computed
+    per run), placed and read like insert_qdq's pairs."""
+    pairs = {}
+    for value in values:
+        quantized, dequantized = f"{value}/act_q", f"{value}/act_dq"
+        params = [f"{value}/act_scale", f"{value}/act_zero"]
+        pairs[value] = [
+            _node(f"{value}/quantize", "DynamicQuantizeLinear", [value], [quantized, *params]),
+            _node(f"{value}/dequantize", "DequantizeLinear", [quantized, *params], [dequantized]),
+        ]
+    return _rewired(graph, pairs)
+
+
+def _rewired(graph: FerryGraph, pairs: dict[str, list[dict[str, Any]]]) -> FerryGraph:
+    """``pairs[value]`` inserted right after ``value`` is produced (first, for a graph input),
+    and the quantized nodes reading ``value`` reading its dequantized copy instead."""
+    renamed = {value: f"{value}/act_dq" for value in pairs}
     nodes: list[dict[str, Any]] = []
     inputs = {spec["name"] for spec in graph.inputs}
-    for value in ranges:
+    for value in pairs:
         if value in inputs:
             nodes.extend(pairs[value])
     for node in graph.nodes:
@@ -100,7 +124,7 @@ def insert_qdq(graph: FerryGraph, ranges: dict[str, tuple[float, float]]) -> Fer
         nodes.append(node)
         for output in node["outputs"]:
             nodes.extend(pairs.get(output, []))
-    return FerryGraph(**{**graph.__dict__, "nodes": nodes, "tensors": tensors})
+    return FerryGraph(**{**graph.__dict__, "nodes": nodes})
 
 
 def _node(name: str, op: str, inputs: list[str], outputs: list[str]) -> dict[str, Any]:

@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument(
         "--activations",
         choices=ACTIVATION_METHODS,
-        help="also quantize activations to int8 (static, ranges from --calibration by this method)",
+        help="also quantize activations to int8: minmax or percentile (static, ranges from --calibration "
+        "by this method) or dynamic (ranges computed per run, no calibration needed)",
     )
     conv.add_argument(
         "--keep-float",
@@ -138,7 +139,9 @@ def _table(report: ConversionReport, dst: Path) -> Table:
             ("size vs float32", f"{report.size_ratio:.1%} ({report.fp32_package_size:,} bytes before)")
         )
     if report.activations:
-        rows.append(("int8 activations", f"{len(report.activation_ranges)} ({report.activations} ranges)"))
+        count = len(report.activation_inputs)
+        how = "ranges per run" if report.activations == "dynamic" else f"{report.activations} ranges"
+        rows.append(("int8 activations", f"{count} ({how})"))
     if report.float_layers:
         rows.append(("kept float32", ", ".join(report.float_layers)))
     if report.accuracy:

@@ -56,8 +56,9 @@ class ConversionReport:
     block_size: int | None = None
     quantized_weights: list[str] = field(default_factory=list)
     float_layers: list[str] = field(default_factory=list)
-    activations: str | None = None  # the calibration method of static int8 activations, if any
-    activation_ranges: dict[str, list[float]] = field(default_factory=dict)
+    activations: str | None = None  # int8 activations: the calibration method, or "dynamic"
+    activation_ranges: dict[str, list[float]] = field(default_factory=dict)  # static ones'
+    activation_inputs: list[str] = field(default_factory=list)  # the values quantized (either kind)
     accuracy: dict[str, Any] | None = None
     passes: list[dict[str, Any]] = field(default_factory=list)
     dynamic_inputs: list[str] = field(default_factory=list)
@@ -101,10 +102,12 @@ def convert(
     float32 until the budget is met.  ``activations`` ("minmax" or "percentile", with
     ``calibration`` and int8/int4 weights) adds post-training static int8 activations: the
     ranges seen on the calibration samples, as QuantizeLinear/DequantizeLinear pairs on the
-    input of each quantized layer (see converter.calibrate).  ``limits`` caps model and tensor
-    sizes (default: from the environment, see converter.limits).  ``options`` holds all of
-    these at once (a ConversionOptions, e.g. from ``ConversionOptions.from_dict``) instead of
-    the separate arguments; bad options raise InvalidOptionsError naming the option.
+    input of each quantized layer (see converter.calibrate); "dynamic" (no calibration needed)
+    puts DynamicQuantizeLinear/DequantizeLinear pairs there instead, ranges computed per run.
+    ``limits`` caps model and tensor sizes (default: from the environment, see
+    converter.limits).  ``options`` holds all of these at once (a ConversionOptions, e.g. from
+    ``ConversionOptions.from_dict``) instead of the separate arguments; bad options raise
+    InvalidOptionsError naming the option.
 
     The package holds self-test vectors (metadata "selftest") and metadata keys
     source_sha256, source_opset, producer, converter_version, quantize, dynamic_inputs and
@@ -227,6 +230,7 @@ class _Reduced:
     outputs: dict[str, Any] = field(default_factory=dict)
     accuracy: dict[str, Any] | None = None
     activation_ranges: dict[str, list[float]] = field(default_factory=dict)
+    activation_inputs: list[str] = field(default_factory=list)
 
 
 def _reduce(
@@ -252,7 +256,8 @@ def _reduce(
         graph, kept = quant.to_fp16(fp32)
         return _Reduced(graph, kept_fp32=kept, outputs=measure(graph))
     ranges: dict[str, tuple[float, float]] = {}
-    if options.activations:
+    dynamic = options.activations == calibrate.DYNAMIC
+    if options.activations and not dynamic:
         say(0.47, f"calibrating int8 activations ({options.activations})")
         everything, _ = quant.quantize_weights(fp32, options.quantize, options.block_size)
         ranges = calibrate.observe(
@@ -261,7 +266,9 @@ def _reduce(
 
     def build(keep: set[str]) -> tuple[FerryGraph, list[quant.QuantizedWeight]]:
         graph, weights = quant.quantize_weights(fp32, options.quantize, options.block_size, frozenset(keep))
-        if ranges:
+        if dynamic:
+            graph = calibrate.insert_dynamic(graph, calibrate.activation_inputs(graph))
+        elif ranges:
             wanted = calibrate.activation_inputs(graph)
             graph = calibrate.insert_qdq(graph, {v: r for v, r in ranges.items() if v in wanted})
         return graph, weights
@@ -282,14 +289,16 @@ def _reduce(
             count = len(ranked) + 1 if count == len(ranked) else min(count * 2, len(ranked))
         keep = trial
         weights = [w for w in weights if w.node not in keep]
+    suffix = "/act_dq"  # insert_qdq's and insert_dynamic's name for the copy layers read
     read = {name for node in graph.nodes for name in node["inputs"]}
-    used = [v for v in ranges if f"{v}/act_dq" in read]  # insert_qdq's name for the copy layers read
+    act_inputs = sorted(name[: -len(suffix)] for name in read if name.endswith(suffix))
     return _Reduced(
         graph,
         quantized=[w.tensor for w in weights],
         float_layers=sorted(keep),
         outputs=outputs,
-        activation_ranges={v: list(ranges[v]) for v in used},
+        activation_ranges={v: list(ranges[v]) for v in act_inputs if v in ranges},
+        activation_inputs=act_inputs,
     )
 
 
@@ -352,6 +361,7 @@ def _report(
         float_layers=reduced.float_layers,
         activations=options.activations,
         activation_ranges=reduced.activation_ranges,
+        activation_inputs=reduced.activation_inputs,
         accuracy=reduced.accuracy,
         dynamic_inputs=[s["name"] for s in graph.inputs if any(isinstance(d, str) for d in s["shape"] or [])],
     )

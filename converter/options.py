@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from converter.calibrate import METHODS as ACTIVATION_METHODS
+from converter.calibrate import DYNAMIC, METHODS
+from converter.calibrate import MODES as ACTIVATION_METHODS
 from converter.errors import ConversionError
 from converter.quantize import BLOCK_SIZES, QUANTIZE_MODES
 
@@ -44,7 +45,7 @@ class ConversionOptions:
     block_size: int = DEFAULT_BLOCK_SIZE
     keep_float: str | tuple[str, ...] | None = None  # "first_last" or node names to keep float32
     accuracy_budget: float | None = None  # minimum cosine similarity of every output vs float32
-    activations: str | None = None  # static int8 activations: the calibration method
+    activations: str | None = None  # int8 activations: a calibration method, or "dynamic"
     calibration: Any = None
 
     def __post_init__(self) -> None:
@@ -145,16 +146,18 @@ def _check_activations(method: Any, quantize: str | None, calibration: Any) -> N
     if method not in ACTIVATION_METHODS:
         raise InvalidOptionsError(
             "activations",
-            f"activations={method!r} is not a calibration method; use one of {ACTIVATION_METHODS}",
+            f"activations={method!r} is not an int8 activation mode; use one of {ACTIVATION_METHODS} "
+            f"({', '.join(METHODS)}: static, calibrated; {DYNAMIC}: ranges computed per run)",
         )
+    kind = "dynamic" if method == DYNAMIC else "static"
     if quantize not in INTEGER_PRECISIONS:
         raise InvalidOptionsError(
             "quantize",
-            f"static int8 activations need quantize='int8' or 'int4' weights (quantize is {quantize!r})",
+            f"{kind} int8 activations need quantize='int8' or 'int4' weights (quantize is {quantize!r})",
         )
-    if calibration is None:
+    if calibration is None and method != DYNAMIC:
         raise InvalidOptionsError(
             "calibration",
             "static int8 activations need calibration samples (calibration=...): "
-            "an .npz or a dict of arrays, one per model input",
+            "an .npz or a dict of arrays, one per model input; or use activations='dynamic'",
         )

@@ -25,6 +25,7 @@ from engine.program import Program, Step
 
 NOTE = "fused QuantizeLinear/DequantizeLinear/{}: integer GEMM"
 CONVS = ("Conv", "FusedConv")
+QUANTIZERS = ("QuantizeLinear", "DynamicQuantizeLinear")
 
 
 def fuse_qdq(
@@ -41,12 +42,13 @@ def fuse_qdq(
     original = {step.name: step for step in program.steps}  # inputs before any packing
     filters = {s.outputs[0]: s for s in program.steps if s.op == "DequantizeLinear" and s.outputs}
     fused: set[str] = set()
+    known = {**static, **_dynamic_parameters(steps)}  # stand-ins for run-time scales: checks only
     for position, step in enumerate(steps):
         if step.op in CONVS and use_jit and step.name in original:
-            found = _fused_conv_inputs(original[step.name], producer, filters, static)
+            found = _fused_conv_inputs(original[step.name], producer, filters, known)
             op, module, name = "QdqConv", "engine.ops.int8_conv_jit", "qdq_conv_jit"
         else:
-            found = _fused_inputs(step, producer, static)
+            found = _fused_inputs(step, producer, known)
             op, module, name = "QdqMatMul", "engine.ops.int8_gemm_jit", "qdq_matmul_jit"
         if found is None:
             continue
@@ -63,7 +65,29 @@ def fuse_qdq(
         note = NOTE.format(step.op)
         steps[position] = replace(step, op=op, kernel=kernel, attrs=attrs, inputs=inputs, note=note)
     still_read = {name for step in steps for name in step.inputs if name} | keep
-    return [s for s in steps if not (s.op == "DequantizeLinear" and s.outputs[0] in fused - still_read)]
+    steps = [s for s in steps if not (s.op == "DequantizeLinear" and s.outputs[0] in fused - still_read)]
+    return _dynamic_kernels(steps) if use_jit else steps
+
+
+def _dynamic_parameters(steps: list) -> dict[str, np.ndarray]:
+    """A float32 scale and a uint8 zero point standing in for each DynamicQuantizeLinear's
+    run-time ones: the fusion checks only their types (per tensor), never their values."""
+    found: dict[str, np.ndarray] = {}
+    for step in steps:
+        if step.op == "DynamicQuantizeLinear" and len(step.outputs) == 3 and all(step.outputs):
+            found[step.outputs[1]] = np.array(1.0, np.float32)
+            found[step.outputs[2]] = np.array(0, np.uint8)
+    return found
+
+
+def _dynamic_kernels(steps: list) -> list:
+    """Each DynamicQuantizeLinear on the JIT kernel: range and quantize in two passes, in x's
+    memory order (a conv's channels-last result stays so for the integer conv reading it); also
+    where the pair stays unfused (a conv too narrow for the integer GEMM), numpy's takes seven."""
+    if not any(step.op == "DynamicQuantizeLinear" for step in steps):
+        return steps  # the module is not imported for nothing
+    kernel = jit.module("engine.ops.int8_gemm_jit").dynamic_quantize_linear_jit
+    return [replace(step, kernel=kernel) if step.op == "DynamicQuantizeLinear" else step for step in steps]
 
 
 def _fused_inputs(step, producer: dict, static: dict[str, np.ndarray]):  # noqa: ANN001, ANN202
@@ -106,13 +130,14 @@ def _fused_conv_inputs(step: Step, producer: dict, filters: dict, static: dict[s
 
 
 def _quantized_source(name: str, producer: dict, static: dict[str, np.ndarray]) -> list[str] | None:
-    """[q, scale, zero] when ``name`` is a DequantizeLinear (per tensor, fixed parameters) of a
-    QuantizeLinear's output, else None."""
+    """[q, scale, zero] when ``name`` is a DequantizeLinear (per tensor, fixed parameters or a
+    DynamicQuantizeLinear's: ``static`` holds stand-ins for those) of a QuantizeLinear's or
+    DynamicQuantizeLinear's output, else None."""
     dequantize = producer.get(name)
     if dequantize is None or dequantize.op != "DequantizeLinear" or len(dequantize.inputs) != 3:
         return None
     quantize = producer.get(dequantize.inputs[0])
-    if dequantize.attrs or quantize is None or quantize.op != "QuantizeLinear":
+    if dequantize.attrs or quantize is None or quantize.op not in QUANTIZERS:
         return None
     q, scale, zero = dequantize.inputs
     return [q, scale, zero] if scale in static and zero in static else None

@@ -4,6 +4,7 @@ from engine.ops import (  # noqa: F401  (imported for their registrations)
     activation,
     conv,
     conv_transpose,
+    dynamic_quantize,
     elementwise,
     fused,
     geglu,

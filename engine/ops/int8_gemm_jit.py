@@ -33,6 +33,7 @@ from numba.extending import intrinsic
 
 from engine import jit
 from engine.ops import int_dot_ir
+from engine.ops.dynamic_quantize import dynamic_quantize_linear, parameters
 from engine.ops.fused import apply_activation
 from engine.ops.qdq_matmul import qdq_matmul, qdq_operands, scalar_of
 from engine.ops.quantized import quantize_linear
@@ -240,3 +241,40 @@ def _memory_order(x: np.ndarray) -> tuple[int, ...] | None:
 
 quantize_linear_jit.jit = True  # type: ignore[attr-defined]
 CANDIDATES["QuantizeLinear"] = lambda attrs, shapes: [quantize_linear_jit]
+
+
+# -- DynamicQuantizeLinear: the range, then the same one-pass quantize (numpy: seven passes) -----
+
+_RANGE = types.UniTuple(types.float32, 2)(jit.array(types.float32, 1, "C", readonly=True))
+
+
+# fastmath: min/max without NaN checks vectorise (DynamicQuantizeLinear's input is NaN-free;
+# a NaN would make numpy's scale NaN anyway)
+@jit.njit([_RANGE], error_model="numpy", fastmath=True)
+def _range(x):  # noqa: ANN001, ANN202
+    """(min(0, min x), max(0, max x)): the range DynamicQuantizeLinear maps to 0..255."""
+    low = np.float32(0.0)
+    high = np.float32(0.0)
+    for i in range(x.size):
+        low = min(low, x[i])
+        high = max(high, x[i])
+    return low, high
+
+
+def dynamic_quantize_linear_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """DynamicQuantizeLinear of float32 values with numpy's scale, zero point and bytes
+    (dynamic_quantize.py), in the input's memory order like quantize_linear_jit."""
+    x = inputs[0]
+    order = _memory_order(x)
+    if x.dtype != np.float32 or order is None or x.size == 0:
+        return dynamic_quantize_linear(inputs, attrs)
+    flat = x.transpose(order)
+    low, high = _range(flat.reshape(-1))
+    scale, zero = parameters(float(low), float(high))
+    out = np.empty(flat.shape, np.uint8)
+    _quantize(flat.reshape(-1), scale, np.float32(zero), out.reshape(-1))
+    return [out.transpose(np.argsort(order)), np.array(scale), np.array(zero)]
+
+
+dynamic_quantize_linear_jit.jit = True  # type: ignore[attr-defined]
+CANDIDATES["DynamicQuantizeLinear"] = lambda attrs, shapes: [dynamic_quantize_linear_jit]

@@ -53,6 +53,16 @@ def test_int4_with_calibration_and_mixed_precision(source, tmp_path, capsys, mon
     assert Session(dst).self_test().passed
 
 
+def test_dynamic_activations_without_calibration(source, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    dst = tmp_path / "d.ferry"
+    args = ["--quantize", "int8", "--activations", "dynamic"]
+    assert main(["convert", str(source), "-o", str(dst), *args]) == 0
+    out = capsys.readouterr().out
+    assert "int8 activations" in out and "(ranges per run)" in out and "accuracy probabilities" in out
+    assert Session(dst).self_test().passed
+
+
 def test_output_defaults_to_the_source_name(source, capsys):
     assert main(["convert", str(source)]) == 0
     assert source.with_suffix(".ferry").exists()

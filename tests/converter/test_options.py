@@ -74,6 +74,8 @@ def test_options_are_frozen_and_a_list_of_names_is_kept_as_a_tuple():
             "'int8' or 'int4'",
         ),
         ({"quantize": "int8", "activations": "minmax"}, "calibration", "need calibration samples"),
+        ({"quantize": "fp16", "activations": "dynamic"}, "quantize", "dynamic int8 activations need"),
+        ({"quantize": "int8", "activations": "Dynamic"}, "activations", "dynamic: ranges computed per run"),
         (
             {"quantize": "int8", "precision": "int8"},
             "precision",
@@ -85,6 +87,11 @@ def test_a_bad_option_is_named_with_what_to_do(fields, option, message):
     with pytest.raises(InvalidOptionsError, match=message) as info:
         ConversionOptions.from_dict(fields)
     assert info.value.option == option
+
+
+def test_dynamic_activations_need_no_calibration():
+    options = ConversionOptions.from_dict({"quantize": "int8", "activations": "dynamic"})
+    assert options.activations == "dynamic" and options.calibration is None
 
 
 def test_separate_arguments_are_checked_as_strictly():

@@ -296,6 +296,26 @@ def test_static_int8_activations_from_calibration(tmp_path, method):
     assert Session(dst).self_test().passed
 
 
+def test_dynamic_int8_activations_need_no_calibration(tmp_path):
+    """--activations dynamic: DynamicQuantizeLinear -> DequantizeLinear on the same inputs the
+    static path quantizes, measured by the accuracy report like it."""
+    dst = tmp_path / "m.ferry"
+    report = convert(mlp(width=64), dst, quantize="int8", activations="dynamic")
+    assert report.activations == "dynamic" and report.activation_inputs == ["pooled", "r"]
+    assert report.activation_ranges == {}  # computed per run, none stored
+    nodes = read_package(dst).graph["nodes"]
+    quantizers = [n for n in nodes if n["op"] == "DynamicQuantizeLinear"]
+    assert [n["inputs"] for n in quantizers] == [["pooled"], ["r"]]
+    assert quantizers[0]["outputs"] == ["pooled/act_q", "pooled/act_scale", "pooled/act_zero"]
+    assert not [n for n in nodes if n["op"] == "QuantizeLinear"]
+    fc1 = next(n for n in nodes if n["name"] == "fc1")
+    assert fc1["inputs"][0] == "pooled/act_dq"
+    figures = report.accuracy["outputs"]["probs"]
+    assert report.accuracy["inputs"] == "random"
+    assert figures["cosine_similarity"] > 0.999 and figures["top1_agreement"] >= 0.9
+    assert Session(dst).self_test().passed
+
+
 def test_a_depthwise_convs_input_stays_float_under_static_int8_activations(tmp_path):
     """Only ungrouped convs (and matmuls) get a quantize/dequantize pair: no integer kernel takes a
     grouped conv's input."""
@@ -319,6 +339,10 @@ def test_a_depthwise_convs_input_stays_float_under_static_int8_activations(tmp_p
     assert sorted(report.activation_ranges) == ["x"]
     nodes = {n["name"]: n for n in read_package(dst).graph["nodes"]}
     assert nodes["pointwise"]["inputs"][0] == "x/act_dq" and nodes["depthwise"]["inputs"][0] == "a"
+    report = convert(model, dst, quantize="int8", activations="dynamic")  # the same inputs
+    assert report.activation_inputs == ["x"]
+    nodes = {n["name"]: n for n in read_package(dst).graph["nodes"]}
+    assert nodes["pointwise"]["inputs"][0] == "x/act_dq" and nodes["depthwise"]["inputs"][0] == "a"
 
 
 @pytest.mark.parametrize(
@@ -326,7 +350,9 @@ def test_a_depthwise_convs_input_stays_float_under_static_int8_activations(tmp_p
     [
         ({"quantize": "int8", "activations": "minmax"}, "need calibration samples"),
         ({"quantize": "fp16", "activations": "minmax", "calibration": {}}, "need quantize='int8' or 'int4'"),
-        ({"quantize": "int8", "activations": "kl", "calibration": {}}, "not a calibration method"),
+        ({"quantize": "int8", "activations": "kl", "calibration": {}}, "not an int8 activation mode"),
+        ({"quantize": "fp16", "activations": "dynamic"}, "dynamic int8 activations need quantize='int8'"),
+        ({"activations": "dynamic"}, "need quantize='int8' or 'int4'"),
     ],
 )
 def test_static_activation_options_are_checked(tmp_path, options, message):

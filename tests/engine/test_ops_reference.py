@@ -264,6 +264,8 @@ CASES = [
         {},
     ),
     ("topk", "TopK", [f32(3, 7), i64(3)], {}, {"n_outputs": 2}),
+    # more edge values in tests/engine/test_dynamic_quantize.py
+    ("dynamic_quantize_linear", "DynamicQuantizeLinear", [f32(3, 5)], {}, {"n_outputs": 3}),
     ("topk_k_attribute", "TopK", [f32(3, 7)], {"k": 2, "axis": 0}, {"n_outputs": 2, "opset": 1}),
 ]
 
