@@ -52,7 +52,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.matmul_jit": ("FusedMatMul", "MatMul", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.quantized_jit": ("QMatMul",),
     # QuantizeLinear -> DequantizeLinear -> QMatMul in integers (the planner's QdqMatMul)
-    "engine.ops.int8_gemm_jit": ("QdqMatMul", "QdqConv", "QuantizeLinear"),
+    "engine.ops.int8_gemm_jit": ("QdqMatMul", "QdqConv", "QuantizeLinear", "DynamicQuantizeLinear"),
     "engine.ops.int8_conv_jit": ("QdqConv", "QuantizeLinear"),
     "engine.ops.attention_jit": ("FusedAttention",),
     "engine.llm.gemv_jit": ("LlmGemvInt4", "LlmGemvInt8"),
