@@ -143,3 +143,16 @@ def test_packed_weights_for_other_shapes_fall_back_to_numpy():
     attrs = {"kernel_shape": [1, 1], "pads": [1, 1, 1, 1]}  # padded: not the GEMM's
     got = gemm8_jit.conv_1x1_gemm8([x, packed], attrs)[0]
     np.testing.assert_allclose(got, conv_1x1([x, w], attrs)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batched_slot_products_match_numpy(threads):
+    """Winograd's slot products: out[s] = x[s] @ W[s] for 16 slots, each with its own filters."""
+    rng = np.random.default_rng(threads)
+    x = rng.standard_normal((16, 301, 33)).astype(np.float32)
+    w = rng.standard_normal((16, 33, 40)).astype(np.float32)
+    packed = np.stack([gemm8_jit.pack_panels16(slot) for slot in w])
+    out = np.full((16, 301, 40), np.nan, np.float32)
+    with jit.thread_limit(threads):
+        gemm8_jit.gemm_batched16(x, packed, out)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4)

@@ -259,7 +259,7 @@ def test_winograd_on_the_gemm_matches_numpy_and_the_reference(case, activation, 
     numpy_result = fused.with_activation(conv_im2col)(inputs, attrs)[0]
     shapes = [x.shape, w.shape, None if b is None else b.shape]
     found = winograd_jit.CANDIDATES["Conv"](attrs, shapes)
-    assert winograd_jit.conv_winograd_gemm in found
+    assert winograd_jit.conv_winograd_gemm in found and winograd_jit.conv_winograd_gemm8 in found
     for inner in found:
         kernel = fused.with_activation(inner)
         for weights in (w, inner.pack([x, w], attrs)[1]):

@@ -23,7 +23,7 @@ from numba import prange, types
 from engine import jit
 from engine.ops.conv.common import NodeMemo, _clipped_fallback, aligned_empty, fused_bounds, residual_of
 from engine.ops.conv.direct import conv_1x1
-from engine.ops.conv.gemm_jit import MIN_PARALLEL_MACS, _micro, _plain, address
+from engine.ops.conv.gemm_jit import MIN_PARALLEL_MACS, _flat, _micro, _plain, address
 from engine.ops.conv.pointwise_jit import _pixels, _strides, pointwise_ok, residual_rows
 from engine.ops.registry import Kernel
 
@@ -35,6 +35,7 @@ TALL = 2 * MR  # rows per tile of an 8-channel panel: 12 accumulators
 BLOCK_INPUT_BYTES = 192 << 10
 MIN_BLOCK_ROWS = 8 * TALL
 
+_NO_RESIDUAL = np.zeros((1, 1), np.float32)
 _micro16 = _micro((LANES, LANES))  # 6 x 16
 _micro8 = _micro((LANES,), TALL)  # 12 x 8
 
@@ -84,7 +85,8 @@ _ITEMS = types.void(
 def _items16(
     x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth, m, rstride, block_rows, first, last
 ):  # noqa: ANN001, ANN202
-    """Work items [first, last) of out = x @ W (+ bias, residual, clip): item = (block of rows,
+    """Work items [first, last) of out[s] = x[s] @ W[s] (+ bias, residual, clip) over every slot
+    s (one for a conv, 16 or 36 for Winograd's slot products): item = (slot, block of rows,
     panel of 16 columns).  A block's last rows are a whole tile ending at its last row (rows
     before them computed twice, the same values stored again) unless the output is also the
     residual; only a block shorter than a tile goes through scratch and a scalar copy."""
@@ -94,12 +96,15 @@ def _items16(
     tail = np.zeros(TALL * depth, np.float32)
     rp, op = res.ctypes.data, out.ctypes.data
     in_place = has_res and rp < op + 4 * out.size and op < rp + 4 * res.size
+    per_slot = ((rows + block_rows - 1) // block_rows) * panels
     for item in range(first, last):
-        p0, panel = (item // panels) * block_rows, item % panels
+        s, rest = item // per_slot, item % per_slot
+        p0, panel = (rest // panels) * block_rows, rest % panels
         p1 = min(rows, p0 + block_rows)
         j0 = panel * NR
         cols = min(NR, m - j0)
-        wo = panel * (depth + 2) * NR
+        wo = (s * panels + panel) * (depth + 2) * NR
+        xs, os = s * rows * depth, s * rows * m
         height = MR if cols > LANES else TALL  # a panel of 8 or fewer channels: 12 x 8 tiles
         t0 = p0
         while t0 < p1:
@@ -107,15 +112,15 @@ def _items16(
                 if in_place or p1 - height < p0:
                     break
                 t0 = p1 - height
-            at, ro = t0 * m + j0, t0 * rstride + j0
+            at, ro = os + t0 * m + j0, t0 * rstride + j0
             if cols == NR:
                 _micro16(
-                    x, t0 * depth, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
+                    x, xs + t0 * depth, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
                     flags, lo, hi,
                 )  # fmt: skip
             elif cols == LANES:
                 _micro8(
-                    x, t0 * depth, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
+                    x, xs + t0 * depth, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
                     flags, lo, hi,
                 )  # fmt: skip
             else:
@@ -126,7 +131,7 @@ def _items16(
         # bias, residual and clip added per element on the way out
         for start in range(t0, p1, TALL):
             count = min(TALL, p1 - start)
-            tail[: count * depth] = x[start * depth : (start + count) * depth]
+            tail[: count * depth] = x[xs + start * depth : xs + (start + count) * depth]
             tail[count * depth :] = 0
             for half in range(0, TALL, MR):
                 _micro16(
@@ -140,7 +145,7 @@ def _items16(
                         value += res[(start + r) * rstride + j0 + j]
                     if has_clip:  # comparisons, not min/max: a NaN stays NaN, as np.clip leaves it
                         value = lo if value < lo else (hi if value > hi else value)
-                    out[(start + r) * m + j0 + j] = value
+                    out[os + (start + r) * m + j0 + j] = value
 
 
 @jit.njit([_ITEMS], parallel=True)
@@ -161,6 +166,25 @@ def block_rows16(rows: int, depth: int, parallel: bool) -> int:
     if parallel:
         fit = min(fit, max(TALL, -(-rows // 4)))
     return max(TALL, fit // TALL * TALL)
+
+
+def gemm_batched16(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
+    """out[s] = x[s] @ W[s] for every s: x (S, P, K), packed (S, panels, K + 2, 16) of
+    ``pack_panels16`` results stacked, out (S, P, M), all C-contiguous float32 (Winograd's slot
+    products)."""
+    slots, rows, depth = x.shape
+    m = out.shape[2]
+    bias = np.zeros(packed.shape[1] * NR, np.float32)
+    parallel = jit.threads() > 1 and slots * rows * depth * m >= MIN_PARALLEL_MACS
+    block = block_rows16(rows, depth, parallel)
+    items = slots * -(-rows // block) * packed.shape[1]
+    free = np.float32(0)
+    args = (_flat(x), _flat(packed), _flat(out), bias, _NO_RESIDUAL.reshape(-1), False, False, free, free)
+    geometry = (rows, depth, m, 0, block, 0, items)
+    if parallel:
+        jit.run(_items16, _items16_parallel, *args, *geometry)
+    else:
+        _items16(*args, *geometry)
 
 
 def _setup(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict[str, Any]) -> tuple | None:
@@ -236,8 +260,6 @@ def conv_1x1_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
         _items16(*args, *geometry)
     return [out.transpose(0, 3, 1, 2)]
 
-
-_NO_RESIDUAL = np.zeros((1, 1), np.float32)
 
 conv_1x1_gemm8.fuses_clip = True  # type: ignore[attr-defined]
 conv_1x1_gemm8.jit = True  # type: ignore[attr-defined]
