@@ -24,7 +24,6 @@ if not jit.enabled():
 vec = jit.module("engine.ops.conv.depthwise_vec_jit")
 SETTINGS = settings(max_examples=60, deadline=None)
 EDGES = (0.0, -0.0, 1e30, -1e30, 1e-30, 65504.0)
-KERNELS = (vec.conv_depthwise_jit_vec, vec.conv_depthwise_jit_vec8)  # 16 and 8 channels a register
 
 
 @st.composite
@@ -53,9 +52,8 @@ def cases(draw):
     st.sampled_from((None, "Relu", "Clip")),
     st.sampled_from(("nchw", "channels_last", "strided")),
     st.sampled_from(("nchw", "channels_last")),
-    st.sampled_from(KERNELS),
 )
-def test_vec_depthwise_matches_numpy_and_the_reference(case, activation, layout, residual_layout, kernel):
+def test_vec_depthwise_matches_numpy_and_the_reference(case, activation, layout, residual_layout):
     x, w, b, attrs, with_residual = case
     if activation == "Relu":
         attrs = {**attrs, "activation": "Relu"}
@@ -69,7 +67,7 @@ def test_vec_depthwise_matches_numpy_and_the_reference(case, activation, layout,
         inputs.append(laid_out(residual, residual_layout))
     want = fused_conv_reference(x, w, b, residual, attrs, activation)
     numpy_result = fused.with_activation(conv_depthwise)(inputs, attrs)[0]
-    got = fused.with_activation(kernel)([laid_out(x, layout), *inputs[1:]], attrs)[0]
+    got = fused.with_activation(vec.conv_depthwise_jit_vec)([laid_out(x, layout), *inputs[1:]], attrs)[0]
     assert got.shape == want.shape and got.dtype == np.float32
     # a huge input makes huge sums: the tolerance scales with the largest input
     scale = max(1.0, float(np.abs(x).max()))
@@ -77,8 +75,7 @@ def test_vec_depthwise_matches_numpy_and_the_reference(case, activation, layout,
     np.testing.assert_allclose(got, numpy_result, rtol=1e-5, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_nan_input_stays_nan_through_the_clip(kernel):
+def test_nan_input_stays_nan_through_the_clip():
     c = 16
     x = np.ones((1, c, 5, 5), np.float32)
     x[0, 3, 0, 0] = np.nan  # a corner: read by the checked border path only
@@ -86,31 +83,30 @@ def test_nan_input_stays_nan_through_the_clip(kernel):
     w = np.ones((c, 1, 3, 3), np.float32)
     attrs = {"group": c, "kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "activation": "Clip"}
     attrs["activation_attrs"] = {"min": 0.0, "max": 6.0}
-    got = fused.with_activation(kernel)([x, w, np.zeros(c, np.float32)], attrs)[0]
+    got = fused.with_activation(vec.conv_depthwise_jit_vec)([x, w, np.zeros(c, np.float32)], attrs)[0]
     want = fused.with_activation(conv_depthwise)([x, w, np.zeros(c, np.float32)], attrs)[0]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     assert np.isnan(got[0, 3, :2, :2]).all() and np.isnan(got[0, 5, 1:4, 1:4]).all()
     np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_parallel_variant_matches_the_serial_one(kernel):
+def test_parallel_variant_matches_the_serial_one():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 32, 67, 61)).astype(np.float32)  # past MIN_PARALLEL_MACS at stride 1
     w = rng.standard_normal((32, 1, 3, 3)).astype(np.float32)
     b = rng.standard_normal(32).astype(np.float32)
     for stride in (1, 2):
         attrs = {"group": 32, "kernel_shape": [3, 3], "pads": [1, 0, 1, 2], "strides": [stride, stride]}
-        serial = kernel([x, w, b], attrs)[0]
+        serial = vec.conv_depthwise_jit_vec([x, w, b], attrs)[0]
         with jit.thread_limit(2):
-            parallel = kernel([x, w, b], attrs)[0]
+            parallel = vec.conv_depthwise_jit_vec([x, w, b], attrs)[0]
         np.testing.assert_array_equal(parallel, serial)
         np.testing.assert_allclose(serial, conv_depthwise([x, w, b], attrs)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_vec_kernel_is_offered_only_where_it_runs():
     dw = {"group": 32, "kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
-    assert vec.CANDIDATES["Conv"](dw, [(1, 32, 8, 8), (32, 1, 3, 3), (32,)]) == list(KERNELS)
+    assert vec.CANDIDATES["Conv"](dw, [(1, 32, 8, 8), (32, 1, 3, 3), (32,)]) == [vec.conv_depthwise_jit_vec]
     assert vec.CANDIDATES["Conv"]({**dw, "group": 24}, [(1, 24, 8, 8), (24, 1, 3, 3)]) == []
     assert vec.CANDIDATES["Conv"]({**dw, "dilations": [2, 2]}, [(1, 32, 8, 8), (32, 1, 3, 3)]) == []
     assert vec.CANDIDATES["Conv"]({**dw, "kernel_shape": [5, 5]}, [(1, 32, 8, 8), (32, 1, 5, 5)]) == []

@@ -35,8 +35,8 @@ from engine.ops.registry import Kernel
 LANES = 16  # float32 lanes of one LLVM vector (a zmm register, or two ymm)
 
 
-def _micro(checked: bool, lanes: int = LANES) -> Any:
-    """The row kernel: ``count`` output pixels of ``lanes`` channels from c0, pixel k's window at input
+def _micro(checked: bool) -> Any:
+    """The row kernel: ``count`` output pixels of 16 channels from c0, pixel k's window at input
     column q0 + k*sw of the rows at element offsets r0..r2 of flat channels-last x (pixel
     stride ``cs`` elements).  ``checked``: a tap outside rows ``valid`` (bit i: row i is inside
     the image) or columns [0, width) reads zeros, as the padding would."""
@@ -78,12 +78,12 @@ def _micro(checked: bool, lanes: int = LANES) -> Any:
                 for i, value in ((0, x_), (11, w_), (12, bias_), (13, out_), (15, res_), (20, zero_))
             )
             i1, i32, i64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
-            vec = ir.VectorType(ir.FloatType(), lanes)
+            vec = ir.VectorType(ir.FloatType(), LANES)
             fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}f32"
+                builder.module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.fma.v16f32"
             )
             undef = ir.Constant(vec, ir.Undefined)
-            splat_mask = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
+            splat_mask = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
 
             def const(value: int) -> Any:
                 return ir.Constant(i64, value)
@@ -158,75 +158,9 @@ def _micro(checked: bool, lanes: int = LANES) -> Any:
 
 _checked = _micro(True)
 _inside = _micro(False)
-# 8 channels a call (AVX2): nine ymm weights, the bias and the sums fit its 16 registers, where
-# nine 16-lane weights (eighteen ymm) spill and are reloaded for every pixel
-_checked8 = _micro(True, 8)
-_inside8 = _micro(False, 8)
 
 _F32, _I64, _BOOL = types.float32, types.int64, types.boolean
 _FLAT_IN = jit.array(_F32, 1, "C", readonly=True)
-_SPAN = types.void(
-    _BOOL,
-    _BOOL,
-    _FLAT_IN,
-    *(_I64,) * 10,
-    _FLAT_IN,
-    _FLAT_IN,
-    jit.array(_F32, 1, "C"),
-    _I64,
-    _FLAT_IN,
-    _I64,
-    _F32,
-    _F32,
-    _FLAT_IN,
-)
-
-
-@jit.njit([_SPAN])
-def _span(
-    narrow,
-    checked,
-    x,
-    r0,
-    r1,
-    r2,
-    valid,
-    cs,
-    width,
-    q0,
-    sw,
-    count,
-    c0,
-    w,
-    bias,
-    out,
-    oo,
-    res,
-    flags,
-    lo,
-    hi,
-    zero,
-):  # noqa: ANN001, ANN202, E501
-    """``count`` pixels of one row and block of channels: the 16- or 8-lane (``narrow``) kernel,
-    taps checked against the image's edges or not; the residual laid out as the output."""
-    if narrow and checked:
-        _checked8(
-            x, r0, r1, r2, valid, cs, width, q0, sw, count, c0, w, bias, out, oo, res, oo, flags, lo, hi, zero
-        )
-    elif narrow:
-        _inside8(
-            x, r0, r1, r2, valid, cs, width, q0, sw, count, c0, w, bias, out, oo, res, oo, flags, lo, hi, zero
-        )
-    elif checked:
-        _checked(
-            x, r0, r1, r2, valid, cs, width, q0, sw, count, c0, w, bias, out, oo, res, oo, flags, lo, hi, zero
-        )
-    else:
-        _inside(
-            x, r0, r1, r2, valid, cs, width, q0, sw, count, c0, w, bias, out, oo, res, oo, flags, lo, hi, zero
-        )
-
-
 # flat channels-last x, taps (9 * C), bias, out, residual (flat, out's layout), zeros; flags and
 # clip bounds; N, H, W, C, Ho, Wo, strides, pads; then the output rows [first, last)
 _ROWS = types.void(
@@ -240,7 +174,6 @@ _ROWS = types.void(
     _BOOL,
     _F32,
     _F32,
-    _BOOL,
     *(_I64,) * 11,
 )
 
@@ -257,7 +190,6 @@ def _rows(
     has_clip,
     lo,
     hi,
-    narrow,
     height,
     width,
     channels,
@@ -270,9 +202,9 @@ def _rows(
     first,
     last,
 ):  # noqa: ANN001, ANN202
-    """Output rows [first, last) (index = image * Ho + row): per row and block of 16 channels
-    (8 when ``narrow``), the pixels whose windows lie inside the image in one unchecked call,
-    the border ones in checked calls.  Called for all rows (one thread) or per row by ``_rows_parallel``."""
+    """Output rows [first, last) (index = image * Ho + row): per row and block of 16 channels,
+    the pixels whose windows lie inside the image in one unchecked call, the border ones in
+    checked calls.  Called for all rows (one thread) or per row by ``_rows_parallel``."""
     flags = (1 if has_res else 0) | (2 if has_clip else 0)
     inner_first = min(wo, (pl + sw - 1) // sw)  # the first output column with no tap left of 0
     inner_last = max(inner_first, min(wo, (width - 3 + pl) // sw + 1))
@@ -290,17 +222,41 @@ def _rows(
         r1 = base + line if valid & 2 else 0
         r2 = base + 2 * line if valid & 4 else 0
         oo = index * wo * channels
-        for c0 in range(0, channels, 8 if narrow else LANES):
-            args = (r0, r1, r2, valid, channels, width)
+        for c0 in range(0, channels, LANES):
             if valid != 7:
-                _span(narrow, True, x, *args, -pl, sw, wo, c0, w, bias, out, oo, res, flags, lo, hi, zero)
+                _checked(
+                    x,
+                    r0,
+                    r1,
+                    r2,
+                    valid,
+                    channels,
+                    width,
+                    -pl,
+                    sw,
+                    wo,
+                    c0,
+                    w,
+                    bias,
+                    out,
+                    oo,
+                    res,
+                    oo,
+                    flags,
+                    lo,
+                    hi,
+                    zero,
+                )
                 continue
             if inner_first > 0:
-                _span(
-                    narrow,
-                    True,
+                _checked(
                     x,
-                    *args,
+                    r0,
+                    r1,
+                    r2,
+                    valid,
+                    channels,
+                    width,
                     -pl,
                     sw,
                     inner_first,
@@ -310,19 +266,62 @@ def _rows(
                     out,
                     oo,
                     res,
+                    oo,
                     flags,
                     lo,
                     hi,
                     zero,
                 )
             if inner_last > inner_first:
-                at, q0 = oo + inner_first * channels, inner_first * sw - pl
-                count = inner_last - inner_first
-                _span(narrow, False, x, *args, q0, sw, count, c0, w, bias, out, at, res, flags, lo, hi, zero)
+                at = oo + inner_first * channels
+                _inside(
+                    x,
+                    r0,
+                    r1,
+                    r2,
+                    valid,
+                    channels,
+                    width,
+                    inner_first * sw - pl,
+                    sw,
+                    inner_last - inner_first,
+                    c0,
+                    w,
+                    bias,
+                    out,
+                    at,
+                    res,
+                    at,
+                    flags,
+                    lo,
+                    hi,
+                    zero,
+                )
             if wo > inner_last:
-                at, q0 = oo + inner_last * channels, inner_last * sw - pl
-                count = wo - inner_last
-                _span(narrow, True, x, *args, q0, sw, count, c0, w, bias, out, at, res, flags, lo, hi, zero)
+                at = oo + inner_last * channels
+                _checked(
+                    x,
+                    r0,
+                    r1,
+                    r2,
+                    valid,
+                    channels,
+                    width,
+                    inner_last * sw - pl,
+                    sw,
+                    wo - inner_last,
+                    c0,
+                    w,
+                    bias,
+                    out,
+                    at,
+                    res,
+                    at,
+                    flags,
+                    lo,
+                    hi,
+                    zero,
+                )
 
 
 @jit.njit([_ROWS], parallel=True)
@@ -337,7 +336,6 @@ def _rows_parallel(
     has_clip,
     lo,
     hi,
-    narrow,
     height,
     width,
     channels,
@@ -362,7 +360,6 @@ def _rows_parallel(
             has_clip,
             lo,
             hi,
-            narrow,
             height,
             width,
             channels,
@@ -413,15 +410,6 @@ def conv_depthwise_jit_vec(inputs: list[np.ndarray | None], attrs: dict[str, Any
     """Depthwise 3x3 conv of float32 input computed channels last, 16 channels per register,
     bias, residual and a fused Relu / Clip (``fuses_clip``) before the one store; the result a
     channels-last view.  Other shapes go to depthwise_jit's channels-last kernel."""
-    return _depthwise(inputs, attrs, narrow=False)
-
-
-def conv_depthwise_jit_vec8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """conv_depthwise_jit_vec 8 channels per register (AVX2: its taps stay in registers)."""
-    return _depthwise(inputs, attrs, narrow=True)
-
-
-def _depthwise(inputs: list[np.ndarray | None], attrs: dict[str, Any], narrow: bool) -> list[np.ndarray]:
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = residual_of(inputs)
@@ -447,7 +435,6 @@ def _depthwise(inputs: list[np.ndarray | None], attrs: dict[str, Any], narrow: b
         has_clip,
         lo,
         hi,
-        narrow,
     )
     if shape[0] * shape[1] * shape[2] * shape[3] * 9 < MIN_PARALLEL_MACS:  # as the GEMM's
         _rows(*args, *geometry, 0, shape[0] * shape[1])
@@ -456,15 +443,14 @@ def _depthwise(inputs: list[np.ndarray | None], attrs: dict[str, Any], narrow: b
     return [out.transpose(0, 3, 1, 2)]
 
 
-for _kernel in (conv_depthwise_jit_vec, conv_depthwise_jit_vec8):
-    _kernel.fuses_clip = True  # type: ignore[attr-defined]
-    _kernel.jit = True  # type: ignore[attr-defined]
+conv_depthwise_jit_vec.fuses_clip = True  # type: ignore[attr-defined]
+conv_depthwise_jit_vec.jit = True  # type: ignore[attr-defined]
 
 
 def _conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
     if len(shapes) < 2 or shapes[0] is None or shapes[1] is None:
         return []
-    return [conv_depthwise_jit_vec, conv_depthwise_jit_vec8] if vec_ok(shapes[0], shapes[1], attrs) else []
+    return [conv_depthwise_jit_vec] if vec_ok(shapes[0], shapes[1], attrs) else []
 
 
 CANDIDATES = {"Conv": _conv_candidates}
