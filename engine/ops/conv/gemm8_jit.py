@@ -1,4 +1,5 @@
-"""1x1 Conv on a JIT GEMM with 8-lane register tiles, for AVX2 cores (16 ymm registers).
+"""Conv on a JIT GEMM with 8-lane register tiles, for AVX2 cores (16 ymm registers): 1x1 convs,
+and gemm_jit's channels-last im2col convs and Winograd slot products (winograd_jit.py) on it.
 
 gemm_jit.py's micro-kernel keeps a 6 x 32 tile in twelve 16-lane vectors: one zmm register each
 on AVX-512, but two ymm each on an AVX2 core (Zen 3), so its 24 accumulators spill past the 16
@@ -23,7 +24,8 @@ from numba import prange, types
 from engine import jit
 from engine.ops.conv.common import NodeMemo, _clipped_fallback, aligned_empty, fused_bounds, residual_of
 from engine.ops.conv.direct import conv_1x1
-from engine.ops.conv.gemm_jit import MIN_PARALLEL_MACS, _flat, _micro, _plain, address
+from engine.ops.conv.gemm_jit import MIN_PARALLEL_MACS, _flat, _micro, _plain, address, conv_im2col_gemm
+from engine.ops.conv.im2col import hwc_ok, pack_im2col_hwc
 from engine.ops.conv.pointwise_jit import _pixels, _strides, pointwise_ok, residual_rows
 from engine.ops.registry import Kernel
 
@@ -168,6 +170,34 @@ def block_rows16(rows: int, depth: int, parallel: bool) -> int:
     return max(TALL, fit // TALL * TALL)
 
 
+def gemm16(
+    x: np.ndarray,
+    packed: np.ndarray,
+    out: np.ndarray,
+    bias: np.ndarray | None = None,
+    residual: np.ndarray | None = None,
+    bounds: tuple[Any, Any] | None = None,
+) -> None:
+    """out (P, M) = clip(x (P, K) @ W + bias + residual) with ``packed`` from ``pack_panels16``
+    (gemm_jit.gemm's contract); x, out and residual C-contiguous float32, bias (M,)."""
+    rows, depth = x.shape
+    m = out.shape[1]
+    low, high = (-np.inf, np.inf) if bounds is None else bounds
+    vector = np.zeros(packed.shape[0] * NR, np.float32)  # whole panels: the tiles read 16 lanes
+    if bias is not None:
+        vector[:m] = bias
+    res = _NO_RESIDUAL if residual is None else residual
+    parallel = jit.threads() > 1 and rows * depth * m >= MIN_PARALLEL_MACS
+    block = block_rows16(rows, depth, parallel)
+    items = -(-rows // block) * packed.shape[0]
+    args = (_flat(x), _flat(packed), _flat(out), vector, _flat(res), residual is not None, bounds is not None)
+    geometry = (np.float32(low), np.float32(high), rows, depth, m, res.shape[1], block, 0, items)
+    if parallel:
+        jit.run(_items16, _items16_parallel, *args, *geometry)
+    else:
+        _items16(*args, *geometry)
+
+
 def gemm_batched16(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
     """out[s] = x[s] @ W[s] for every s: x (S, P, K), packed (S, panels, K + 2, 16) of
     ``pack_panels16`` results stacked, out (S, P, M), all C-contiguous float32 (Winograd's slot
@@ -268,8 +298,39 @@ conv_1x1_gemm8.pack = lambda inputs, attrs: (  # type: ignore[attr-defined]
 )
 
 
+def pack_columns16(w: np.ndarray) -> np.ndarray:
+    """(M, C, kh, kw) weights -> 16-wide panels of the (kh*kw*C, M) right-hand side, tap-major
+    rows (gemm_jit.pack_columns' order)."""
+    return pack_panels16(pack_im2col_hwc(w).T)
+
+
+def conv_im2col_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """gemm_jit.conv_im2col_gemm on 6 x 16 tiles: its GEMM takes 16-wide panels to gemm16; input
+    1 may be pre-packed by ``pack_columns16`` (then ``kernel_shape`` must be given)."""
+    w = inputs[1]
+    if w is not None and w.ndim == 4 and hwc_ok(inputs[0].shape, w.shape, attrs):
+        inputs = [inputs[0], pack_columns16(w), *inputs[2:]]
+        attrs = {**attrs, "kernel_shape": list(w.shape[2:])}
+    return conv_im2col_gemm(inputs, attrs)
+
+
+conv_im2col_gemm8.fuses_clip = True  # type: ignore[attr-defined]
+conv_im2col_gemm8.jit = True  # type: ignore[attr-defined]
+conv_im2col_gemm8.pack = lambda inputs, attrs: (  # type: ignore[attr-defined]
+    {1: pack_columns16(inputs[1])}
+    if attrs.get("kernel_shape") and hwc_ok(inputs[0].shape, inputs[1].shape, attrs)
+    else {}
+)
+
+
 def candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
-    """[conv_1x1_gemm8] for a plain 1x1 conv, else none."""
+    """[conv_1x1_gemm8] for a plain 1x1 conv, [conv_im2col_gemm8] for a wider one of one group
+    on enough channels (hwc_ok), else none."""
     if len(shapes) < 2 or shapes[0] is None or shapes[1] is None:
         return []
-    return [conv_1x1_gemm8] if pointwise_ok(shapes[0], shapes[1], attrs) else []
+    x_shape, w_shape = shapes[0], shapes[1]
+    if pointwise_ok(x_shape, w_shape, attrs):
+        return [conv_1x1_gemm8]
+    if hwc_ok(x_shape, w_shape, attrs) and len(w_shape) == 4 and x_shape[1] == w_shape[1]:
+        return [conv_im2col_gemm8]
+    return []
