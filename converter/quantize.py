@@ -8,7 +8,8 @@ Only weights change; the engine computes in float32.  What each quantized weight
   output channel, scales the product rather than the weight.  Gemm's B is stored as [K, N]
   (transposed at conversion when transB=1), and its constant bias becomes QMatMul's bias.
 - Conv -> ``DequantizeLinear`` feeding the Conv (int4: of the weight flattened to
-  [out, in*kh*kw], then a Reshape back).
+  [out, in*kh*kw], then a Reshape back; a 1x1 kernel's blocks lie along its own axis 1, so it
+  is dequantized as it is).
 - Gather on axis 0 of a constant table (embeddings) -> ``QGather``, which dequantizes only the
   rows it gathers.
 
@@ -17,6 +18,7 @@ Any other reader of a weight (or a weight read in two different ways) keeps it f
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,10 +209,13 @@ def quantize_weights(
     tensors, casts = dict(graph.tensors), dict(graph.load_casts)
     before: dict[int, list[dict[str, Any]]] = {}
     done = []
+    steps: dict[str, float] = {}  # bias -> its layer's smallest weight step (_narrow_floats)
+    readers = Counter(name for node in graph.nodes for name in node["inputs"])
     for use in quantizable(graph):
         node = nodes[use.node]
         if node["name"] in keep:
             continue
+        bias = _bias_of(graph, node, use.kind, readers)
         rewrite = _REWRITES[use.kind]
         inserted, error = rewrite(node, tensors, casts, mode, block_size)
         before[use.node] = inserted
@@ -218,12 +223,14 @@ def quantize_weights(
             QuantizedWeight(node["name"], use.tensor, use.kind, list(graph.tensors[use.tensor].shape), error)
         )
         del tensors[use.tensor]
+        if bias:
+            steps[bias] = float(tensors[f"{use.tensor}/scale"].astype(np.float32).min())
     ordered = []
     for index, node in enumerate(nodes):
         ordered.extend(before.get(index, []))
         ordered.append(node)
     kept = {name for node in graph.nodes if node["name"] in keep for name in node["inputs"]}
-    _narrow_floats(tensors, casts, kept | {spec["name"] for spec in graph.outputs})
+    _narrow_floats(tensors, casts, kept | {spec["name"] for spec in graph.outputs}, steps)
     return FerryGraph(**{**graph.__dict__, "nodes": ordered, "tensors": tensors, "load_casts": casts}), done
 
 
@@ -234,18 +241,39 @@ def quantize_weights(
 NARROW_MAX_ERROR = 1e-3
 
 
-def _narrow_floats(tensors: dict[str, np.ndarray], casts: dict[str, str], keep: set[str]) -> None:
+def _narrow_floats(
+    tensors: dict[str, np.ndarray],
+    casts: dict[str, str],
+    keep: set[str],
+    steps: dict[str, float] | None = None,
+) -> None:
     """Every float32 tensor of at least MIN_ELEMENTS not in ``keep`` (read by a layer kept
     float32, or an output) stored as float16 when its relative error stays within
-    NARROW_MAX_ERROR (so not beyond float16's range, nor mostly below its normal numbers)."""
+    NARROW_MAX_ERROR (so not beyond float16's range, nor mostly below its normal numbers), or,
+    for the bias of a quantized layer (``steps``: bias name -> the smallest quantization step of
+    its weight), when it moves no value by more than NARROW_MAX_ERROR of that step."""
+    steps = steps or {}
     for name, array in sorted(tensors.items()):
         if array.dtype != np.float32 or array.size < MIN_ELEMENTS or name in keep or name in casts:
             continue
         if not np.all(np.isfinite(array)) or float(np.abs(array).max(initial=0)) > FP16_MAX:
             continue
         half = array.astype(np.float16)
-        if _relative(array, half.astype(np.float32)) <= NARROW_MAX_ERROR:
+        back = half.astype(np.float32)
+        # a bias of ~1e-8 (BatchNorm folded into a conv of MobileNetV2) is below float16's
+        # normal numbers, so its relative error is large, yet it moves the layer's output far
+        # less than one step of the layer's quantized weights already does
+        negligible = name in steps and float(np.abs(array - back).max()) <= NARROW_MAX_ERROR * steps[name]
+        if negligible or _relative(array, back) <= NARROW_MAX_ERROR:
             tensors[name], casts[name] = half, "float32"
+
+
+def _bias_of(graph: FerryGraph, node: dict[str, Any], kind: str, readers: Counter) -> str:
+    """The constant bias a quantized Conv or Gemm adds (read by no other node), or ""."""
+    inputs = node["inputs"]
+    if kind not in ("conv", "gemm") or len(inputs) < 3 or inputs[2] not in graph.tensors:
+        return ""
+    return inputs[2] if readers[inputs[2]] == 1 else ""
 
 
 def _store(tensors: dict[str, np.ndarray], casts: dict[str, str], prefix: str, q, scale, zero) -> list[str]:
@@ -312,6 +340,15 @@ def _rewrite_conv(node, tensors, casts, mode, block):
         error = _relative(weight, dequantized(q, scale, None, 0, 0))
         names = _store(tensors, casts, weight_name, q, scale, None)
         nodes = [_node(f"{node['name']}/dequantize", "DequantizeLinear", names[:2], [out], {"axis": 0})]
+    elif all(k == 1 for k in weight.shape[2:]):
+        # a 1x1 kernel's blocks run along its input channels, axis 1 of the 4-D weight itself:
+        # scales shaped (M, blocks, 1, 1) dequantize it in place, with no Reshape node (nor
+        # shape tensor) after, ~300 bytes of graph and weights a layer
+        q, scale, zero, qattrs, error = _quantized_2d(weight.reshape(weight.shape[:2]), mode, block, 1)
+        scale = scale.reshape(*scale.shape, *weight.shape[2:])
+        names = _store(tensors, casts, weight_name, q, scale, zero)
+        qattrs = {**qattrs, "shape": list(weight.shape)}
+        nodes = [_node(f"{node['name']}/dequantize", "DequantizeLinear", names, [out], qattrs)]
     else:
         flat = weight.reshape(weight.shape[0], -1)
         q, scale, zero, qattrs, error = _quantized_2d(flat, mode, block, 1)

@@ -345,6 +345,67 @@ def test_a_depthwise_convs_input_stays_float_under_static_int8_activations(tmp_p
     assert nodes["pointwise"]["inputs"][0] == "x/act_dq" and nodes["depthwise"]["inputs"][0] == "a"
 
 
+def pointwise_model(bias: np.ndarray) -> onnx.ModelProto:
+    """A 1x1 conv of 64 input channels (two int4 blocks) with the given bias, then a 3x3 conv."""
+    rng = np.random.default_rng(8)
+    w1 = rng.standard_normal((96, 64, 1, 1)).astype(np.float32)
+    w2 = rng.standard_normal((8, 96, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1", "b1"], ["a"], name="pointwise"),
+            helper.make_node("Conv", ["a", "w2"], ["y"], pads=[1, 1, 1, 1], name="full"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 5, 5])],
+        initializer=[numpy_helper.from_array(a, k) for k, a in (("w1", w1), ("w2", w2), ("b1", bias))],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_1x1_conv_is_dequantized_in_place_and_its_tiny_bias_stored_half_size(tmp_path):
+    """int4: a 1x1 kernel's blocks lie along its axis 1, so no Reshape follows its
+    DequantizeLinear (a 3x3 kernel's still does); a bias of ~1e-8 (below float16's normal
+    numbers) moves the output far less than a weight step does, so it is stored float16."""
+    bias = (np.random.default_rng(9).standard_normal(96) * 1e-8).astype(np.float32)
+    source = pointwise_model(bias)
+    dst = tmp_path / "m.ferry"
+    convert(source, dst, quantize="int4")
+    package = read_package(dst)
+    ops = [n["op"] for n in package.graph["nodes"]]
+    assert ops.count("Reshape") == 1 and ops.count("DequantizeLinear") == 2
+    assert package.tensors["w1/scale"].shape == (96, 2, 1, 1)
+    assert package.tensors["b1"].dtype == np.float16
+    # the engine's result is the float model's on the dequantized weights (and float16 bias)
+    weights = {}
+    for node in package.graph["nodes"]:
+        if node["op"] == "DequantizeLinear":
+            q, scale, zero = (package.tensors[name] for name in node["inputs"])
+            weights[node["name"].split("/")[0]] = dequantize(q, scale.astype(np.float32), zero, node["attrs"])
+    w1, w2 = weights["pointwise"], weights["full"].reshape(8, 96, 3, 3)
+    assert w1.shape == (96, 64, 1, 1)
+    reference = pointwise_model(package.tensors["b1"].astype(np.float32))
+    for tensor in reference.graph.initializer:
+        if tensor.name in ("w1", "w2"):
+            tensor.CopyFrom(numpy_helper.from_array({"w1": w1, "w2": w2}[tensor.name], tensor.name))
+    x = np.random.default_rng(10).standard_normal((1, 64, 5, 5)).astype(np.float32)
+    session = Session(dst)
+    got = session.run({"x": x})["y"]
+    want = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    assert session.self_test().passed
+
+
+def test_a_tiny_bias_of_a_float_layer_stays_float32(tmp_path):
+    """Without a quantized weight beside it, a bias float16 would distort keeps float32."""
+    bias = (np.random.default_rng(9).standard_normal(96) * 1e-8).astype(np.float32)
+    dst = tmp_path / "m.ferry"
+    convert(pointwise_model(bias), dst, quantize="int4", keep_float=["pointwise"])
+    assert read_package(dst).tensors["b1"].dtype == np.float32
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

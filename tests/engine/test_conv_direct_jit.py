@@ -24,8 +24,12 @@ if not jit.enabled():
 direct = jit.module("engine.ops.conv.direct_jit")
 SETTINGS = settings(max_examples=60, deadline=None)
 EDGES = (0.0, -0.0, 1e30, -1e30, 1e-30, 65504.0)
-KERNELS = {"nchw": direct.conv_direct_jit, "hwc": direct.conv_direct_jit_hwc}
-PACKS = {"nchw": direct.pack_nchw, "hwc": direct.pack_columns}
+KERNELS = {
+    "nchw": direct.conv_direct_jit,
+    "nchw8": direct.conv_direct_jit8,
+    "hwc": direct.conv_direct_jit_hwc,
+}
+PACKS = {"nchw": direct.pack_nchw, "nchw8": direct.pack_nchw, "hwc": direct.pack_columns}
 
 
 @st.composite
@@ -59,7 +63,7 @@ def cases(draw):
     cases(),
     st.sampled_from((None, "Relu", "Clip")),
     st.sampled_from(("nchw", "channels_last", "strided")),
-    st.sampled_from(("nchw", "hwc")),
+    st.sampled_from(("nchw", "nchw8", "hwc")),
     st.booleans(),
 )
 def test_direct_matches_numpy_and_the_reference(case, activation, layout, form, prepacked):
@@ -88,7 +92,7 @@ def test_packed_weights_for_other_shapes_fall_back_unpacked():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
     attrs = {"group": 1, "kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
-    for form in ("nchw", "hwc"):
+    for form in KERNELS:
         packed = PACKS[form](w)
         x = rng.standard_normal((1, 3, 6, 6)).astype(np.float64)  # float64: not the kernel's type
         got = KERNELS[form]([x, packed], attrs)[0]
@@ -110,7 +114,8 @@ def test_parallel_variant_matches_the_serial_one():
 
 def test_direct_is_offered_for_ungrouped_kernels_larger_than_1x1():
     stem = {"group": 1, "kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}
-    assert direct.CANDIDATES["Conv"](stem, [(1, 3, 16, 16), (32, 3, 3, 3)]) == [direct.conv_direct_jit]
+    found = direct.CANDIDATES["Conv"](stem, [(1, 3, 16, 16), (32, 3, 3, 3)])
+    assert found == [direct.conv_direct_jit, direct.conv_direct_jit8]
     assert direct.CANDIDATES["Conv"](stem, [(1, 64, 16, 16), (64, 64, 3, 3)]) == []  # im2col_gemm's
     assert direct.CANDIDATES["Conv"]({"group": 1}, [(1, 64, 16, 16), (64, 64, 1, 1)]) == []
     assert direct.CANDIDATES["Conv"]({**stem, "group": 2}, [(1, 64, 16, 16), (64, 32, 3, 3)]) == []

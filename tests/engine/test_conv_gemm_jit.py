@@ -30,6 +30,8 @@ if not jit.enabled():
     pytest.skip("the JIT tier is turned off (FERRY_JIT=0)", allow_module_level=True)
 
 gemm_jit = jit.module("engine.ops.conv.gemm_jit")
+from engine.ops.conv import gemm8_jit  # noqa: E402 - loaded with gemm_jit (its 8-lane twin)
+
 winograd_jit = jit.module("engine.ops.conv.winograd_jit")
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -167,8 +169,9 @@ def conv_cases(draw):
 
 
 @SETTINGS
-@given(conv_cases(), st.sampled_from(ACTIVATIONS), st.sampled_from(LAYOUTS))
-def test_im2col_gemm_matches_numpy_and_the_reference(case, activation, layout):
+@given(conv_cases(), st.sampled_from(ACTIVATIONS), st.sampled_from(LAYOUTS), st.sampled_from(["32", "16"]))
+def test_im2col_gemm_matches_numpy_and_the_reference(case, activation, layout, panels):
+    """conv_im2col_gemm on 6 x 32 tiles, conv_im2col_gemm8 on 6 x 16 ones (AVX2)."""
     x, w, b, attrs, with_residual = case
     attrs = _with_activation(attrs, activation)
     inputs = [x, w, b]
@@ -177,8 +180,12 @@ def test_im2col_gemm_matches_numpy_and_the_reference(case, activation, layout):
         inputs.append(np.random.default_rng(5).standard_normal(shape).astype(np.float32))
     want = _fused_expected(inputs, attrs, activation)
     numpy_result = fused.with_activation(conv_im2col)(inputs, attrs)[0]
-    kernel = fused.with_activation(gemm_jit.conv_im2col_gemm)
-    for weights in (w, gemm_jit.pack_columns(w)):
+    inner, pack = {
+        "32": (gemm_jit.conv_im2col_gemm, gemm_jit.pack_columns),
+        "16": (gemm8_jit.conv_im2col_gemm8, gemm8_jit.pack_columns16),
+    }[panels]
+    kernel = fused.with_activation(inner)
+    for weights in (w, pack(w)):
         for threads in (1, 2):
             with jit.thread_limit(threads):
                 got = kernel([laid_out(x, layout), weights, *inputs[2:]], attrs)[0]
@@ -201,7 +208,12 @@ def test_gemm_kernels_fall_back_to_numpy(x_shape, w_shape, attrs, dtype):
     x, w = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(w_shape).astype(dtype)
     attrs = {"kernel_shape": list(w_shape[2:]), **attrs}
     want = conv_im2col([x, w], attrs)[0]
-    for kernel in (gemm_jit.conv_1x1_gemm, gemm_jit.conv_im2col_gemm):
+    for kernel in (
+        gemm_jit.conv_1x1_gemm,
+        gemm_jit.conv_im2col_gemm,
+        gemm8_jit.conv_1x1_gemm8,
+        gemm8_jit.conv_im2col_gemm8,
+    ):
         got = kernel([x, w], attrs)[0]
         assert got.dtype == want.dtype
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -214,6 +226,8 @@ def test_packed_weights_for_other_shapes_are_unpacked_for_the_fallback():
     attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
     got = gemm_jit.conv_im2col_gemm([x, gemm_jit.pack_columns(w)], attrs)[0]
     np.testing.assert_allclose(got, conv_im2col([x, w], attrs)[0], rtol=1e-5, atol=1e-5)
+    got = gemm8_jit.conv_im2col_gemm8([x, gemm8_jit.pack_columns16(w)], attrs)[0]
+    np.testing.assert_allclose(got, conv_im2col([x, w], attrs)[0], rtol=1e-5, atol=1e-5)
     one = rng.standard_normal((5, 4, 1, 1)).astype(np.float32)
     got = gemm_jit.conv_1x1_gemm([x, gemm_jit.pack_pointwise(one)], {"kernel_shape": [1, 1]})[0]
     np.testing.assert_allclose(got, conv_1x1([x, one], {})[0], rtol=1e-5, atol=1e-5)
@@ -225,6 +239,7 @@ def test_gemm_kernels_are_conv_candidates():
     names = lambda found: [k.__name__ for k in found]  # noqa: E731
     assert "conv_1x1_gemm" in names(kernels.jit_candidates("Conv", one, [(1, 8, 9, 9), (16, 8, 1, 1)]))
     assert "conv_im2col_gemm" in names(kernels.jit_candidates("Conv", three, [(1, 8, 9, 9), (16, 8, 3, 3)]))
+    assert "conv_im2col_gemm8" in names(kernels.jit_candidates("Conv", three, [(1, 8, 9, 9), (16, 8, 3, 3)]))
     depthwise = {"group": 8, "kernel_shape": [3, 3]}
     assert "conv_im2col_gemm" not in names(
         kernels.jit_candidates("Conv", depthwise, [(1, 8, 9, 9), (8, 1, 3, 3)])
@@ -259,7 +274,7 @@ def test_winograd_on_the_gemm_matches_numpy_and_the_reference(case, activation, 
     numpy_result = fused.with_activation(conv_im2col)(inputs, attrs)[0]
     shapes = [x.shape, w.shape, None if b is None else b.shape]
     found = winograd_jit.CANDIDATES["Conv"](attrs, shapes)
-    assert winograd_jit.conv_winograd_gemm in found
+    assert winograd_jit.conv_winograd_gemm in found and winograd_jit.conv_winograd_gemm8 in found
     for inner in found:
         kernel = fused.with_activation(inner)
         for weights in (w, inner.pack([x, w], attrs)[1]):

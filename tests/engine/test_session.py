@@ -364,7 +364,12 @@ def test_conv_kernel_variant_is_chosen_from_shapes(tmp_path):
     )
     timings = Session(path).profile({"x": np.ones((1, 2, 5, 5), np.float32)})
     if jit.enabled():  # numpy's 1x1 GEMM and the JIT channels-last ones: measured
-        assert timings[0].kernel in {"conv.conv_1x1", "conv.conv_1x1_jit", "conv.conv_1x1_gemm"}
+        assert timings[0].kernel in {
+            "conv.conv_1x1",
+            "conv.conv_1x1_jit",
+            "conv.conv_1x1_gemm",
+            "conv.conv_1x1_gemm8",
+        }
     else:  # the only candidate: nothing to measure
         assert (timings[0].kernel, timings[0].note) == ("conv.conv_1x1", "")
     # depthwise has two numpy kernels (flat, channels-last), and two JIT ones where numba is

@@ -157,6 +157,7 @@ _ROWS = types.void(
     types.boolean,
     types.float32,
     types.float32,
+    types.boolean,
     *(_I64,) * 9,
 )
 
@@ -173,6 +174,7 @@ def _rows(
     has_clip,
     lo,
     hi,
+    split,
     ho,
     wo,
     m,
@@ -184,8 +186,10 @@ def _rows(
     last,
 ):  # noqa: ANN001, ANN202
     """Output rows [first, last): per row, panel of 32 channels and tile of MR pixels, one
-    micro-kernel call; a row's last pixels and a panel's last channels through a tile in
-    scratch.  Called for all rows (one thread) or per row by ``_rows_parallel``."""
+    micro-kernel call (two 6 x 16 ones when ``split``: twelve accumulators, where 6 x 32 in
+    16-lane vectors spills the 16 ymm registers of an AVX2 core); a row's last pixels and a
+    panel's last channels through a tile in scratch.  Called for all rows (one thread) or per
+    row by ``_rows_parallel``."""
     panels = (m + NR - 1) // NR
     flags = (1 if has_res else 0) | (2 if has_clip else 0)
     tile = np.empty(MR * NR, np.float32)
@@ -206,7 +210,7 @@ def _rows(
                     t0, count = wo - MR, MR
                 xo = base + t0 * step
                 at = (index * wo + t0) * m + j0
-                if count == MR and cols == NR:
+                if count == MR and cols == NR and not split:
                     _micro_full(
                         x,
                         xo,
@@ -281,6 +285,7 @@ def _rows_parallel(
     has_clip,
     lo,
     hi,
+    split,
     ho,
     wo,
     m,
@@ -303,6 +308,7 @@ def _rows_parallel(
             has_clip,
             lo,
             hi,
+            split,
             ho,
             wo,
             m,
@@ -342,7 +348,9 @@ def _padded(x: np.ndarray, win: window.Window, channels_last: bool, slack: int) 
     return flat
 
 
-def _direct(inputs: list[np.ndarray | None], attrs: dict[str, Any], channels_last: bool) -> list[np.ndarray]:
+def _direct(
+    inputs: list[np.ndarray | None], attrs: dict[str, Any], channels_last: bool, split: bool = False
+) -> list[np.ndarray]:
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = residual_of(inputs)
@@ -394,6 +402,7 @@ def _direct(inputs: list[np.ndarray | None], attrs: dict[str, Any], channels_las
         bounds is not None,
         np.float32(-np.inf if low is None else low),
         np.float32(np.inf if high is None else high),
+        split,
     )
     geometry = (ho, wo, m, offs.size, image, line, step)
     args = (xp, offs.astype(np.int64), weights.reshape(-1), out.reshape(-1), bias, res, *flags, *geometry)
@@ -406,6 +415,11 @@ def conv_direct_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     a stem), its result channels last; bias, residual and a fused Relu / Clip (``fuses_clip``)
     per tile; input 1 may be pre-packed by ``pack_nchw`` (then ``kernel_shape`` must be given)."""
     return _direct(inputs, attrs, channels_last=False)
+
+
+def conv_direct_jit8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """conv_direct_jit on 6 x 16 tiles (AVX2: twelve ymm accumulators), weights as packed for it."""
+    return _direct(inputs, attrs, channels_last=False, split=True)
 
 
 def conv_direct_jit_hwc(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -425,7 +439,11 @@ def direct_ok(x_shape: Sequence[int], w_shape: Sequence[int], attrs: dict[str, A
     )
 
 
-for _kernel, _pack in ((conv_direct_jit, pack_nchw), (conv_direct_jit_hwc, pack_columns)):
+for _kernel, _pack in (
+    (conv_direct_jit, pack_nchw),
+    (conv_direct_jit8, pack_nchw),
+    (conv_direct_jit_hwc, pack_columns),
+):
     _kernel.fuses_clip = True  # type: ignore[attr-defined]
     _kernel.jit = True  # type: ignore[attr-defined]
     _kernel.pack = lambda inputs, attrs, pack=_pack: (  # type: ignore[attr-defined]
@@ -445,7 +463,7 @@ def _conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | N
         return []
     # channels last it lost to im2col_gemm's gathered columns on every 3x3 layer of ResNet18 (its
     # search, in the model: 1.22-2.98 ms against 0.44-1.55), so only the NCHW form is offered
-    return [conv_direct_jit] if shapes[0][1] < HWC_MIN_CHANNELS else []
+    return [conv_direct_jit, conv_direct_jit8] if shapes[0][1] < HWC_MIN_CHANNELS else []
 
 
 CANDIDATES = {"Conv": _conv_candidates}

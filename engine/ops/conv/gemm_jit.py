@@ -349,6 +349,8 @@ def gemm(
 ) -> None:
     """out (P, M) = clip(x (P, K) @ W + bias + residual) with ``packed`` from ``pack_panels``;
     x, out and residual C-contiguous float32, bias (M,)."""
+    if packed.shape[-1] != NR:  # gemm8_jit's 16-wide panels (conv_im2col_gemm8's)
+        return gemm8_jit.gemm16(x, packed, out, bias, residual, bounds)
     low, high = (None, None) if bounds is None else bounds
     flags = (
         residual is not None,
@@ -583,10 +585,13 @@ def _conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | N
         return []
     x_shape, w_shape = shapes[0], shapes[1]
     if pointwise_ok(x_shape, w_shape, attrs):
-        return [conv_1x1_gemm]
+        return [conv_1x1_gemm, *gemm8_jit.candidates(attrs, shapes)]
     if hwc_ok(x_shape, w_shape, attrs) and len(w_shape) == 4 and x_shape[1] == w_shape[1]:
-        return [conv_im2col_gemm]
+        return [conv_im2col_gemm, *gemm8_jit.candidates(attrs, shapes)]
     return []
 
 
 CANDIDATES = {"Conv": _conv_candidates}
+
+# the 8-lane (AVX2) 1x1 GEMM: it imports this module's micro-kernel, hence last
+from engine.ops.conv import gemm8_jit  # noqa: E402

@@ -23,6 +23,7 @@ from engine.ops.conv.common import (
     fused_bounds,
     residual_of,
 )
+from engine.ops.conv.gemm8_jit import gemm_batched16, pack_panels16
 from engine.ops.conv.gemm_jit import gemm_batched, pack_panels
 from engine.ops.conv.im2col import conv_im2col
 from engine.ops.conv.winograd import (
@@ -41,9 +42,10 @@ from engine.ops.registry import Kernel
 from engine.ops.scratch import scratch
 
 
-def _panels(slots: np.ndarray) -> np.ndarray:
-    """(S, C, M) slot filters -> (S, panels, C + 2, 32): each slot packed for the micro-kernel."""
-    return np.ascontiguousarray(np.stack([pack_panels(slot) for slot in slots]))
+def _panels(slots: np.ndarray, pack: Callable[[np.ndarray], np.ndarray] = pack_panels) -> np.ndarray:
+    """(S, C, M) slot filters -> (S, panels, C + 2, 32 or 16): each slot packed for the
+    micro-kernel (``pack``: gemm_jit's 32-wide panels or gemm8_jit's 16-wide ones)."""
+    return np.ascontiguousarray(np.stack([pack(slot) for slot in slots]))
 
 
 def pack_winograd_gemm(w: np.ndarray) -> np.ndarray:
@@ -54,6 +56,14 @@ def pack_winograd4_gemm(w: np.ndarray) -> np.ndarray:
     return _panels(pack_winograd4(w))
 
 
+def pack_winograd_gemm8(w: np.ndarray) -> np.ndarray:
+    return _panels(pack_winograd(w), pack_panels16)
+
+
+def pack_winograd4_gemm8(w: np.ndarray) -> np.ndarray:
+    return _panels(pack_winograd4(w), pack_panels16)
+
+
 def _winograd(
     inputs: list[np.ndarray | None],
     attrs: dict[str, Any],
@@ -61,13 +71,15 @@ def _winograd(
     pack: Callable[[np.ndarray], np.ndarray],
     bt: np.ndarray,
     at: np.ndarray,
+    batched: Callable[[np.ndarray, np.ndarray, np.ndarray], None] = gemm_batched,
 ) -> list[np.ndarray]:
-    """winograd._winograd_channels_last with the slot GEMMs on the JIT micro-kernel; input 1 may be
-    pre-packed by ``pack`` (4-D: the (M, C, 3, 3) filters)."""
+    """winograd._winograd_channels_last with the slot GEMMs on the JIT micro-kernel (``batched``:
+    gemm_jit's or gemm8_jit's); input 1 may be pre-packed by ``pack`` (4-D: the (M, C, 3, 3)
+    filters)."""
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = residual_of(inputs)
-    packed = tuple(w.shape[2:]) != (3, 3)  # (S, panels, C + 2, 32), not (M, C, 3, 3)
+    packed = tuple(w.shape[2:]) != (3, 3)  # (S, panels, C + 2, 32 or 16), not (M, C, 3, 3)
     plain = x.dtype == np.float32 and w.dtype == np.float32 and (b is None or b.dtype == np.float32)
     m = int(w[0, 0, -1, 0]) if packed else w.shape[0]
     w_shape = (m, w.shape[2] - 2, 3, 3) if packed else w.shape
@@ -89,7 +101,7 @@ def _winograd(
     for image in range(n):
         v = _wino_input(x[image], win, th, tw, bt32, step)
         prod = scratch(PONG, (bt.shape[0] ** 2, th * tw, m), np.float32)
-        gemm_batched(v, weights, prod)
+        batched(v, weights, prod)
         _wino_output(prod, th, tw, at32, b, result.buffer[image])
     return [result.finish(residual, bounds)]
 
@@ -104,9 +116,21 @@ def conv_winograd4_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     return _winograd(inputs, attrs, winograd4_ok, pack_winograd4_gemm, _WINO4_BT, _WINO4_AT)
 
 
+def conv_winograd_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """conv_winograd_gemm on gemm8_jit's 8-lane (AVX2) tiles."""
+    return _winograd(inputs, attrs, winograd_ok, pack_winograd_gemm8, _WINO_BT, _WINO_AT, gemm_batched16)
+
+
+def conv_winograd4_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """conv_winograd4_gemm on gemm8_jit's 8-lane (AVX2) tiles."""
+    return _winograd(inputs, attrs, winograd4_ok, pack_winograd4_gemm8, _WINO4_BT, _WINO4_AT, gemm_batched16)
+
+
 for _kernel, _ok, _pack in (
     (conv_winograd_gemm, winograd_ok, pack_winograd_gemm),
     (conv_winograd4_gemm, winograd4_ok, pack_winograd4_gemm),
+    (conv_winograd_gemm8, winograd_ok, pack_winograd_gemm8),
+    (conv_winograd4_gemm8, winograd4_ok, pack_winograd4_gemm8),
 ):
     _kernel.fuses_clip = True  # type: ignore[attr-defined]
     _kernel.jit = True  # type: ignore[attr-defined]
@@ -122,9 +146,9 @@ def _conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | N
         return []
     found = []
     if winograd_ok(shapes[0], shapes[1], attrs) and shapes[0][1] == shapes[1][1]:
-        found.append(conv_winograd_gemm)
+        found += [conv_winograd_gemm, conv_winograd_gemm8]
         if winograd4_ok(shapes[0], shapes[1], attrs):
-            found.append(conv_winograd4_gemm)
+            found += [conv_winograd4_gemm, conv_winograd4_gemm8]
     return found
 
 
