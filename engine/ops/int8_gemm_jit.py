@@ -16,10 +16,11 @@ the inner loop loads 4 vectors of 16 columns x 4 consecutive k, and each of 4 ro
 activation bytes is broadcast to all 16 lanes; with AVX-512 VNNI one vpdpbusd instruction adds
 64 products into 16 int32 sums; with AVX2 (no VNNI) four vpmaddwd on the weights stored as
 16-bit words (int_dot_ir.words, twice the bytes), one column vector per pass over K; elsewhere
-generic LLVM IR (widen, multiply, add the four products of a lane).  A tile keeps 4 rows x 64 columns of sums (16 vectors) in registers for the
-whole K loop.  Measured on one core (ViT-Tiny and BERT shapes, 128-197 rows): 4.5-7.5x the
-float32 BLAS GEMM's speed on the same shapes, 545-900 G int ops/s with VNNI; with AVX2 (AMD
-EPYC Zen 3, busy shared host) 1.0-2x, 60-110 G int ops/s (the generic IR: ~10x slower than BLAS).
+generic LLVM IR (widen, multiply, add the four products of a lane).  A tile keeps 4 rows x 64
+columns of sums (16 vectors) in registers for the whole K loop.  Measured on one core (ViT-Tiny
+and BERT shapes, 128-197 rows): 4.5-7.5x the float32 BLAS GEMM's speed on the same shapes,
+545-900 G int ops/s with VNNI; with AVX2 (AMD EPYC Zen 3, busy shared host) 1-2x, 60-110 G int
+ops/s (the generic IR: ~10x slower than BLAS).
 """
 
 from __future__ import annotations
