@@ -110,3 +110,99 @@ def test_the_path_follows_the_cpu_numba_compiles_for(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(config, "CPU_NAME", "generic")
     assert not int_dot_ir.has_avx2() and not jit.has_vnni()
     assert int_dot_ir.PATH in ("vnni", "avx2", "generic")
+
+
+# -- AVX2's bounded forms: int4 nibbles (dot_small) and signed x signed bytes (dot_signed) --------
+
+
+def _bounded_kernel(form: str):  # noqa: ANN202
+    """out[16] = acc + form(u [pairs, 64], s [pairs, 64]): dot_small over all pairs, or
+    dot_signed of the first pair."""
+
+    @intrinsic
+    def step(typingctx, acc, u, s, pairs, out):  # noqa: ANN001, ANN202, ARG001
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            kinds = signature.args
+
+            def load(i: int, at: int):  # noqa: ANN202
+                offset = numba.core.cgutils.intp_t(at)
+                return builder.load(
+                    int_dot_ir.pointer(context, builder, kinds[i], args[i], offset, int_dot_ir.SUMS), align=1
+                )
+
+            total = load(0, 0)
+            if form == "small":
+                operands = [(load(1, 64 * p), load(2, 64 * p)) for p in range(int_dot_ir.SMALL_PAIRS)]
+                total = int_dot_ir.dot_small(builder, total, operands)
+            else:
+                total = int_dot_ir.dot_signed(builder, total, load(1, 0), load(2, 0))
+            target = int_dot_ir.pointer(
+                context, builder, kinds[4], args[4], numba.core.cgutils.intp_t(0), int_dot_ir.SUMS
+            )
+            builder.store(total, target, align=1)
+            return context.get_dummy_value()
+
+        return types.void(acc, u, s, pairs, out), codegen
+
+    @numba.njit
+    def run(acc, u, s, out):  # noqa: ANN001, ANN202
+        step(acc, u, s, 0, out)
+
+    return run
+
+
+def _bounded(form: str, acc: np.ndarray, u: np.ndarray, s: np.ndarray) -> np.ndarray:
+    if not int_dot_ir.has_avx2() or not int_dot_ir.AVX2:
+        pytest.skip("the bounded forms' AVX2 code needs AVX2 (as numba compiles for this CPU)")
+    key = f"bounded-{form}"
+    if key not in _KERNELS:
+        _KERNELS[key] = _bounded_kernel(form)
+    out = np.empty(16, np.int32)
+    _KERNELS[key](acc, u.reshape(-1), s.reshape(-1), out)
+    return out
+
+
+def _expected_pairs(acc: np.ndarray, u: np.ndarray, s: np.ndarray) -> np.ndarray:
+    products = u.astype(np.int64).reshape(-1, 16, 4) * s.astype(np.int64).reshape(-1, 16, 4)
+    return (acc.astype(np.int64) + products.sum(axis=(0, 2))).astype(np.int32)
+
+
+@pytest.mark.parametrize(("u_value", "s_value"), [(15, -128), (15, 127), (0, -128), (15, 0), (1, -1)])
+def test_nibble_sums_in_sixteen_bits_are_exact_at_their_bound(u_value: int, s_value: int) -> None:
+    u = np.full((int_dot_ir.SMALL_PAIRS, 64), u_value, np.uint8)
+    s = np.full((int_dot_ir.SMALL_PAIRS, 64), s_value, np.int8)
+    acc = np.arange(16, dtype=np.int32) - 5
+    got = _bounded("small", acc, u, s)
+    np.testing.assert_array_equal(got, _expected_pairs(acc, u, s))
+    assert got[0] - acc[0] == 8 * 4 * u_value * s_value
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31))
+def test_nibble_sums_give_numpys(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, 16, (int_dot_ir.SMALL_PAIRS, 64), dtype=np.uint8)
+    s = rng.integers(-128, 128, (int_dot_ir.SMALL_PAIRS, 64), dtype=np.int8)
+    acc = rng.integers(-(2**30), 2**30, 16, dtype=np.int32)
+    np.testing.assert_array_equal(_bounded("small", acc, u, s), _expected_pairs(acc, u, s))
+
+
+@pytest.mark.parametrize("a_value", [-128, -127, -1, 0, 1, 127])
+@pytest.mark.parametrize("b_value", [-127, -1, 0, 1, 127])
+def test_signed_products_are_exact_at_their_bounds(a_value: int, b_value: int) -> None:
+    a = np.full((1, 64), a_value, np.int8)
+    b = np.full((1, 64), b_value, np.int8)
+    acc = np.full(16, 7, np.int32)
+    got = _bounded("signed", acc, a, b)
+    np.testing.assert_array_equal(got, _expected_pairs(acc, a, b))
+    assert got[0] == 7 + 4 * a_value * b_value
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31))
+def test_signed_products_give_numpys(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-128, 128, (1, 64), dtype=np.int8)
+    b = rng.integers(-127, 128, (1, 64), dtype=np.int8)
+    acc = rng.integers(-(2**30), 2**30, 16, dtype=np.int32)
+    np.testing.assert_array_equal(_bounded("signed", acc, a, b), _expected_pairs(acc, a, b))
