@@ -9,10 +9,26 @@ stays (several projections often read one quantized value: computed once), each 
 the dequantized copy becomes a QdqMatMul reading the uint8 values, and the DequantizeLinear goes
 when nothing else reads it.  With the JIT tier the QdqMatMul's kernel is the integer GEMM
 (int8_gemm_jit.py, weights packed here once); without, the numpy kernel runs the unfused form.
+
+The integer GEMM is only as fast as the CPU's byte dot product: one instruction per 64 products
+with AVX-512 VNNI (4.5-7.5x float32 BLAS), ~8 with AVX2 (~1.5x), and LLVM's generic lowering
+elsewhere (~10x slower than BLAS: int8a models 6-9x slower than onnxruntime fp32 on an AVX2
+machine, before the AVX2 path).  So without VNNI nothing is fused unless ``integer_products_pay``
+measured the integer GEMM clearly faster than the float form it replaces on this machine
+(PAY_MARGIN: the probe leaves out what fusing adds per node, e.g. a 1-row product padded to the
+GEMM's 4-row tile; on an AMD EPYC Zen 3 with AVX2 the probe found 0.8-0.9x and the fused plans
+ran 0.5x (GPT decode step), 0.9x (ViT-Tiny), 1.02-1.07x (ResNet18, BERT) the unfused ones).  A
+device check, not a candidate in the kernel search: the fusion replaces two planned steps (the
+DequantizeLinear and the QMatMul or Conv whose kernel the search already chose), which a
+per-node search among one op's kernels cannot weigh.  ``FERRY_INT8_FUSION`` = 1 / 0 fuses
+always / never (tests, benchmarks).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -38,6 +54,8 @@ def fuse_qdq(
 ) -> list:
     """The planned steps with each fusable QMatMul and Conv replaced (see the module's note);
     packed weights are added to ``packed`` (the plan's constants)."""
+    if use_jit and not integer_products_pay():
+        return steps  # the unfused float form is faster here
     producer = {name: step for step in steps for name in step.outputs if name}
     original = {step.name: step for step in program.steps}  # inputs before any packing
     filters = {s.outputs[0]: s for s in program.steps if s.op == "DequantizeLinear" and s.outputs}
@@ -141,3 +159,59 @@ def _quantized_source(name: str, producer: dict, static: dict[str, np.ndarray]) 
         return None
     q, scale, zero = dequantize.inputs
     return [q, scale, zero] if scale in static and zero in static else None
+
+
+# the measured product: a transformer projection's shape (ViT-Tiny, BERT-base rows), per thread
+PROBE_SHAPE = (128, 384, 384)  # rows, K, N
+PROBE_ROUNDS = 7
+PAY_MARGIN = 0.7  # fuse without VNNI when the integer probe takes <= 70% of the float one
+
+
+def integer_products_pay() -> bool:
+    """Whether the JIT integer GEMM beats the unfused float form here: always with AVX-512 VNNI;
+    else measured once per process (~10 ms) and by PAY_MARGIN: uint8 x int8 through the integer
+    kernel against dequantizing the same uint8 values and a float32 BLAS product with weights
+    cast already (the unfused form's best case), each the best of PROBE_ROUNDS interleaved
+    rounds of CPU time at one thread.  ``FERRY_INT8_FUSION`` (1 / 0) overrides."""
+    forced = os.environ.get("FERRY_INT8_FUSION")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return jit.has_vnni() or _measured_to_pay()
+
+
+@functools.cache
+def _measured_to_pay() -> bool:
+    integer, floating = _probe_seconds()
+    return integer <= PAY_MARGIN * floating
+
+
+def _probe_seconds() -> tuple[float, float]:
+    """(integer kernel, float form) seconds for one PROBE_SHAPE product at one thread."""
+    from threadpoolctl import threadpool_limits  # noqa: PLC0415 - only without VNNI
+
+    module = jit.module("engine.ops.int8_gemm_jit")
+    rows, k, n = PROBE_SHAPE
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 256, (rows, k), dtype=np.uint8)
+    w = rng.integers(-127, 128, (k, n), dtype=np.int8)
+    scale, zero, w_scale = np.array(0.02, np.float32), np.array(128, np.uint8), np.full(n, 0.01, np.float32)
+    inputs = [q, scale, zero, w, w_scale, None, None]
+    packed = dict(enumerate(inputs)) | module.pack(inputs, {})
+    integer_inputs = [packed[i] for i in range(len(inputs))]
+    w_float = w.astype(np.float32) * w_scale
+
+    def integer() -> None:
+        module.qdq_matmul_jit(integer_inputs, {})
+
+    def floating() -> None:
+        ((q.astype(np.float32) - np.float32(128)) * scale) @ w_float
+
+    best = [float("inf"), float("inf")]
+    with threadpool_limits(1), jit.thread_limit(1):
+        integer()  # compiled (or loaded) and warm
+        for _ in range(PROBE_ROUNDS):
+            for slot, run in enumerate((integer, floating)):
+                start = time.thread_time()
+                run()
+                best[slot] = min(best[slot], time.thread_time() - start)
+    return best[0], best[1]

@@ -14,10 +14,13 @@ rounding of a K-term sum.
 Layout: the weights are packed once per plan as [N/64, K/4, 64, 4] (zero-padded): one step of
 the inner loop loads 4 vectors of 16 columns x 4 consecutive k, and each of 4 rows' next 4
 activation bytes is broadcast to all 16 lanes; with AVX-512 VNNI one vpdpbusd instruction adds
-64 products into 16 int32 sums (elsewhere generic LLVM IR: widen, multiply, add the four
-products of a lane).  A tile keeps 4 rows x 64 columns of sums (16 vectors) in registers for the
-whole K loop.  Measured on one core (ViT-Tiny and BERT shapes, 128-197 rows): 4.5-7.5x the
-float32 BLAS GEMM's speed on the same shapes, 545-900 G int ops/s.
+64 products into 16 int32 sums; with AVX2 (no VNNI) four vpmaddwd on the weights stored as
+16-bit words (int_dot_ir.words, twice the bytes), one column vector per pass over K; elsewhere
+generic LLVM IR (widen, multiply, add the four products of a lane).  A tile keeps 4 rows x 64
+columns of sums (16 vectors) in registers for the whole K loop.  Measured on one core (ViT-Tiny
+and BERT shapes, 128-197 rows): 4.5-7.5x the float32 BLAS GEMM's speed on the same shapes,
+545-900 G int ops/s with VNNI; with AVX2 (AMD EPYC Zen 3, busy shared host) 1-2x, 60-110 G int
+ops/s (the generic IR: ~10x slower than BLAS).
 """
 
 from __future__ import annotations
@@ -46,38 +49,63 @@ COLUMNS = 16 * VECTORS
 VNNI = int_dot_ir.VNNI
 _dot, _pointer, _splat = int_dot_ir.dot, int_dot_ir.pointer, int_dot_ir.splat
 _I32, _I64, _SUMS = int_dot_ir.I32, ir.IntType(64), int_dot_ir.SUMS
+# AVX2 (no VNNI): the weights are stored as int_dot_ir.words (16-bit, 2 bytes a weight), and a
+# pass over K takes one column vector: its 4 rows x 2 halves of sums and 4 halves of weights fit
+# AVX2's 16 registers (all 4 vectors' sums, as with AVX-512's 32, would spill every step)
+WORDS = int_dot_ir.PATH == "avx2"
+WIDTH = 2 if WORDS else 1  # bytes per packed weight
+GROUP = 1 if WORDS else VECTORS  # column vectors per pass over K
+
+
+def _tile_pass(context, builder, kinds, args, vectors: range) -> None:  # noqa: ANN001
+    """One pass of ``_tile`` over K for the column vectors ``vectors``: their ROWS x len(vectors)
+    sums kept in registers for the whole loop (allocas LLVM promotes), then stored."""
+    q, q_at, q_stride, w, w_at, steps, sums = args
+    acc = {
+        (r, v): cgutils.alloca_once_value(builder, ir.Constant(_SUMS, None))
+        for r in range(ROWS)
+        for v in vectors
+    }
+
+    def load(at: ir.Value, offset: int) -> ir.Value:
+        where = builder.add(at, ir.Constant(_I64, offset))
+        return builder.load(_pointer(context, builder, kinds[3], w, where, _SUMS), align=1)
+
+    with cgutils.for_range(builder, steps) as loop:
+        base = builder.add(w_at, builder.mul(loop.index, ir.Constant(_I64, 4 * COLUMNS * WIDTH)))
+        if WORDS:  # even words then odd words per vector
+            weights = {v: (load(base, 128 * v), load(base, 128 * v + 64)) for v in vectors}
+        else:
+            weights = {v: load(base, 64 * v) for v in vectors}
+        for r in range(ROWS):
+            row = builder.add(q_at, builder.mul(q_stride, ir.Constant(_I64, r)))
+            at = builder.add(row, builder.mul(loop.index, ir.Constant(_I64, 4)))
+            four = builder.load(_pointer(context, builder, kinds[0], q, at, _I32), align=1)
+            broadcast = _splat(builder, four, _SUMS)
+            for v in vectors:
+                before = builder.load(acc[r, v])
+                if WORDS:
+                    after = int_dot_ir.dot_words(
+                        builder, before, *int_dot_ir.unsigned_words(builder, broadcast), *weights[v]
+                    )
+                else:
+                    after = _dot(builder, before, broadcast, weights[v])
+                builder.store(after, acc[r, v])
+    for (r, v), sum_ in acc.items():
+        target = _pointer(context, builder, kinds[6], sums, ir.Constant(_I64, (r * VECTORS + v) * 16), _SUMS)
+        builder.store(builder.load(sum_), target, align=4)
 
 
 @intrinsic
 def _tile(typingctx, q, q_at, q_stride, w, w_at, steps, sums):  # noqa: ANN001, ANN202, ARG001
     """sums[r * 64 + c] (int32) = sum over ``steps`` steps s of the 4 bytes q[q_at + r * q_stride
-    + 4 s ..] (uint8) times weight column c's 4 bytes of step s at w[w_at + 256 s ..] (int8)."""
+    + 4 s ..] (uint8) times weight column c's 4 bytes of step s at w[w_at + 256 WIDTH s ..]
+    (int8, or their words)."""
     sig = types.void(q, q_at, q_stride, w, w_at, steps, sums)
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        q, q_at, q_stride, w, w_at, steps, sums = args
-        kinds = signature.args
-        zero = ir.Constant(_SUMS, None)
-        # allocas LLVM promotes to registers: the 16 sums live in vector registers for the loop
-        acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(VECTORS)] for _ in range(ROWS)]
-        with cgutils.for_range(builder, steps) as loop:
-            base = builder.add(w_at, builder.mul(loop.index, ir.Constant(_I64, 4 * COLUMNS)))
-            offsets = [builder.add(base, ir.Constant(_I64, 64 * v)) for v in range(VECTORS)]
-            weights = [
-                builder.load(_pointer(context, builder, kinds[3], w, at, _SUMS), align=1) for at in offsets
-            ]
-            for r in range(ROWS):
-                row = builder.add(q_at, builder.mul(q_stride, ir.Constant(_I64, r)))
-                at = builder.add(row, builder.mul(loop.index, ir.Constant(_I64, 4)))
-                four = builder.load(_pointer(context, builder, kinds[0], q, at, _I32), align=1)
-                broadcast = _splat(builder, four, _SUMS)
-                for v in range(VECTORS):
-                    builder.store(_dot(builder, builder.load(acc[r][v]), broadcast, weights[v]), acc[r][v])
-        for r in range(ROWS):
-            for v in range(VECTORS):
-                at = ir.Constant(_I64, (r * VECTORS + v) * 16)
-                target = _pointer(context, builder, kinds[6], sums, at, _SUMS)
-                builder.store(builder.load(acc[r][v]), target, align=4)
+        for first in range(0, VECTORS, GROUP):
+            _tile_pass(context, builder, signature.args, args, range(first, first + GROUP))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -107,7 +135,7 @@ def _gemm_blocks(q, w, zero_sums, scale, offset, out, first, last):  # noqa: ANN
         start = block * COLUMNS
         width = min(n, start + COLUMNS) - start
         for m in range(0, rows, ROWS):
-            _tile(flat, m * depth, depth, w, block * steps * 4 * COLUMNS, steps, sums)
+            _tile(flat, m * depth, depth, w, block * steps * 4 * COLUMNS * WIDTH, steps, sums)
             for r in range(min(ROWS, rows - m)):
                 target = out[m + r, start : start + width]
                 tile = sums[r * COLUMNS : r * COLUMNS + width]
@@ -144,13 +172,15 @@ def gemm(
 
 
 def pack_weights(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 [K, N] -> (flat [N/64, K/4, 64, 4] zero-padded, int32 column sums [N])."""
+    """int8 [K, N] -> (flat int8 [N/64, K/4, 64, 4] zero-padded, int32 column sums [N]); with
+    WORDS each step's 4 vectors as int_dot_ir.words (int16, the bytes as int8)."""
     k, n = x.shape
     depth, width = -(-k // 4) * 4, -(-n // COLUMNS) * COLUMNS
     padded = np.zeros((depth, width), np.int8)
     padded[:k, :n] = x
     packed = padded.reshape(depth // 4, 4, width // COLUMNS, COLUMNS).transpose(2, 0, 3, 1)
-    return np.ascontiguousarray(packed).reshape(-1), x.sum(axis=0, dtype=np.int32)
+    packed = int_dot_ir.words(packed.reshape(*packed.shape[:2], VECTORS, 16, 4)) if WORDS else packed
+    return np.ascontiguousarray(packed).reshape(-1).view(np.int8), x.sum(axis=0, dtype=np.int32)
 
 
 def pack(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> dict[int, np.ndarray]:

@@ -92,33 +92,52 @@ def test_operands_the_integer_kernel_does_not_take_go_to_the_unfused_form():
     )
 
 
-def test_the_kernel_compiled_for_a_cpu_without_vnni_gives_the_same_sums(tmp_path):
-    """Generic LLVM IR where the CPU lacks AVX-512 VNNI: the same exact integer sums."""
+# numba compiling for another CPU: skylake-avx512 has AVX-512 but no VNNI (the generic IR);
+# haswell (features named: int_dot_ir takes a named CPU as generic otherwise) the AVX2 path
+WITHOUT_VNNI = {
+    "generic": {"NUMBA_CPU_NAME": "skylake-avx512"},
+    "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+bmi2"},
+}
+
+
+def _host_has(feature: str) -> bool:
+    import llvmlite.binding as llvm  # noqa: PLC0415 - only with the JIT tier
+
+    return bool(llvm.get_host_cpu_features().get(feature, False))
+
+
+@pytest.mark.parametrize("path", sorted(WITHOUT_VNNI))
+def test_the_kernel_compiled_for_a_cpu_without_vnni_gives_the_same_sums(tmp_path, path):
+    """Generic LLVM IR or AVX2's vpmaddwd where the CPU lacks AVX-512 VNNI: the same exact
+    integer sums, the uint8 and int8 extremes included."""
     _jit_module()
+    if path == "avx2" and not _host_has("avx2"):
+        pytest.skip("code compiled for AVX2 cannot run on this CPU")
     script = (
         "import numpy as np\n"
         "from engine import jit\n"
         "m = jit.module('engine.ops.int8_gemm_jit')\n"
-        "assert not m.VNNI\n"
+        f"assert m.int_dot_ir.PATH == {path!r}, m.int_dot_ir.PATH\n"
         "rng = np.random.default_rng(5)\n"
         "q = rng.integers(0, 256, (9, 37), dtype=np.uint8)\n"
-        "w = rng.integers(-127, 128, (37, 70), dtype=np.int8)\n"
+        "w = rng.integers(-128, 128, (37, 70), dtype=np.int8)\n"
+        "q[0], w[:, 0], q[1], w[:, 1] = 255, -128, 255, 127\n"
         "ones = np.ones(70, np.float32)\n"
         "inputs = [q, np.array(1, np.float32), np.array(0, np.uint8), w, ones, None, None]\n"
         "got = m.qdq_matmul_jit(inputs, {})[0]\n"
         "assert np.array_equal(got, (q.astype(np.int64) @ w.astype(np.int64)).astype(np.float32))\n"
-        "print('generic ok')\n"
+        "print('exact ok')\n"
     )
     env = {
         **os.environ,
-        "NUMBA_CPU_NAME": "skylake-avx512",  # AVX-512 without VNNI
+        **WITHOUT_VNNI[path],
         "FERRY_JIT_CACHE": str(tmp_path / "jit"),
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
-    assert done.returncode == 0 and "generic ok" in done.stdout, done.stderr[-2000:]
+    assert done.returncode == 0 and "exact ok" in done.stdout, done.stderr[-2000:]
 
 
 def _encoder_block(seed: int):
@@ -150,7 +169,8 @@ def _encoder_block(seed: int):
 
 
 @pytest.mark.parametrize("use_jit", [True, False])
-def test_a_static_int8_package_plans_its_matmuls_as_integer_products(tmp_path, use_jit):
+def test_a_static_int8_package_plans_its_matmuls_as_integer_products(tmp_path, use_jit, monkeypatch):
+    monkeypatch.setenv("FERRY_INT8_FUSION", "1")  # whatever this CPU's integer GEMM measures
     if use_jit:
         _jit_module()
     model, feeds = _encoder_block(3)
@@ -169,6 +189,40 @@ def test_a_static_int8_package_plans_its_matmuls_as_integer_products(tmp_path, u
     for name, value in first.items():
         scale = max(1.0, float(np.abs(value).max()))
         np.testing.assert_allclose(planned[name] / scale, value / scale, atol=1e-5)
+
+
+def test_where_integer_products_do_not_pay_the_unfused_form_is_planned(tmp_path, monkeypatch):
+    """The safety net: a CPU whose integer GEMM measured slower than the float form keeps
+    QuantizeLinear -> DequantizeLinear -> QMatMul as they are, with the same results."""
+    _jit_module()
+    from engine import fuse_qdq  # noqa: PLC0415
+
+    monkeypatch.delenv("FERRY_INT8_FUSION", raising=False)
+    monkeypatch.setattr(fuse_qdq, "_measured_to_pay", lambda: False)
+    monkeypatch.setattr(fuse_qdq.jit, "has_vnni", lambda: False)
+    model, feeds = _encoder_block(4)
+    package = tmp_path / "block.ferry"
+    convert(model, package, quantize="int8", activations="minmax", calibration=feeds)
+    session = Session(package, threads=1, jit=True)
+    first = {name: value.copy() for name, value in session.run(feeds).items()}
+    session.run(feeds)
+    ops = [t.op for t in session.profile(feeds)]
+    assert "QdqMatMul" not in ops and ops.count("QMatMul") == 3 and "DequantizeLinear" in ops
+    planned = session.run(feeds)
+    for name, value in first.items():
+        np.testing.assert_allclose(planned[name], value, rtol=1e-6, atol=1e-6)
+    monkeypatch.setenv("FERRY_INT8_FUSION", "0")
+    assert not fuse_qdq.integer_products_pay()
+    monkeypatch.setenv("FERRY_INT8_FUSION", "1")
+    assert fuse_qdq.integer_products_pay()
+
+
+def test_the_device_probe_times_both_forms():
+    _jit_module()
+    from engine import fuse_qdq  # noqa: PLC0415
+
+    integer, floating = fuse_qdq._probe_seconds()
+    assert 0 < integer < 1 and 0 < floating < 1
 
 
 # -- convolutions: QdqConv ------------------------------------------------------------------------
@@ -277,7 +331,8 @@ def _conv_block(seed: int):
     return model, {"x": np.abs(rng.standard_normal((1, 64, 10, 10))).astype(np.float32)}
 
 
-def test_a_static_int8_cnn_plans_its_convolutions_as_integer_products(tmp_path):
+def test_a_static_int8_cnn_plans_its_convolutions_as_integer_products(tmp_path, monkeypatch):
+    monkeypatch.setenv("FERRY_INT8_FUSION", "1")  # whatever this CPU's integer GEMM measures
     _jit_module()
     model, feeds = _conv_block(4)
     package = tmp_path / "block.ferry"

@@ -180,28 +180,41 @@ def test_two_threads_give_one_threads_bits() -> None:
 
 
 _WITHOUT_VNNI = """
+import sys
 import numpy as np
 from engine.llm import dot_jit, gemv
 from engine.llm.weights import make_matrix
-assert not dot_jit.VNNI
+assert dot_jit.int_dot_ir.PATH == sys.argv[1], dot_jit.int_dot_ir.PATH
 rng = np.random.default_rng(5)
-matrix = make_matrix(rng.standard_normal((48, 96)).astype(np.float32), "int8", activations="int8")
+w = rng.standard_normal((48, 96)).astype(np.float32)
 x = rng.standard_normal((9, 96)).astype(np.float32)
-expected = gemv.quantize_activations(x, 32).astype(np.float64) @ matrix.dense().astype(np.float64).T
-tolerance = {"rtol": 1e-5, "atol": 1e-5 * np.abs(expected).max()}
-q, scale = matrix.arrays["q"], matrix.arrays["scale"]
-np.testing.assert_allclose(dot_jit.gemm8(x, q, scale), expected, **tolerance)
-np.testing.assert_allclose(dot_jit.gemv8(x[3], q, scale), expected[3], **tolerance)
+for weights, block in (("int8", 32), ("int4", 32)):
+    matrix = make_matrix(w, weights, block, activations="int8")
+    expected = gemv.quantize_activations(x, 32).astype(np.float64) @ matrix.dense().astype(np.float64).T
+    tolerance = {"rtol": 1e-5, "atol": 1e-5 * np.abs(expected).max()}
+    np.testing.assert_allclose(matrix.gemm(x), expected, **tolerance)
+    np.testing.assert_allclose(matrix.gemv(x[3]), expected[3], **tolerance)
 print("ok")
 """
+# numba compiling for another CPU: skylake-avx512 has AVX-512 but no VNNI (the generic IR);
+# haswell with its features named is int_dot_ir's AVX2 path (dot_small, dot_signed)
+WITHOUT_VNNI = {
+    "generic": {"NUMBA_CPU_NAME": "skylake-avx512"},
+    "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+bmi2"},
+}
 
 
 @needs_jit
-def test_the_kernels_compile_and_agree_without_vnni(tmp_path: Path) -> None:
-    """skylake-avx512 has AVX-512 but no VNNI: the dot product is the generic IR (own cache)."""
-    env = os.environ | {"NUMBA_CPU_NAME": "skylake-avx512", "FERRY_JIT_CACHE": str(tmp_path / "jit")}
+@pytest.mark.parametrize("path", sorted(WITHOUT_VNNI))
+def test_the_kernels_compile_and_agree_without_vnni(tmp_path: Path, path: str) -> None:
+    """The int8 and int4 dot-layout kernels on each path a CPU without VNNI takes (own cache)."""
+    import llvmlite.binding as llvm  # noqa: PLC0415 - only with the JIT tier
+
+    if path == "avx2" and not llvm.get_host_cpu_features().get("avx2", False):
+        pytest.skip("code compiled for AVX2 cannot run on this CPU")
+    env = os.environ | WITHOUT_VNNI[path] | {"FERRY_JIT_CACHE": str(tmp_path / "jit")}
     done = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_VNNI], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", _WITHOUT_VNNI, path], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
