@@ -122,7 +122,8 @@ def test_the_integer_gemm_on_run_time_parameters_matches_the_unfused_form(rows, 
 
 
 @pytest.mark.parametrize("use_jit", [True, False])
-def test_a_dynamic_int8_package_plans_its_matmuls_as_integer_products(tmp_path, use_jit):
+def test_a_dynamic_int8_package_plans_its_matmuls_as_integer_products(tmp_path, use_jit, monkeypatch):
+    monkeypatch.setenv("FERRY_INT8_FUSION", "1")  # whatever this CPU's integer GEMM measures
     if use_jit:
         _jit_module()
     model, feeds = _encoder_block(3)
@@ -146,7 +147,8 @@ def test_a_dynamic_int8_package_plans_its_matmuls_as_integer_products(tmp_path, 
         np.testing.assert_allclose(planned[name] / scale, value / scale, atol=1e-5)
 
 
-def test_a_dynamic_int8_cnn_plans_its_convolutions_as_integer_products(tmp_path):
+def test_a_dynamic_int8_cnn_plans_its_convolutions_as_integer_products(tmp_path, monkeypatch):
+    monkeypatch.setenv("FERRY_INT8_FUSION", "1")  # whatever this CPU's integer GEMM measures
     _jit_module()
     model, feeds = _conv_block(4)
     package = tmp_path / "block.ferry"
