@@ -9,8 +9,9 @@ Compiling is kept out of the hot path.  Every JIT kernel is compiled for explici
 its module is imported (a ``parallel=True`` variant when a session that may use more than one
 thread loads its module, see ``njit``), with numba's on-disk cache in a directory the engine is told
 (``set_cache_dir``; the agent passes its state directory) or ``FERRY_JIT_CACHE`` (default
-``~/.cache/ferry/jit``); ``load()`` imports them (a Session, those its model can use), so a
-package activation pays the compile, or the cache load, before the first inference.
+``~/.cache/ferry/jit``), one subdirectory per engine version (``compiled_dir``); ``load()``
+imports them (a Session, those its model can use), so a package activation pays the compile, or
+the cache load, before the first inference.
 
 Parallel kernels (``prange``) run only when the caller allows more than one thread
 (``thread_limit``, set by the session from its ``threads``) and no other thread is inside a
@@ -22,10 +23,13 @@ serial variant.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -118,6 +122,38 @@ def cache_dir() -> Path:
         return Path.home() / ".cache" / "ferry" / "jit"
     except (RuntimeError, KeyError):  # no home directory (some service accounts)
         return Path(tempfile.gettempdir()) / "ferry-jit"
+
+
+KEPT_ENGINES = 3  # compiled-kernel directories kept beside the current one's (see compiled_dir)
+
+
+def compiled_dir() -> Path:
+    """numba's cache for this engine: ``cache_dir()/engine-<digest of the engine's sources>``.
+
+    numba keys a cached kernel on its own file alone, but kernels inline code from other files
+    (layer_jit's decode layers carry dot_jit's GEMVs, int_dot_ir's IR serves three modules): an
+    engine upgrade that changed only the inlined file kept the old compiled code, slow or wrong
+    for a changed layout (seen: a decode step at 43 ms on dot_jit's replaced int8 path, 20 ms
+    compiled afresh).  Any change to the engine compiles every kernel again, once."""
+    return cache_dir() / f"engine-{_sources_digest()}"
+
+
+@functools.cache  # the engine's files do not change under a running process
+def _sources_digest() -> str:
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _remove_stale(current: Path) -> None:
+    """Delete all but the KEPT_ENGINES newest other engines' compiled kernels (an older agent
+    still running keeps what it has loaded; a later start of it compiles again)."""
+    others = [p for p in current.parent.glob("engine-*") if p.is_dir() and p != current]
+    others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in others[KEPT_ENGINES:]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def set_cache_dir(path: str | os.PathLike[str]) -> None:
@@ -251,11 +287,12 @@ def run(serial: Callable[..., Any], parallel: Callable[..., Any], *args: Any) ->
 
 
 def _configure_numba() -> None:
-    """Point numba's cache at ``cache_dir()`` (read when a cached function is defined)."""
+    """Point numba's cache at ``compiled_dir()`` (read when a cached function is defined)."""
     import numba  # noqa: PLC0415
 
-    directory = cache_dir()
+    directory = compiled_dir()
     directory.mkdir(parents=True, exist_ok=True)
+    _remove_stale(directory)
     numba.config.CACHE_DIR = str(directory)
     if not os.environ.get("NUMBA_THREADING_LAYER"):
         # numba's own pool, not OpenMP's: libgomp's threads spin after each parallel kernel and

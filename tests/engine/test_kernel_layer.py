@@ -3,6 +3,8 @@ without numba: these always run.  The JIT kernels themselves are in test_jit_ker
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -88,6 +90,29 @@ def test_the_jit_cache_directory_is_the_one_the_engine_is_told(tmp_path, monkeyp
         jit._cache_dir = previous
         if previous is not None or jit.enabled():
             jit.set_cache_dir(jit.cache_dir())
+
+
+def test_compiled_kernels_are_kept_per_engine_version(tmp_path, monkeypatch):
+    """numba keys a cached kernel on its own file; kernels inline other files' code, so the
+    compiled kernels live under a digest of every engine source, and only a few other
+    versions' are kept."""
+    previous = jit._cache_dir
+    try:
+        jit._cache_dir = tmp_path
+        current = jit.compiled_dir()
+        assert current.parent == tmp_path and current.name == f"engine-{jit._sources_digest()}"
+        stale = []
+        for age in range(jit.KEPT_ENGINES + 2):
+            other = tmp_path / f"engine-old{age}"
+            other.mkdir()
+            os.utime(other, (1_000_000 - age, 1_000_000 - age))  # old0 the newest
+            stale.append(other)
+        current.mkdir()
+        jit._remove_stale(current)
+        assert current.is_dir()
+        assert [p.is_dir() for p in stale] == [True] * jit.KEPT_ENGINES + [False, False]
+    finally:
+        jit._cache_dir = previous
 
 
 def test_a_session_loads_only_the_jit_kernels_its_model_can_use():
