@@ -143,8 +143,8 @@ def attend_int8(
 # [N * K/B]); int8: q [N, K], scale [N] (block and group unused), or in the int8 dot layout
 # q + 128 flat [N * K] uint8 beside scale [N] float32 (told from int4's by the scales' type).
 # ``group`` is the first matrix's: the int4 kernel reads each matrix's own from its shapes (a
-# layer's groups may differ, gemv.choose_group).  numba's cache of this file does not notice
-# edits to the kernels it inlines from gemv_jit.py: change this file with them.
+# layer's groups may differ, gemv.choose_group).  The kernels it inlines from other files are
+# compiled afresh when any engine file changes (jit.compiled_dir), not only this one.
 _Q4 = (jit.array(types.uint8, 3, "C", readonly=True), jit.array(types.uint16, 2, "C", readonly=True))
 _DOT = (jit.array(types.uint8, 1, "C", readonly=True), jit.array(types.uint16, 1, "C", readonly=True))
 _DOT8 = (jit.array(types.uint8, 1, "C", readonly=True), _IN)
