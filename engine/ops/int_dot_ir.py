@@ -19,6 +19,7 @@ from engine import jit
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 SUMS, BYTES = ir.VectorType(I32, 16), ir.VectorType(I8, 64)
 _HALF, _WORDS = ir.VectorType(I32, 8), ir.VectorType(I16, 16)
+_BYTES = ir.VectorType(I8, 32)  # one 256-bit half of 64 bytes
 
 
 def has_avx2() -> bool:
@@ -110,19 +111,31 @@ def dot_words(
 ) -> ir.Value:
     """``dot`` on operands already split into words (``unsigned_words``, ``signed_words`` or
     ``words``): two vpmaddwd per 256-bit half (AVX2)."""
-    madd = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_HALF, [_WORDS, _WORDS]), "llvm.x86.avx2.pmadd.wd"
-    )
-    undefined = ir.Constant(SUMS, ir.Undefined)
+    madd = _intrinsic(builder, "llvm.x86.avx2.pmadd.wd", _HALF, _WORDS)
     halves = []
     for half in range(2):
-        lanes = ir.Constant(_HALF, list(range(8 * half, 8 * half + 8)))
 
-        def take(x: ir.Value, lanes: ir.Constant = lanes) -> ir.Value:
-            return builder.bitcast(builder.shuffle_vector(x, undefined, lanes), _WORDS)
+        def take(x: ir.Value, half: int = half) -> ir.Value:
+            return _half(builder, x, half, _WORDS)
 
         even = builder.call(madd, [take(u_even), take(s_even)])
         halves.append(builder.add(even, builder.call(madd, [take(u_odd), take(s_odd)])))
+    return _joined(builder, acc, halves)
+
+
+def _intrinsic(builder: ir.IRBuilder, name: str, result: ir.Type, operand: ir.Type) -> ir.Function:
+    """The LLVM intrinsic ``name`` taking two ``operand`` vectors, declared once per module."""
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, [operand, operand]), name)
+
+
+def _half(builder: ir.IRBuilder, x: ir.Value, half: int, vector: ir.VectorType) -> ir.Value:
+    """Lanes 8 half .. 8 half + 7 of 16 (one 256-bit half) as ``vector``."""
+    lanes = ir.Constant(_HALF, list(range(8 * half, 8 * half + 8)))
+    return builder.bitcast(builder.shuffle_vector(x, ir.Constant(SUMS, ir.Undefined), lanes), vector)
+
+
+def _joined(builder: ir.IRBuilder, acc: ir.Value, halves: list[ir.Value]) -> ir.Value:
+    """acc + the two 8-lane halves put back together as 16 lanes."""
     return builder.add(acc, builder.shuffle_vector(halves[0], halves[1], ir.Constant(SUMS, list(range(16)))))
 
 
@@ -140,25 +153,16 @@ def dot_small(builder: ir.IRBuilder, acc: ir.Value, pairs: list[tuple[ir.Value, 
             acc = dot(builder, acc, u, s)
         return acc
     assert len(pairs) <= SMALL_PAIRS
-    bytes_ = ir.VectorType(I8, 32)
-    maddubs = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_WORDS, [bytes_, bytes_]), "llvm.x86.avx2.pmadd.ub.sw"
-    )
-    madd = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_HALF, [_WORDS, _WORDS]), "llvm.x86.avx2.pmadd.wd"
-    )
-    undefined = ir.Constant(SUMS, ir.Undefined)
+    maddubs = _intrinsic(builder, "llvm.x86.avx2.pmadd.ub.sw", _WORDS, _BYTES)
+    madd = _intrinsic(builder, "llvm.x86.avx2.pmadd.wd", _HALF, _WORDS)
     halves = []
     for half in range(2):
-        lanes = ir.Constant(_HALF, list(range(8 * half, 8 * half + 8)))
         total = None
         for u, s in pairs:
-            u_half = builder.bitcast(builder.shuffle_vector(u, undefined, lanes), bytes_)
-            s_half = builder.bitcast(builder.shuffle_vector(s, undefined, lanes), bytes_)
-            words = builder.call(maddubs, [u_half, s_half])
+            words = builder.call(maddubs, [_half(builder, u, half, _BYTES), _half(builder, s, half, _BYTES)])
             total = words if total is None else builder.add(total, words)
         halves.append(builder.call(madd, [total, ir.Constant(_WORDS, [1] * 16)]))
-    return builder.add(acc, builder.shuffle_vector(halves[0], halves[1], ir.Constant(SUMS, list(range(16)))))
+    return _joined(builder, acc, halves)
 
 
 def dot_signed(builder: ir.IRBuilder, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -167,26 +171,16 @@ def dot_signed(builder: ir.IRBuilder, acc: ir.Value, a: ir.Value, b: ir.Value) -
     |-128| is the unsigned byte 128, and two products of at most 128 * 127 do not saturate),
     then vpmaddwd by ones into the lanes.  |a| is shared by every b it meets."""
     assert AVX2, "dot_signed is the AVX2 path's"
-    bytes_ = ir.VectorType(I8, 32)
-    sign = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(bytes_, [bytes_, bytes_]), "llvm.x86.avx2.psign.b"
-    )
-    maddubs = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_WORDS, [bytes_, bytes_]), "llvm.x86.avx2.pmadd.ub.sw"
-    )
-    madd = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(_HALF, [_WORDS, _WORDS]), "llvm.x86.avx2.pmadd.wd"
-    )
-    undefined = ir.Constant(SUMS, ir.Undefined)
+    sign = _intrinsic(builder, "llvm.x86.avx2.psign.b", _BYTES, _BYTES)
+    maddubs = _intrinsic(builder, "llvm.x86.avx2.pmadd.ub.sw", _WORDS, _BYTES)
+    madd = _intrinsic(builder, "llvm.x86.avx2.pmadd.wd", _HALF, _WORDS)
     halves = []
     for half in range(2):
-        lanes = ir.Constant(_HALF, list(range(8 * half, 8 * half + 8)))
-        a_half = builder.bitcast(builder.shuffle_vector(a, undefined, lanes), bytes_)
-        b_half = builder.bitcast(builder.shuffle_vector(b, undefined, lanes), bytes_)
+        a_half, b_half = _half(builder, a, half, _BYTES), _half(builder, b, half, _BYTES)
         magnitude = builder.call(sign, [a_half, a_half])
         words = builder.call(maddubs, [magnitude, builder.call(sign, [b_half, a_half])])
         halves.append(builder.call(madd, [words, ir.Constant(_WORDS, [1] * 16)]))
-    return builder.add(acc, builder.shuffle_vector(halves[0], halves[1], ir.Constant(SUMS, list(range(16)))))
+    return _joined(builder, acc, halves)
 
 
 def words(x: np.ndarray) -> np.ndarray:
