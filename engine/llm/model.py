@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import jit
+from engine import batch_split, jit
 from engine.llm import aot, gemv
 from engine.llm.cache import KVCache
 from engine.llm.checkpoint import Checkpoint
@@ -143,27 +143,27 @@ class LlmModel:
         return logits if all_logits else logits[0]
 
     def _step(self, tokens: np.ndarray, cache: KVCache, adapter: LoraAdapter | None) -> np.ndarray:
-        """Run a block of tokens through every layer, appending to the cache; the hidden states."""
+        """Run a block of tokens through every layer, appending to the cache; the hidden states.
+
+        With several threads the block's rows are cut into parts (``row_parts``) and each layer
+        runs in two phases over them, taken in turn by the caller and pool threads
+        (``batch_split.share_out``): up to the cache write, then from attention on (a part's
+        queries need every earlier part's keys).  Every operation is per row, so each part runs
+        the one-thread kernels; a pool thread that wakes late costs one part, not a layer."""
         c = self.config
         start, m = cache.length, tokens.size
-        x = self.weights.embed.rows(tokens)
+        x = np.array(self.weights.embed.rows(tokens), np.float32)  # updated in place, row by row
         angles = np.arange(start, start + m, dtype=np.float64)[:, None] * self._inv_freq[None, :]
-        cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        rotation = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        q = np.empty((m, c.num_heads, c.head_dim), np.float32)
+        threads = jit.threads() if jit.enabled() else 1  # numpy-only: BLAS spreads each product
+        parts = row_parts(m, threads)
         for index, layer in enumerate(self.weights.layers):
             delta = adapter.layers[index] if adapter is not None else {}
-            a = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = _project(layer.qkv, a, layer.qkv_bias, delta.get("qkv"))
-            q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-            q = _rope(qkv[:, :q_size].reshape(m, c.num_heads, c.head_dim), cos, sin)
-            k = _rope(qkv[:, q_size : q_size + kv_size].reshape(m, c.num_kv_heads, c.head_dim), cos, sin)
-            v = qkv[:, q_size + kv_size :].reshape(m, c.num_kv_heads, c.head_dim)
-            cache.write(index, start, k, v)
-            attended = self._attention(q, cache, index, start, m)
-            x = x + _project(layer.o, attended, layer.o_bias, delta.get("o"))
-            b = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            gate_up = _project(layer.gate_up, b, None, delta.get("gate_up"))
-            gate, up = gate_up[:, : c.intermediate_size], gate_up[:, c.intermediate_size :]
-            x = x + _project(layer.down, gate / (1.0 + np.exp(-gate)) * up, None, delta.get("down"))
+            step = _LayerStep(self, layer, index, delta, cache, start, x, q, rotation)
+            _each_part(step.project_in, parts, threads)
+            # the last rows attend over the most keys: handed out first
+            _each_part(step.attend_out, parts[::-1], threads)
         cache.record(start, tokens)
         return x
 
@@ -238,6 +238,77 @@ class LlmModel:
         scores /= scores.sum(axis=-1, keepdims=True)
         out = np.matmul(scores, values).reshape(c.num_kv_heads, group, m, c.head_dim)
         return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(m, c.num_heads * c.head_dim))
+
+
+MIN_PART_ROWS = 32  # rows of a prefill part: smaller parts re-read the weights for little work
+
+
+def row_parts(m: int, threads: int) -> list[slice]:
+    """A prefill block's rows as parts for ``threads`` threads: one part on one thread or for a
+    short block, else about two parts per thread (a late pool thread holds up one), cut at
+    multiples of 8 (the integer GEMMs' token tile)."""
+    count = min(2 * threads, m // MIN_PART_ROWS) if threads > 1 else 1
+    if count < 2:
+        return [slice(0, m)]
+    size = ((m + count - 1) // count + 7) // 8 * 8
+    return [slice(r, min(r + size, m)) for r in range(0, m, size)]
+
+
+def _each_part(run: Any, parts: list[slice], threads: int) -> None:
+    """``run(part)`` for every part, on one-thread kernels: here, or shared out over threads."""
+    if len(parts) == 1:
+        run(parts[0])
+        return
+
+    def one(rows: slice) -> None:
+        with jit.thread_limit(1):
+            run(rows)
+
+    batch_split.share_out(one, parts, threads)
+
+
+class _LayerStep:
+    """One layer of a prefill block, run part by part (``LlmModel._step``)."""
+
+    def __init__(
+        self,
+        model: LlmModel,
+        layer: Layer,
+        index: int,
+        delta: dict[str, LowRank],
+        cache: KVCache,
+        start: int,
+        x: np.ndarray,
+        q: np.ndarray,
+        rotation: tuple[np.ndarray, np.ndarray],
+    ) -> None:
+        self.model, self.layer, self.index, self.delta, self.cache = model, layer, index, delta, cache
+        self.start, self.x, self.q, self.rotation = start, x, q, rotation
+
+    def project_in(self, rows: slice) -> None:
+        """Norm, the q/k/v projection and RoPE for ``rows``; keys and values into the cache."""
+        c, layer = self.model.config, self.layer
+        m = rows.stop - rows.start
+        cos, sin = self.rotation[0][rows], self.rotation[1][rows]
+        a = rms_norm(self.x[rows], layer.input_norm, c.rms_norm_eps)
+        qkv = _project(layer.qkv, a, layer.qkv_bias, self.delta.get("qkv"))
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.q[rows] = _rope(qkv[:, :q_size].reshape(m, c.num_heads, c.head_dim), cos, sin)
+        k = _rope(qkv[:, q_size : q_size + kv_size].reshape(m, c.num_kv_heads, c.head_dim), cos, sin)
+        v = qkv[:, q_size + kv_size :].reshape(m, c.num_kv_heads, c.head_dim)
+        self.cache.write(self.index, self.start + rows.start, k, v)
+
+    def attend_out(self, rows: slice) -> None:
+        """Attention for ``rows``' queries, the output projection and the MLP, into x's rows."""
+        c, layer, delta = self.model.config, self.layer, self.delta
+        m = rows.stop - rows.start
+        attended = self.model._attention(self.q[rows], self.cache, self.index, self.start + rows.start, m)
+        x = self.x[rows]  # a view: the updates land in the block's hidden states
+        x += _project(layer.o, attended, layer.o_bias, delta.get("o"))
+        b = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+        gate_up = _project(layer.gate_up, b, None, delta.get("gate_up"))
+        gate, up = gate_up[:, : c.intermediate_size], gate_up[:, c.intermediate_size :]
+        x += _project(layer.down, gate / (1.0 + np.exp(-gate)) * up, None, delta.get("down"))
 
 
 class DecodeBuffers:
