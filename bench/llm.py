@@ -201,9 +201,11 @@ def ferry_child(package: Path, threads: int, prompt: dict, decode: int) -> dict:
     from engine import jit  # noqa: PLC0415
     from engine.llm import aot  # noqa: PLC0415
     from engine.llm.package import load_model  # noqa: PLC0415
-    from engine.llm.threads import running_on  # noqa: PLC0415
+    from engine.llm.threads import prepare, running_on  # noqa: PLC0415
     from engine.llm.weights import gemv_kernel  # noqa: PLC0415
 
+    if threads > 1:
+        prepare(threads)  # as serve-llm --threads activates: parallel kernels compiled or loaded
     with running_on(threads):  # as the chat API runs a request (serve-llm --threads)
         model = load_model(package)
         for op in ("LlmGemvInt4", "LlmGemvInt8"):

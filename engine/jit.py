@@ -67,6 +67,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.llm.prefill_jit": ("LlmGemvInt4",),
     # int4 GEMV and GEMM on the dot layout (gemv_jit and layer_jit call them)
     "engine.llm.dot_jit": ("LlmGemvInt4", "LlmDecodeLayer"),
+    # decode's layers in one parallel region per token (model.py, several threads only)
+    "engine.llm.spread_jit": ("LlmDecodeSpread",),
     "engine.ops.group_norm_jit": ("GroupNormalization", "FusedGroupNorm"),
     # a UNet's long, narrow-headed attention; rides along once a norm has brought numba in
     "engine.diffusion.attention_jit": ("FusedAttention",),

@@ -187,6 +187,18 @@ class LlmModel:
         x, a, empty = fused.x, fused.a, fused.empty
         x[:] = self.weights.embed.rows(np.array([token]))[0]
         k.add_norm(x, empty, empty, layers[0].input_norm, c.rms_norm_eps, a)
+        spread = (
+            fused.spread(self.config, self.weights) if jit.threads() > 1 and cache.kind == "fp32" else None
+        )
+        if spread is not None:  # every layer in one region of numba's pool (spread_jit.py)
+            module, (weights, scales, norms, biases, scratch, state) = spread
+            buffers = (x, a, fused.q, *fused.scratch)
+            rope_at = (cos, sin, c.num_kv_heads, start, self._scale)
+            fixed = (weights, scales, norms, biases, c.rms_norm_eps, rope_at, cache.data, buffers, scratch)
+            arguments = (*fixed, state, jit.threads())
+            jit.run(module.token, module.token_parallel, *arguments)
+            cache.record(start, np.array([token], np.int64))
+            return self.weights.lm_head.gemv(a)
         rope = (cos, sin, c.num_kv_heads, start, self._scale, fused.q)
         for index, layer in enumerate(layers):
             after = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.norm
@@ -331,6 +343,32 @@ class DecodeBuffers:
         scratch[1], scratch[4] = self.attended, self.hidden
         self.scratch = (*scratch, self.empty)
         self.one_call = _one_call_layers(weights, self.empty)
+        self._spread: tuple | None = None
+        self._spread_checked = False
+
+    def spread(self, config: LlmConfig, weights: LlmWeights) -> tuple | None:
+        """(spread_jit, its fixed arguments) for several threads, made at the first such token;
+        None where the numba kernels are not loaded (AOT) or a layer is not int8 or int4 on the
+        dot layouts, all of one kind."""
+        if not self._spread_checked:
+            self._spread_checked = True
+            layers = self.one_call
+            kinds = {None if layer is None else (layer[0].ndim, layer[1].dtype) for layer in layers}
+            if getattr(self.kernels, "__name__", "") == "engine.llm.layer_jit" and kinds in (
+                {(1, np.dtype(np.float32))},
+                {(1, np.dtype(np.uint16))},
+            ):
+                module = jit.module("engine.llm.spread_jit")
+                after = [layer.input_norm for layer in weights.layers[1:]] + [weights.norm]
+                norms = [
+                    n
+                    for layer, next_norm in zip(weights.layers, after, strict=True)
+                    for n in (layer.post_norm, next_norm)
+                ]
+                biases = [bias for layer in layers for bias in layer[10:12]]
+                widest = max(config.hidden_size, config.num_heads * config.head_dim, config.intermediate_size)
+                self._spread = module, module.arguments(layers, norms, biases, widest)
+        return self._spread
 
 
 def _one_call_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple | None]:

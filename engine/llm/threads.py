@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from engine import jit
 
 # the LLM's JIT ops (engine/jit.py's MODULES), for compiling their parallel variants up front
-OPS = ("LlmGemvInt4", "LlmGemvInt8", "LlmDecodeLayer", "LlmDecodeAttention")
+OPS = ("LlmGemvInt4", "LlmGemvInt8", "LlmDecodeLayer", "LlmDecodeAttention", "LlmDecodeSpread")
 
 _controller_lock = threading.Lock()
 _controller = None  # threadpoolctl's controller, made once: finding the BLAS libraries is slow
@@ -37,6 +37,8 @@ def prepare(threads: int) -> None:
     """Compile (or load) the LLM's kernels for ``threads``, their parallel variants too, now (at
     activation) rather than in the first request that runs on several threads."""
     jit.load(ops=OPS, threads=threads)
+    if threads > 1 and jit.enabled():
+        jit.module("engine.llm.spread_jit").warm_lists()
 
 
 @contextlib.contextmanager
