@@ -196,9 +196,9 @@ class LlmModel:
             rope_at = (cos, sin, c.num_kv_heads, start, self._scale)
             fixed = (weights, scales, norms, biases, c.rms_norm_eps, rope_at, cache.data, buffers, scratch)
             arguments = (*fixed, state, jit.threads())
-            jit.run(module.token, module.token_parallel, *arguments)
-            cache.record(start, np.array([token], np.int64))
-            return self.weights.lm_head.gemv(a)
+            if jit.run(_pool_taken, module.token_parallel, *arguments) is not _POOL_TAKEN:
+                cache.record(start, np.array([token], np.int64))
+                return self.weights.lm_head.gemv(a)
         rope = (cos, sin, c.num_kv_heads, start, self._scale, fused.q)
         for index, layer in enumerate(layers):
             after = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.norm
@@ -250,6 +250,15 @@ class LlmModel:
         scores /= scores.sum(axis=-1, keepdims=True)
         out = np.matmul(scores, values).reshape(c.num_kv_heads, group, m, c.head_dim)
         return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(m, c.num_heads * c.head_dim))
+
+
+_POOL_TAKEN = object()
+
+
+def _pool_taken(*_: object) -> object:
+    """``jit.run``'s serial choice for the spread decode: numba's pool is another caller's, so
+    the token goes through the one-call layers (spread_jit.py has no serial twin)."""
+    return _POOL_TAKEN
 
 
 MIN_PART_ROWS = 32  # rows of a prefill part: smaller parts re-read the weights for little work

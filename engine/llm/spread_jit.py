@@ -9,8 +9,9 @@ done by whichever thread finishes the GEMV's last vector, while the others spin 
 GEMV's opening (llama.cpp's threads meet the same way at every operator).
 
 Nothing waits for a thread that has not started: a vector is only ever waited for by the
-thread that claimed it, so one thread alone (the serial twin, or a pool that runs the
-workers one after another) does every step itself.  The sums are the serial kernels' (the
+thread that claimed it, so one thread alone (a pool that runs the workers one after another)
+does every step itself.  There is no serial twin: with numba's pool taken (another session's
+kernel), model.py runs layer_jit's one-call layers instead.  The sums are the serial kernels' (the
 same ``_rows`` / ``_rows8`` per vector), so the logits are layer_jit's bit for bit.
 
 Covers the converter's int8 and int4 packages on the dot layouts with a float32 cache; model.py
@@ -206,13 +207,6 @@ def _signatures() -> list:
     int8 = types.ListType(readonly)
     int4 = types.ListType(jit.array(types.uint16, 1, "C", readonly=True))
     return [types.void(weights, kind, *rest) for kind in (int8, int4)]
-
-
-@jit.njit(_signatures())
-def token(weights, scales, norms, biases, eps, rope, cache, buffers, scratch, state, workers):  # noqa: ANN001, ANN202, ARG001
-    """Every layer of one decode token on this thread (``token_parallel``'s serial twin)."""
-    _open(buffers[1], scratch, state)
-    _work(weights, scales, norms, biases, eps, rope, cache, buffers, scratch, state)
 
 
 @jit.njit(_signatures(), parallel=True)
