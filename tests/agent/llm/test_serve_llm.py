@@ -90,13 +90,14 @@ def _call(base: str, path: str, body: bytes | dict | None = None) -> tuple[int, 
     return status, (json.loads(raw) if kind.startswith("application/json") else raw)
 
 
-def _direct(unpacked: Path, max_tokens: int) -> tuple[str, list[int], str]:
-    """The engine's own greedy generation for MESSAGES, the template rendered independently."""
+def _direct(unpacked: Path, max_tokens: int, messages: list[dict] = MESSAGES) -> tuple[str, list[int], str]:
+    """The engine's own greedy generation (one thread) for ``messages``, the template rendered
+    independently."""
     model, tokenizer = load_model(unpacked), LlmTokenizer.from_directory(unpacked)
     template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
         tokenizer.chat_template
     )
-    prompt = tokenizer.encode(template.render(messages=MESSAGES, add_generation_prompt=True))
+    prompt = tokenizer.encode(template.render(messages=messages, add_generation_prompt=True))
     result = generate(
         model,
         tokenizer,
@@ -198,3 +199,26 @@ def test_an_unsigned_archive_serves_checked_and_a_wrong_key_is_refused(packages:
     missing = _serve(packages["unpacked"] / "nothing-here")
     assert missing.wait(timeout=60) == 2
     assert "no such package" in missing.stderr.read()
+
+
+def test_two_threads_answer_a_long_prompt_as_one_thread_does(packages: dict[str, Path]) -> None:
+    """``--threads 2``: the prompt long enough to be prefilled in parts over both threads and
+    every decode step in one parallel region (engine/llm/model.py, spread_jit.py), from the
+    server's request thread; the answer is the one-thread engine's."""
+    pier = "The ferry leaves the north pier at seven, calls at the island, and is back by noon. "
+    messages = [{"role": "system", "content": pier}, *MESSAGES[1:]]
+    text, prompt, reason = _direct(packages["unpacked"], 12, messages)
+    assert 64 <= len(prompt) <= CONTEXT - 12  # parts need 64 rows; the reply fits the context
+    process = _serve(packages["unsigned"], "--threads", "2", "--model-name", "tiny")
+    try:
+        found = re.search(r"on (http://127\.0\.0\.1:\d+)", process.stdout.readline())
+        assert found, process.stderr.read() if process.poll() is not None else "no address"
+        for _ in range(2):  # the second request reuses the cached prompt prefix
+            body = {"model": "tiny", "messages": messages, "max_tokens": 12, "temperature": 0}
+            status, answer = _call(found.group(1), "/v1/chat/completions", body)
+            assert status == 200, answer
+            assert answer["choices"][0]["message"]["content"] == text
+            assert answer["choices"][0]["finish_reason"] == reason
+    finally:
+        process.terminate()
+        assert process.wait(timeout=20) == 0
