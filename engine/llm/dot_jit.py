@@ -205,6 +205,15 @@ def _rows(w, s, block, xq, off, dx, k, v, out, out_at, tokens, out_stride):  # n
                 _step_many(w, w_at, s, s_at, xq, x_t, block // 2, k, off, dx, at, subs, out, o, out_stride)
 
 
+@numba.njit(inline="always", cache=True)
+def _gemv_vector(w, s, block, xq, off, dx, k, v, out):  # noqa: ANN001, ANN202
+    """out[16 v .. 16 v + 15] = those rows of W x for one token, x already rounded into xq,
+    off and dx (``_activations``): a GEMV's unit of work, serial or shared out."""
+    for i in range(LANES):
+        out[v * LANES + i] = 0.0
+    _rows(w, s, block, xq, off, dx, k, v, out, v * LANES, 1, 0)
+
+
 _GEMV = types.void(_X, _W, _S, _N, _XQ, _OFF, _DX, jit.array(types.float32, 1, "C"))
 
 
@@ -215,9 +224,7 @@ def gemv_dot(x, w, s, block, xq, off, dx, out):  # noqa: ANN001, ANN202
     k = x.size
     _activations(x, 1, block, xq, off, dx)
     for v in range(out.size // LANES):
-        for i in range(LANES):
-            out[v * LANES + i] = 0.0
-        _rows(w, s, block, xq, off, dx, k, v, out, v * LANES, 1, 0)
+        _gemv_vector(w, s, block, xq, off, dx, k, v, out)
 
 
 _GEMM = types.void(_XQ, _OFF, _DX, _N, _N, _W, _S, _N, jit.array(types.float32, 1, "C"))
@@ -349,6 +356,14 @@ def _rows8(w, scale, xq, off, dx, k, v, out, out_at, tokens, out_stride):  # noq
             out[out_at + t * out_stride + i] *= scale[v * LANES + i]
 
 
+@numba.njit(inline="always", cache=True)
+def _gemv_vector8(w, scale, xq, off, dx, k, v, out):  # noqa: ANN001, ANN202
+    """``_gemv_vector`` for int8 weights on the dot layout."""
+    for i in range(LANES):
+        out[v * LANES + i] = 0.0
+    _rows8(w, scale, xq, off, dx, k, v, out, v * LANES, 1, 0)
+
+
 _GEMV8 = types.void(_X, _W, _SCALE8, _XQ, _OFF, _DX, jit.array(types.float32, 1, "C"))
 
 
@@ -359,9 +374,7 @@ def gemv_dot8(x, w, scale, xq, off, dx, out):  # noqa: ANN001, ANN202
     k = x.size
     _activations(x, 1, BLOCK8, xq, off, dx)
     for v in range(out.size // LANES):
-        for i in range(LANES):
-            out[v * LANES + i] = 0.0
-        _rows8(w, scale, xq, off, dx, k, v, out, v * LANES, 1, 0)
+        _gemv_vector8(w, scale, xq, off, dx, k, v, out)
 
 
 _GEMM8 = types.void(_XQ, _OFF, _DX, _N, _N, _W, _SCALE8, jit.array(types.float32, 1, "C"))
@@ -435,9 +448,7 @@ def gemv_dot_parallel(x, w, s, block, xq, off, dx, out):  # noqa: ANN001, ANN202
     k = x.size
     _activations(x, 1, block, xq, off, dx)
     for v in prange(out.size // LANES):
-        for i in range(LANES):
-            out[v * LANES + i] = 0.0
-        _rows(w, s, block, xq, off, dx, k, v, out, v * LANES, 1, 0)
+        _gemv_vector(w, s, block, xq, off, dx, k, v, out)
 
 
 @jit.njit([_GEMV8], parallel=True)
@@ -446,9 +457,7 @@ def gemv_dot8_parallel(x, w, scale, xq, off, dx, out):  # noqa: ANN001, ANN202
     k = x.size
     _activations(x, 1, BLOCK8, xq, off, dx)
     for v in prange(out.size // LANES):
-        for i in range(LANES):
-            out[v * LANES + i] = 0.0
-        _rows8(w, scale, xq, off, dx, k, v, out, v * LANES, 1, 0)
+        _gemv_vector8(w, scale, xq, off, dx, k, v, out)
 
 
 def spread_gemv(serial, parallel, x, w, *rest) -> None:  # noqa: ANN001

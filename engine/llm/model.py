@@ -10,6 +10,7 @@ each per token instead of three and two).
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -187,9 +188,7 @@ class LlmModel:
         x, a, empty = fused.x, fused.a, fused.empty
         x[:] = self.weights.embed.rows(np.array([token]))[0]
         k.add_norm(x, empty, empty, layers[0].input_norm, c.rms_norm_eps, a)
-        spread = (
-            fused.spread(self.config, self.weights) if jit.threads() > 1 and cache.kind == "fp32" else None
-        )
+        spread = fused.spread if jit.threads() > 1 and cache.kind == "fp32" else None
         if spread is not None:  # every layer in one region of numba's pool (spread_jit.py)
             module, (weights, scales, norms, biases, scratch, state) = spread
             buffers = (x, a, fused.q, *fused.scratch)
@@ -352,32 +351,31 @@ class DecodeBuffers:
         scratch[1], scratch[4] = self.attended, self.hidden
         self.scratch = (*scratch, self.empty)
         self.one_call = _one_call_layers(weights, self.empty)
-        self._spread: tuple | None = None
-        self._spread_checked = False
+        self._config, self._weights = config, weights
 
-    def spread(self, config: LlmConfig, weights: LlmWeights) -> tuple | None:
+    @functools.cached_property
+    def spread(self) -> tuple | None:
         """(spread_jit, its fixed arguments) for several threads, made at the first such token;
         None where the numba kernels are not loaded (AOT) or a layer is not int8 or int4 on the
         dot layouts, all of one kind."""
-        if not self._spread_checked:
-            self._spread_checked = True
-            layers = self.one_call
-            kinds = {None if layer is None else (layer[0].ndim, layer[1].dtype) for layer in layers}
-            if getattr(self.kernels, "__name__", "") == "engine.llm.layer_jit" and kinds in (
-                {(1, np.dtype(np.float32))},
-                {(1, np.dtype(np.uint16))},
-            ):
-                module = jit.module("engine.llm.spread_jit")
-                after = [layer.input_norm for layer in weights.layers[1:]] + [weights.norm]
-                norms = [
-                    n
-                    for layer, next_norm in zip(weights.layers, after, strict=True)
-                    for n in (layer.post_norm, next_norm)
-                ]
-                biases = [bias for layer in layers for bias in layer[10:12]]
-                widest = max(config.hidden_size, config.num_heads * config.head_dim, config.intermediate_size)
-                self._spread = module, module.arguments(layers, norms, biases, widest)
-        return self._spread
+        layers = self.one_call
+        kinds = {None if layer is None else (layer[0].ndim, layer[1].dtype) for layer in layers}
+        if getattr(self.kernels, "__name__", "") != "engine.llm.layer_jit" or kinds not in (
+            {(1, np.dtype(np.float32))},
+            {(1, np.dtype(np.uint16))},
+        ):
+            return None
+        config, weights = self._config, self._weights
+        module = jit.module("engine.llm.spread_jit")
+        after = [layer.input_norm for layer in weights.layers[1:]] + [weights.norm]
+        norms = [
+            n
+            for layer, next_norm in zip(weights.layers, after, strict=True)
+            for n in (layer.post_norm, next_norm)
+        ]
+        biases = [bias for layer in layers for bias in layer[10:12]]
+        widest = max(config.hidden_size, config.num_heads * config.head_dim, config.intermediate_size)
+        return module, module.arguments(layers, norms, biases, widest)
 
 
 def _one_call_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple | None]:

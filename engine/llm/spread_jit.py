@@ -25,12 +25,12 @@ import platform
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import prange, typed, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine import jit
-from engine.llm.dot_jit import BLOCK8, LANES, SUB, _activations, _rows, _rows8
+from engine.llm.dot_jit import BLOCK8, LANES, SUB, _activations, _gemv_vector, _gemv_vector8
 from engine.llm.layer_jit import add_norm, attend, swiglu
 
 _I64 = ir.IntType(64)
@@ -98,20 +98,13 @@ def _vector(w, s, block, xq, off, dx, out, v):  # noqa: ANN001, ANN202
 @numba.extending.overload(_vector, inline="always")
 def _vector_for(w, s, block, xq, off, dx, out, v):  # noqa: ANN001, ANN202
     if s.dtype == types.float32:  # int8: w is N x K bytes
-
-        def int8(w, s, block, xq, off, dx, out, v):  # noqa: ANN001, ANN202
-            for i in range(LANES):
-                out[v * LANES + i] = 0.0
-            _rows8(w, s, xq, off, dx, w.size // out.size, v, out, v * LANES, 1, 0)
-
-        return int8
-
-    def int4(w, s, block, xq, off, dx, out, v):  # noqa: ANN001, ANN202 - N x K / 2 bytes
-        for i in range(LANES):
-            out[v * LANES + i] = 0.0
-        _rows(w, s, block, xq, off, dx, 2 * w.size // out.size, v, out, v * LANES, 1, 0)
-
-    return int4
+        return lambda w, s, block, xq, off, dx, out, v: _gemv_vector8(
+            w, s, xq, off, dx, w.size // out.size, v, out
+        )
+    # int4: w is N x K / 2 bytes
+    return lambda w, s, block, xq, off, dx, out, v: _gemv_vector(
+        w, s, block, xq, off, dx, 2 * w.size // out.size, v, out
+    )
 
 
 @numba.njit(inline="always", cache=True)
@@ -218,35 +211,32 @@ def token_parallel(weights, scales, norms, biases, eps, rope, cache, buffers, sc
         _work(weights, scales, norms, biases, eps, rope, cache, buffers, scratch, state)
 
 
+def _readonly(array: np.ndarray) -> np.ndarray:
+    view = np.asarray(array).view(np.ndarray)
+    view.flags.writeable = False
+    return view
+
+
+def _listed(arrays: list[np.ndarray]) -> typed.List:
+    """``arrays`` as a numba typed list of read-only views (``token_parallel`` takes them)."""
+    found = typed.List.empty_list(numba.typeof(_readonly(arrays[0])))
+    for array in arrays:
+        found.append(_readonly(array))
+    return found
+
+
 def warm_lists() -> None:
     """Compile numba's typed-list helpers for ``arguments``' item types now (at activation):
     their first use in a process takes ~0.8 s, which the first token would otherwise pay."""
-    from numba.typed import List  # noqa: PLC0415
-
     for dtype in (np.uint8, np.float32, np.uint16):
-        item = np.zeros(1, dtype)
-        item.flags.writeable = False
-        List.empty_list(numba.typeof(item)).append(item)
+        _listed([np.zeros(1, dtype)])
 
 
 def arguments(layers: list[tuple], norms: list[np.ndarray], biases: list[np.ndarray], widest: int) -> tuple:
-    """``token``'s arguments that stay from token to token, made once per model: layers as
+    """``token_parallel``'s arguments that stay from token to token, made once per model: layers as
     model.py's ``one_call`` holds them (each layer's four (weights, scales) of one kind on the
     dot layouts, its block), norms and biases as ``_signatures`` orders them, scratch for
     inputs up to ``widest`` wide, the state counters."""
-    from numba.typed import List  # noqa: PLC0415
-
-    def readonly(array: np.ndarray) -> np.ndarray:
-        view = np.asarray(array).view(np.ndarray)
-        view.flags.writeable = False
-        return view
-
-    def listed(arrays: list[np.ndarray]) -> List:
-        found = List.empty_list(numba.typeof(readonly(arrays[0])))
-        for array in arrays:
-            found.append(readonly(array))
-        return found
-
     # the typed lists are only handed over: reading them here would compile their getters
     weights = [layer[2 * i] for layer in layers for i in range(4)]
     scales = [layer[2 * i + 1] for layer in layers for i in range(4)]
@@ -258,7 +248,7 @@ def arguments(layers: list[tuple], norms: list[np.ndarray], biases: list[np.ndar
         block,
     )
     state = np.zeros(2 * len(weights) + 1, np.int64)
-    return listed(weights), listed(scales), listed(norms), listed(biases), scratch, state
+    return _listed(weights), _listed(scales), _listed(norms), _listed(biases), scratch, state
 
 
 # no kernel-layer op of its own: model.py calls these directly (``jit.module``)

@@ -64,7 +64,7 @@ def test_two_threads_decode_in_one_region_gives_one_threads_logits_and_cache(
     two_logits, two_cache = _decode(model, 2)
     assert regions == [(2, 2, False)] * STEPS  # every step one region of two workers, pool free
     with llm_threads.running_on(2):
-        assert model._decode_buffers().spread(model.config, model.weights) is not None
+        assert model._decode_buffers().spread is not None
     np.testing.assert_array_equal(two_logits, one_logits)
     np.testing.assert_array_equal(two_cache, one_cache)
 
@@ -98,4 +98,4 @@ def test_an_int8_cache_and_other_layouts_keep_the_one_call_layers() -> None:
     checkpoint = Checkpoint(directory=Path("."), config=parse_config(hf), tensors=random_tensors(hf, seed=5))
     plain = LlmModel(checkpoint.config, weights_from_checkpoint(checkpoint, "fp32", 32))
     with llm_threads.running_on(2):
-        assert plain._decode_buffers().spread(plain.config, plain.weights) is None
+        assert plain._decode_buffers().spread is None
