@@ -85,7 +85,14 @@ _deferred: dict[str, dict[int, tuple[Any, list[Any]]]] = {}
 
 def enabled() -> bool:
     """Whether JIT kernels may be used: numba is installed and ``FERRY_JIT`` is not ``0``."""
-    return os.environ.get("FERRY_JIT", "1") != "0" and importlib.util.find_spec("numba") is not None
+    return os.environ.get("FERRY_JIT", "1") != "0" and _numba_installed()
+
+
+@functools.cache  # installed packages do not change under a running process
+def _numba_installed() -> bool:
+    # find_spec walks sys.path (a stat per entry) while numba is not imported: an AOT LLM process
+    # asks per GEMM, 1,800 walks a 256-token prefill
+    return importlib.util.find_spec("numba") is not None
 
 
 def has_vnni() -> bool:

@@ -8,8 +8,11 @@ code (the same Python sources, compiled by the same numba for the same CPU), so 
 same bits; it is built once per (kernel sources, numba, numpy, Python, CPU) in a subprocess,
 whose LLVM exits with it, and cached beside the JIT cache (``jit.cache_dir()/llm-aot``).
 
-What it covers: layer_jit's kernels (every signature) and dot_jit's int4/int8 GEMV and prefill
-GEMM on the dot layouts (serial: pycc has no ``parallel=True``), i.e. the converter's packages.
+What it covers: layer_jit's kernels (every signature), dot_jit's int4/int8 GEMV and prefill
+GEMM on the dot layouts, and spread_jit's token workers, i.e. the converter's packages.  pycc has
+no ``parallel=True``, but its wrappers are built to release the GIL as numba's JIT kernels do,
+so several threads still run them: prefill's row parts and decode's token workers
+(batch_split's pool, spread.py).
 Anything else (row-grouped int4 prefill, float int8, LoRA's per-op path) still goes through
 ``jit.module``: numba is then imported as before.  No extension for this key: the numba path.
 """
@@ -39,6 +42,7 @@ from engine import jit
 EXPORTS: dict[str, tuple[str, ...]] = {
     "engine.llm.layer_jit": ("layer", "layer_int8_cache", "add_norm", "attend", "attend_int8", "swiglu"),
     "engine.llm.dot_jit": ("gemv_dot", "gemv_dot8", "_gemm", "_gemm8", "_activations"),
+    "engine.llm.spread_jit": ("token_open", "token_work"),
 }
 # the sources whose text the compiled code depends on (the kernels inline across these files)
 _SOURCES = (
@@ -46,6 +50,7 @@ _SOURCES = (
     "engine/llm/dot_jit.py",
     "engine/llm/gemv_jit.py",
     "engine/llm/attention_jit.py",
+    "engine/llm/spread_jit.py",
     "engine/ops/int_dot_ir.py",
     "engine/jit.py",
     "engine/llm/aot.py",
@@ -144,11 +149,13 @@ def kernels(engine_version: str | None = None) -> AotKernels | None:
     """The AOT kernels for this key, loaded once; None when AOT is off or none is built."""
     if not enabled():
         return None
-    target = path(engine_version)
-    with _lock:
-        found = _loaded.get(str(target), False)
-        if found is False:  # looked for once per process (``build`` clears a miss)
-            found = _loaded[str(target)] = AotKernels(_import(target)) if target.exists() else None
+    target = str(path(engine_version))
+    found = _loaded.get(target, False)  # asked per GEMM: no lock once looked for
+    if found is False:
+        with _lock:
+            found = _loaded.get(target, False)
+            if found is False:  # looked for once per process (``build`` clears a miss)
+                found = _loaded[target] = AotKernels(_import(Path(target))) if Path(target).exists() else None
     return found
 
 
@@ -167,8 +174,12 @@ class AotKernels:
 
     def __init__(self, module: ModuleType) -> None:
         self.module = module
-        for name in ("add_norm", "attend", "attend_int8", "swiglu"):
+        for name in ("add_norm", "attend", "attend_int8", "swiglu", "token_open"):
             setattr(self, name, getattr(module, name + "_0"))
+
+    def token_work(self, *args: Any) -> None:
+        """spread_jit.token_work: the signature for the scales' dtype (int8's float32 first)."""
+        getattr(self.module, f"token_work_{0 if args[1].dtype == np.float32 else 1}")(*args)
 
     def layer(self, *args: Any) -> None:
         """layer_jit.layer: the signature for the four matrices' kind."""
@@ -253,11 +264,15 @@ def _compile(target: Path) -> None:
 
     from numba.core.codegen import AOTCPUCodegen  # noqa: PLC0415 - the build subprocess only
     from numba.pycc import CC  # noqa: PLC0415
+    from numba.pycc import compiler as pycc_compiler  # noqa: PLC0415
 
     # pycc gives LLVM the CPU's name with no features (its model's defaults); numba's JIT gives it
     # the host's feature list.  They differ (FMA contraction, vector widths, a VM's masked
     # features), and so did the bits (an int8-cache decode step, ~1e-7): compile as the JIT does.
     AOTCPUCodegen._customize_tm_features = lambda self: self._get_host_cpu_features()
+    # pycc's wrappers hold the GIL through the call, where numba's JIT (jit.njit: nogil) drops it;
+    # released, the prefill parts and spread.py's decode workers run on several threads here too
+    pycc_compiler.Flags = _releasing_gil()
     name = target.name.split(".")[0]
     compiler = CC(name)
     compiler.target_cpu = "host"  # as numba's JIT compiles (the key holds the CPU's flags)
@@ -275,6 +290,17 @@ def _compile(target: Path) -> None:
         os.replace(built, target)  # whole or absent: a reader never sees half a file
     manifest = {"numba": _version("numba"), "numpy": np.__version__, "python": sys.implementation.cache_tag}
     target.with_suffix(".json").write_text(json.dumps(manifest))
+
+
+def _releasing_gil() -> type:
+    from numba.core.compiler import Flags  # noqa: PLC0415 - the build subprocess only
+
+    class ReleasingGil(Flags):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.release_gil = True
+
+    return ReleasingGil
 
 
 def _calling(dispatcher: Any, arity: int) -> Any:

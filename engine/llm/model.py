@@ -20,6 +20,7 @@ import numpy as np
 
 from engine import batch_split, jit
 from engine.llm import aot, gemv
+from engine.llm import spread as llm_spread
 from engine.llm.cache import KVCache
 from engine.llm.checkpoint import Checkpoint
 from engine.llm.config import LlmConfig
@@ -188,16 +189,16 @@ class LlmModel:
         x, a, empty = fused.x, fused.a, fused.empty
         x[:] = self.weights.embed.rows(np.array([token]))[0]
         k.add_norm(x, empty, empty, layers[0].input_norm, c.rms_norm_eps, a)
-        spread = fused.spread if jit.threads() > 1 and cache.kind == "fp32" else None
-        if spread is not None:  # every layer in one region of numba's pool (spread_jit.py)
-            module, (weights, scales, norms, biases, scratch, state) = spread
+        threads = jit.threads()
+        spread = fused.spread if threads > 1 and cache.kind == "fp32" else None
+        if spread is not None:  # every layer shared by the threads (spread.py)
             buffers = (x, a, fused.q, *fused.scratch)
             rope_at = (cos, sin, c.num_kv_heads, start, self._scale)
-            fixed = (weights, scales, norms, biases, c.rms_norm_eps, rope_at, cache.data, buffers, scratch)
-            arguments = (*fixed, state, jit.threads())
-            if jit.run(_pool_taken, module.token_parallel, *arguments) is not _POOL_TAKEN:
-                cache.record(start, np.array([token], np.int64))
-                return self.weights.lm_head.gemv(a)
+            llm_spread.run_token(
+                fused.spread_kernels, spread, (c.rms_norm_eps, rope_at, cache.data, buffers), threads
+            )
+            cache.record(start, np.array([token], np.int64))
+            return spread.logits.copy() if spread.logits.size else self.weights.lm_head.gemv(a)
         rope = (cos, sin, c.num_kv_heads, start, self._scale, fused.q)
         for index, layer in enumerate(layers):
             after = layers[index + 1].input_norm if index + 1 < len(layers) else self.weights.norm
@@ -249,15 +250,6 @@ class LlmModel:
         scores /= scores.sum(axis=-1, keepdims=True)
         out = np.matmul(scores, values).reshape(c.num_kv_heads, group, m, c.head_dim)
         return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(m, c.num_heads * c.head_dim))
-
-
-_POOL_TAKEN = object()
-
-
-def _pool_taken(*_: object) -> object:
-    """``jit.run``'s serial choice for the spread decode: numba's pool is another caller's, so
-    the token goes through the one-call layers (spread_jit.py has no serial twin)."""
-    return _POOL_TAKEN
 
 
 MIN_PART_ROWS = 32  # rows of a prefill part: smaller parts re-read the weights for little work
@@ -354,28 +346,30 @@ class DecodeBuffers:
         self._config, self._weights = config, weights
 
     @functools.cached_property
-    def spread(self) -> tuple | None:
-        """(spread_jit, its fixed arguments) for several threads, made at the first such token;
-        None where the numba kernels are not loaded (AOT) or a layer is not int8 or int4 on the
-        dot layouts, all of one kind."""
+    def spread(self) -> llm_spread.SpreadTables | None:
+        """spread.py's tables for several threads, made at the first such token; None where a
+        layer is not int8 or int4 on the dot layouts, all of one kind."""
         layers = self.one_call
         kinds = {None if layer is None else (layer[0].ndim, layer[1].dtype) for layer in layers}
-        if getattr(self.kernels, "__name__", "") != "engine.llm.layer_jit" or kinds not in (
-            {(1, np.dtype(np.float32))},
-            {(1, np.dtype(np.uint16))},
-        ):
+        if kinds not in ({(1, np.dtype(np.float32))}, {(1, np.dtype(np.uint16))}):
             return None
         config, weights = self._config, self._weights
-        module = jit.module("engine.llm.spread_jit")
         after = [layer.input_norm for layer in weights.layers[1:]] + [weights.norm]
-        norms = [
-            n
-            for layer, next_norm in zip(weights.layers, after, strict=True)
-            for n in (layer.post_norm, next_norm)
+        floats = [
+            f
+            for layer, one_call, next_norm in zip(weights.layers, layers, after, strict=True)
+            for f in (layer.post_norm, next_norm, *one_call[10:12])
         ]
-        biases = [bias for layer in layers for bias in layer[10:12]]
         widest = max(config.hidden_size, config.num_heads * config.head_dim, config.intermediate_size)
-        return module, module.arguments(layers, norms, biases, widest)
+        head = _one_call_head(weights.lm_head, layers[0])
+        return llm_spread.tables(layers, floats, widest, head)
+
+    @functools.cached_property
+    def spread_kernels(self) -> Any:
+        """token_open / token_work: the AOT extension's when this model's kernels are, else numba's."""
+        if hasattr(self.kernels, "token_work"):
+            return self.kernels
+        return jit.module("engine.llm.spread_jit")
 
 
 def _one_call_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple | None]:
@@ -399,6 +393,17 @@ def _one_call_layers(weights: LlmWeights, empty: np.ndarray) -> list[tuple | Non
         else:
             found.append(None)
     return found
+
+
+def _one_call_head(head: Matrix, first: tuple) -> tuple | None:
+    """The LM head as (weights, scales, rows) when it is of the one-call layers' kind (``first``:
+    one of them), so spread.py can share it out with them; else None."""
+    dot = head.group == gemv.DOT_GROUP
+    if dot and first[1].dtype == np.float32 and head.kind == "int8":
+        return _int8_array(head, "q"), _int8_array(head, "scale"), head.arrays["q"].shape[0]
+    if dot and first[1].dtype == np.uint16 and _is_q4(head, int(first[8])):
+        return (*_q4_arrays(head), head.arrays["q"].shape[0])
+    return None
 
 
 def _int8_array(matrix: Matrix, part: str) -> np.ndarray:

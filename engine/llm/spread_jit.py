@@ -1,18 +1,20 @@
-"""A decode step's layers on several threads in one parallel region (numba), for model.py.
+"""A decode token's layers shared by several threads at once (numba), for model.py through
+spread.py, which runs ``token_work`` on each thread after one ``token_open``.
 
-Why one region: a layer's GEMVs take 0.05-0.3 ms, and waking numba's pool for each cost as
-much as the second thread saved (its workqueue threads sleep between calls: 30-75 us a launch
-on the 2-core hosts, and the first thread back waits for the last).  Here the pool is woken
-once per token; inside, the threads take each GEMV's vectors of 16 rows from a shared counter
-and the work between two GEMVs (attention, norms, SwiGLU, rounding the next input to int8) is
-done by whichever thread finishes the GEMV's last vector, while the others spin on the next
-GEMV's opening (llama.cpp's threads meet the same way at every operator).
+Why a token at a time: a layer's GEMVs take 0.05-0.3 ms, and waking a pool for each cost as
+much as the second thread saved (a sleeping thread takes 30-75 us to wake on the 2-core hosts,
+and the first thread back waits for the last).  Here the threads are woken once per token;
+inside, they take each GEMV's vectors of 16 rows from a shared counter and the work between two
+GEMVs (attention, norms, SwiGLU, rounding the next input to int8) is done by whichever thread
+finishes the GEMV's last vector, while the others spin on the next GEMV's opening (llama.cpp's
+threads meet the same way at every operator).
 
 Nothing waits for a thread that has not started: a vector is only ever waited for by the
-thread that claimed it, so one thread alone (a pool that runs the workers one after another)
-does every step itself.  There is no serial twin: with numba's pool taken (another session's
-kernel), model.py runs layer_jit's one-call layers instead.  The sums are the serial kernels' (the
-same ``_rows`` / ``_rows8`` per vector), so the logits are layer_jit's bit for bit.
+thread that claimed it, so one worker alone does every step itself.  The sums are the serial
+kernels' (the same ``_rows`` / ``_rows8`` per vector), so the logits are layer_jit's bit for bit.
+
+The weights come as a table of addresses (spread.py's ``tables``), not typed lists, so the same
+two functions compile ahead of time too (aot.py) and run without numba in the process.
 
 Covers the converter's int8 and int4 packages on the dot layouts with a float32 cache; model.py
 keeps layer_jit's one-call layers elsewhere.
@@ -25,12 +27,12 @@ import platform
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import prange, typed, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine import jit
-from engine.llm.dot_jit import BLOCK8, LANES, SUB, _activations, _gemv_vector, _gemv_vector8
+from engine.llm.dot_jit import LANES, _activations, _gemv_vector, _gemv_vector8
 from engine.llm.layer_jit import add_norm, attend, swiglu
 
 _I64 = ir.IntType(64)
@@ -90,6 +92,26 @@ def pause(typingctx):  # noqa: ANN001, ANN201, ARG001
     return types.void(), codegen
 
 
+@intrinsic
+def _pointer(typingctx, address, like):  # noqa: ANN001, ANN201, ARG001
+    """``address`` (an int64 from ``tables``) as a pointer to ``like``'s dtype (an array, or a
+    numpy scalar type)."""
+    dtype = like.dtype if isinstance(like, types.Array) else like.instance_type
+    pointer = types.CPointer(dtype)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return builder.inttoptr(args[0], context.get_value_type(pointer))
+
+    return pointer(types.int64, like), codegen
+
+
+@numba.njit(inline="always", cache=True)
+def _at(table, i, like):  # noqa: ANN001, ANN202
+    """Array ``i`` of ``table`` (rows of address, length) as ``like``'s dtype: the arrays
+    ``tables`` listed, which its caller keeps alive."""
+    return numba.carray(_pointer(table[i, 0], like), table[i, 1])
+
+
 def _vector(w, s, block, xq, off, dx, out, v):  # noqa: ANN001, ANN202
     """Rows 16 v .. 16 v + 15 of W x (x already rounded into xq/off/dx); int8 has float32
     scales per row, int4 float16 bits per block (typed by ``_vector_for``)."""
@@ -114,141 +136,110 @@ def _round(x, block, xq, off, dx):  # noqa: ANN001, ANN202
 
 
 @numba.njit(inline="always", cache=True)
-def _between(p, layers, norms, biases, eps, rope, cache, buffers, scratch):  # noqa: ANN001, ANN202
+def _between(p, layers, floats, eps, rope, cache, buffers, scratch):  # noqa: ANN001, ANN202
     """The serial work after GEMV ``p`` (layer p // 4: qkv, o, gate/up, down) and before the
-    next: layer_jit's ``layer`` between its GEMVs."""
-    x, a, q, qkv_out, attended, o_out, gu_out, hidden, d_out, empty = buffers
+    next: layer_jit's ``layer`` between its GEMVs.  ``floats`` lists per layer its post-attention
+    norm, the next norm (the next layer's input norm, or the final norm), its qkv bias and its o
+    bias (empty for none)."""
+    x, a, q, qkv_out, attended, o_out, gu_out, hidden, d_out, empty, logits = buffers
     xq, off, dx, block = scratch
     cos, sin, kv_heads, position, scale = rope
+    f32 = np.float32
     layer, j = p // 4, p % 4
     if j == 0:
         keys, values = cache[layer, 0], cache[layer, 1]
-        attend(qkv_out, biases[2 * layer], cos, sin, kv_heads, position, scale, q, keys, values, attended)
+        attend(
+            qkv_out,
+            _at(floats, 4 * layer + 2, f32),
+            cos,
+            sin,
+            kv_heads,
+            position,
+            scale,
+            q,
+            keys,
+            values,
+            attended,
+        )
         _round(attended, block, xq, off, dx)
     elif j == 1:
-        add_norm(x, o_out, biases[2 * layer + 1], norms[2 * layer], eps, a)
+        bias, norm = _at(floats, 4 * layer + 3, f32), _at(floats, 4 * layer, f32)
+        add_norm(x, o_out, bias, norm, eps, a)
         _round(a, block, xq, off, dx)
     elif j == 2:
         swiglu(gu_out, hidden)
         _round(hidden, block, xq, off, dx)
     else:
-        add_norm(x, d_out, empty, norms[2 * layer + 1], eps, a)
-        if layer + 1 < layers:
+        add_norm(x, d_out, empty, _at(floats, 4 * layer + 1, f32), eps, a)
+        if layer + 1 < layers or logits.size:  # the next layer's input, or the LM head's
             _round(a, block, xq, off, dx)
 
 
 @numba.njit(inline="always", cache=True)
-def _work(weights, scales, norms, biases, eps, rope, cache, buffers, scratch, state):  # noqa: ANN001, ANN202
+def _work(matrices, like, floats, eps, rope, cache, buffers, scratch, state):  # noqa: ANN001, ANN202
     """One thread's part of a token: every GEMV's unclaimed vectors, in order, and the serial
-    work after a GEMV when it finishes that GEMV's last vector.  ``state``: per GEMV a claim
-    and a done counter, then the number of GEMVs open (their input rounded)."""
-    phases = len(weights)
-    layers = phases // 4
-    _, _, _, qkv_out, _, o_out, gu_out, _, d_out, _ = buffers
+    work after a GEMV when it finishes that GEMV's last vector.  ``matrices``: per GEMV its
+    weights' and its scales' (of ``like``'s dtype) rows in ``tables``; ``state``: per GEMV a
+    claim and a done counter, then the number of GEMVs open (their input rounded)."""
+    phases = matrices.shape[0] // 2
+    layers = phases // 4  # and the LM head after them when ``logits`` is not empty
+    _, _, _, qkv_out, _, o_out, gu_out, _, d_out, _, logits = buffers
     outputs = (qkv_out, o_out, gu_out, d_out)
     xq, off, dx, block = scratch
     opened = 2 * phases
     for p in range(phases):
         while atomic_load(state, opened) <= p:
             pause()
-        out, w, s = outputs[p % 4], weights[p], scales[p]
+        out = logits if p == 4 * layers else outputs[p % 4]
+        w, s = _at(matrices, 2 * p, np.uint8), _at(matrices, 2 * p + 1, like)
         count = out.size // LANES
         while True:
             v = atomic_add(state, 2 * p, 1)
             if v >= count:
                 break
             _vector(w, s, block, xq, off, dx, out, v)
-            if atomic_add(state, 2 * p + 1, 1) + 1 == count:
-                _between(p, layers, norms, biases, eps, rope, cache, buffers, scratch)
+            if atomic_add(state, 2 * p + 1, 1) + 1 == count and p < 4 * layers:
+                _between(p, layers, floats, eps, rope, cache, buffers, scratch)
                 atomic_store(state, opened, p + 2)
 
 
-@numba.njit(inline="always", cache=True)
-def _open(a, scratch, state):  # noqa: ANN001, ANN202
-    """The first GEMV opened: counters zeroed, ``a`` rounded."""
+def _signatures() -> tuple[list, list]:
+    """``token_open``'s and ``token_work``'s.  token_work: matrices and floats (``tables``), like
+    (an empty array of the scales' dtype: int8 float32 per row, int4 float16 bits per block),
+    eps, (cos, sin, kv heads, position, scale), the float32 cache [layers, 2, kv heads, context,
+    d], (x, a, q, qkv out, attended, o out, gate/up out, hidden, down out, empty, logits: empty
+    when the LM head is not the tables' last GEMV), (xq, off, dx, block), state."""
+    f32 = types.float32
+    vector, readonly = jit.array(f32, 1, "C"), jit.array(f32, 1, "C", readonly=True)
+    table = jit.array(types.int64, 2, "C", readonly=True)
+    rope = types.Tuple((vector, vector, types.int64, types.int64, f32))
+    buffers = types.Tuple((vector, vector, jit.array(f32, 2, "C"), *([vector] * 8)))
+    scratch = types.Tuple(
+        (jit.array(types.int8, 1, "C"), jit.array(types.int32, 1, "C"), vector, types.int64)
+    )
+    state = jit.array(types.int64, 1, "C")
+    rest = (table, types.float64, rope, jit.array(f32, 5, "C"), buffers, scratch, state)
+    work = [
+        types.void(table, like, *rest) for like in (readonly, jit.array(types.uint16, 1, "C", readonly=True))
+    ]
+    return [types.void(vector, scratch, state)], work
+
+
+@jit.njit(_signatures()[0])
+def token_open(a, scratch, state):  # noqa: ANN001, ANN202
+    """Before a token's workers start: the counters zeroed, the first GEMV's input ``a`` rounded
+    and that GEMV opened."""
     xq, off, dx, block = scratch
     state[:] = 0
     _round(a, block, xq, off, dx)
     state[state.size - 1] = 1
 
 
-def _signatures() -> list:
-    """weights, scales (int8: float32 per row; int4: float16 bits per block), norms (per layer:
-    post-attention, then the next one's input norm or the final norm), biases (per layer: qkv,
-    o; empty for none), eps, (cos, sin, kv heads, position, scale), the float32 cache [layers,
-    2, kv heads, context, d], (x, a, q, qkv out, attended, o out, gate/up out, hidden, down
-    out, empty), (xq, off, dx, block), state."""
-    f32 = types.float32
-    vector, readonly = jit.array(f32, 1, "C"), jit.array(f32, 1, "C", readonly=True)
-    weights = types.ListType(jit.array(types.uint8, 1, "C", readonly=True))
-    rope = types.Tuple((vector, vector, types.int64, types.int64, f32))
-    buffers = types.Tuple((vector, vector, jit.array(f32, 2, "C"), *([vector] * 7)))
-    scratch = types.Tuple(
-        (jit.array(types.int8, 1, "C"), jit.array(types.int32, 1, "C"), vector, types.int64)
-    )
-    rest = (
-        types.ListType(readonly),
-        types.ListType(readonly),
-        types.float64,
-        rope,
-        jit.array(f32, 5, "C"),
-        buffers,
-        scratch,
-        jit.array(types.int64, 1, "C"),
-        types.int64,
-    )
-    int8 = types.ListType(readonly)
-    int4 = types.ListType(jit.array(types.uint16, 1, "C", readonly=True))
-    return [types.void(weights, kind, *rest) for kind in (int8, int4)]
-
-
-@jit.njit(_signatures(), parallel=True)
-def token_parallel(weights, scales, norms, biases, eps, rope, cache, buffers, scratch, state, workers):  # noqa: ANN001, ANN202
-    """Every layer of one decode token, its GEMVs shared by ``workers`` of numba's threads (the
-    count numba runs: more iterations than threads would only run one after another)."""
-    _open(buffers[1], scratch, state)
-    for _ in prange(workers):
-        _work(weights, scales, norms, biases, eps, rope, cache, buffers, scratch, state)
-
-
-def _readonly(array: np.ndarray) -> np.ndarray:
-    view = np.asarray(array).view(np.ndarray)
-    view.flags.writeable = False
-    return view
-
-
-def _listed(arrays: list[np.ndarray]) -> typed.List:
-    """``arrays`` as a numba typed list of read-only views (``token_parallel`` takes them)."""
-    found = typed.List.empty_list(numba.typeof(_readonly(arrays[0])))
-    for array in arrays:
-        found.append(_readonly(array))
-    return found
-
-
-def warm_lists() -> None:
-    """Compile numba's typed-list helpers for ``arguments``' item types now (at activation):
-    their first use in a process takes ~0.8 s, which the first token would otherwise pay."""
-    for dtype in (np.uint8, np.float32, np.uint16):
-        _listed([np.zeros(1, dtype)])
-
-
-def arguments(layers: list[tuple], norms: list[np.ndarray], biases: list[np.ndarray], widest: int) -> tuple:
-    """``token_parallel``'s arguments that stay from token to token, made once per model: layers as
-    model.py's ``one_call`` holds them (each layer's four (weights, scales) of one kind on the
-    dot layouts, its block), norms and biases as ``_signatures`` orders them, scratch for
-    inputs up to ``widest`` wide, the state counters."""
-    # the typed lists are only handed over: reading them here would compile their getters
-    weights = [layer[2 * i] for layer in layers for i in range(4)]
-    scales = [layer[2 * i + 1] for layer in layers for i in range(4)]
-    block = BLOCK8 if scales[0].dtype == np.float32 else int(layers[0][8])
-    scratch = (
-        np.empty(widest, np.int8),
-        np.empty(widest // SUB, np.int32),
-        np.empty(widest // SUB, np.float32),
-        block,
-    )
-    state = np.zeros(2 * len(weights) + 1, np.int64)
-    return _listed(weights), _listed(scales), _listed(norms), _listed(biases), scratch, state
+@jit.njit(_signatures()[1])
+def token_work(matrices, like, floats, eps, rope, cache, buffers, scratch, state):  # noqa: ANN001, ANN202
+    """One worker of a token opened by ``token_open``: any number may run at once, each on its
+    own thread (GIL released), and one alone does the whole token."""
+    _work(matrices, like, floats, eps, rope, cache, buffers, scratch, state)
 
 
 # no kernel-layer op of its own: model.py calls these directly (``jit.module``)

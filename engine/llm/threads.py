@@ -35,10 +35,14 @@ def _threadpools():  # noqa: ANN202 - threadpoolctl is imported here only
 
 def prepare(threads: int) -> None:
     """Compile (or load) the LLM's kernels for ``threads``, their parallel variants too, now (at
-    activation) rather than in the first request that runs on several threads."""
+    activation) rather than in the first request that runs on several threads.  Nothing when the
+    ahead-of-time extension is loaded (aot.py): the converter's packages then run on it at any
+    thread count, and importing numba here would add its ~150 MB to the process for nothing."""
+    from engine.llm import aot  # noqa: PLC0415
+
+    if aot.kernels() is not None:
+        return
     jit.load(ops=OPS, threads=threads)
-    if threads > 1 and jit.enabled():
-        jit.module("engine.llm.spread_jit").warm_lists()
 
 
 @contextlib.contextmanager

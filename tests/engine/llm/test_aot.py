@@ -20,6 +20,7 @@ from engine.llm.checkpoint import Checkpoint
 from engine.llm.config import parse_config
 from engine.llm.model import LlmModel, weights_from_checkpoint
 from tests.engine.llm.checkpoints import config_dict, random_tensors
+from tests.engine.llm.test_decode_spread import _spin_until_released
 
 PROMPT = [5, 17, 42, 3, 99, 7, 250, 12, 64]
 STEPS = 5
@@ -91,19 +92,37 @@ def test_serving_on_aot_kernels_never_imports_numba(built: Path) -> None:
         "w = weights_from_checkpoint(c, 'int4', 32)\n"
         "_int8_activations(w)\n"
         "gemv_kernel('LlmGemvInt4')\n"
+        "from engine.llm import threads\n"
         "model = LlmModel(c.config, w)\n"
-        "cache = model.new_cache()\n"
-        "logits = model.forward([5, 17, 42], cache)\n"
-        "logits = model.forward([int(np.argmax(logits))], cache)\n"
+        "steps = []\n"
+        "for n in (1, 2):\n"
+        "    with threads.running_on(n):  # 2: prefill parts and spread.py's decode, GIL released\n"
+        "        cache = model.new_cache()\n"
+        "        logits = [model.forward(list(range(5, 50)), cache)]\n"
+        "        for _ in range(4):\n"
+        "            logits.append(model.forward([int(np.argmax(logits[-1]))], cache))\n"
+        "        steps.append(np.array(logits))\n"
+        "        fused = model._decode_buffers()\n"
         "print(json.dumps({'numba': 'numba' in sys.modules, 'llvmlite': 'llvmlite' in sys.modules,\n"
-        "    'aot': type(model._decode_buffers().kernels).__name__}))\n"
+        "    'aot': type(fused.kernels).__name__, 'spread': type(fused.spread_kernels).__name__,\n"
+        "    'same': bool(np.array_equal(*steps))}))\n"
     )
     env = dict(os.environ, FERRY_LLM_AOT="1", FERRY_JIT_CACHE=str(jit.cache_dir()))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "platform"), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found == {"numba": False, "llvmlite": False, "aot": "AotKernels"}
+    assert found == {
+        "numba": False,
+        "llvmlite": False,
+        "aot": "AotKernels",
+        "spread": "AotKernels",
+        "same": True,
+    }
+
+
+def test_aot_decode_workers_release_the_gil(built: Path) -> None:
+    _spin_until_released(aot=True)
 
 
 def test_no_extension_means_the_numba_path(built: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
