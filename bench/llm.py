@@ -370,9 +370,9 @@ def run_model(name: str, args: argparse.Namespace, ceilings: dict[int, float]) -
             f"{accuracy['top1_agreement']:.1%}, mean KL {accuracy['mean_kl']:.2e}, "
             f"perplexity {accuracy['perplexity']:.1f} (fp32 {accuracy['fp32_perplexity']:.1f})"
         )
-    if args.aot:  # built before any timing (package activation's job in the agent); rows ferry-jit on numba
+    if args.aot:  # built before any timing (package activation's job in the agent)
         __import__("engine.llm.aot").llm.aot.build()
-        os.environ["FERRY_LLM_AOT"] = "0"
+    os.environ["FERRY_LLM_AOT"] = "0"  # rows ferry-jit on numba; ferry-aot rows set it to 1
     before = {p: before_package(args.before_tree, checkpoint, directory, p, args.block) for p in precisions}
     rows = []
     for precision in precisions:

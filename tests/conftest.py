@@ -22,6 +22,12 @@ hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 
+# Serving defaults to the LLM kernels compiled ahead of time (engine/llm/aot.py) once activation
+# has built them; tests pick their tier explicitly (numba's JIT unless a test says otherwise:
+# tests/engine/llm/test_aot.py, and serve-llm in tests/agent/llm/test_serve_llm.py), so which
+# kernels a test runs never depends on whether an earlier test built the extension.
+os.environ.setdefault("FERRY_LLM_AOT", "0")
+
 
 def _listening(host: str, port: int) -> bool:
     with socket.socket() as s:

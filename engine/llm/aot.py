@@ -1,5 +1,6 @@
 """The LLM's decode and prefill kernels compiled ahead of time (numba.pycc) into one extension
-module, so a serving process runs them without importing numba or LLVM (``FERRY_LLM_AOT=1``).
+module, so a serving process runs them without importing numba or LLVM (the default;
+``FERRY_LLM_AOT=0`` keeps numba's JIT).
 
 Why: numba and LLVM resident in the serving process were the largest share of its peak RSS
 (SmolLM2-135M shapes: ``import numba`` ~55 MB, the first JIT module's LLVM setup ~68, the other
@@ -62,9 +63,10 @@ _loaded: dict[str, Any] = {}
 
 
 def enabled() -> bool:
-    """Whether the serving process should use the AOT kernels: ``FERRY_LLM_AOT=1`` and the JIT
-    tier not switched off (``FERRY_JIT=0`` keeps numpy-only runs numpy-only)."""
-    return os.environ.get("FERRY_LLM_AOT", "0") == "1" and os.environ.get("FERRY_JIT", "1") != "0"
+    """Whether the serving process should use the AOT kernels: on unless ``FERRY_LLM_AOT=0``
+    (numba's JIT then, ~150 MB more resident), and the JIT tier not switched off (``FERRY_JIT=0``
+    keeps numpy-only runs numpy-only).  Used only once built: activation (``prepare``) builds."""
+    return os.environ.get("FERRY_LLM_AOT", "1") != "0" and os.environ.get("FERRY_JIT", "1") != "0"
 
 
 def _cpu() -> str:

@@ -54,8 +54,8 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _serve(package: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _serve(package: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     return subprocess.Popen(
         [sys.executable, "-m", "agent.cli", "serve-llm", str(package), "--port", "0", *extra],
         stdout=subprocess.PIPE,
@@ -201,15 +201,20 @@ def test_an_unsigned_archive_serves_checked_and_a_wrong_key_is_refused(packages:
     assert "no such package" in missing.stderr.read()
 
 
-def test_two_threads_answer_a_long_prompt_as_one_thread_does(packages: dict[str, Path]) -> None:
+@pytest.mark.parametrize("tier", ["jit", "aot"])
+def test_two_threads_answer_a_long_prompt_as_one_thread_does(packages: dict[str, Path], tier: str) -> None:
     """``--threads 2``: the prompt long enough to be prefilled in parts over both threads and
-    every decode step in one parallel region (engine/llm/model.py, spread_jit.py), from the
-    server's request thread; the answer is the one-thread engine's."""
+    every decode step shared by them (engine/llm/model.py, spread.py), from the server's request
+    thread; the answer is the one-thread engine's.  ``aot``: serve-llm as shipped (FERRY_LLM_AOT
+    unset): activation builds the kernels ahead of time and the server never maps LLVM."""
     pier = "The ferry leaves the north pier at seven, calls at the island, and is back by noon. "
     messages = [{"role": "system", "content": pier}, *MESSAGES[1:]]
     text, prompt, reason = _direct(packages["unpacked"], 12, messages)
     assert 64 <= len(prompt) <= CONTEXT - 12  # parts need 64 rows; the reply fits the context
-    process = _serve(packages["unsigned"], "--threads", "2", "--model-name", "tiny")
+    env = dict(os.environ, FERRY_LLM_AOT="0")
+    if tier == "aot":
+        del env["FERRY_LLM_AOT"]  # the default
+    process = _serve(packages["unsigned"], "--threads", "2", "--model-name", "tiny", env=env)
     try:
         found = re.search(r"on (http://127\.0\.0\.1:\d+)", process.stdout.readline())
         assert found, process.stderr.read() if process.poll() is not None else "no address"
@@ -219,6 +224,9 @@ def test_two_threads_answer_a_long_prompt_as_one_thread_does(packages: dict[str,
             assert status == 200, answer
             assert answer["choices"][0]["message"]["content"] == text
             assert answer["choices"][0]["finish_reason"] == reason
+        maps = Path(f"/proc/{process.pid}/maps").read_text()
+        assert ("llvmlite" in maps) == (tier == "jit")  # numba's LLVM, or the extension instead
+        assert ("ferry_llm_aot_" in maps) == (tier == "aot")
     finally:
         process.terminate()
         assert process.wait(timeout=20) == 0
