@@ -36,6 +36,7 @@ from engine.llm.dot_jit import LANES, _activations, _gemv_vector, _gemv_vector8
 from engine.llm.layer_jit import add_norm, attend, swiglu
 
 _I64 = ir.IntType(64)
+CLAIMS = 16  # claims per GEMV: a claim is a cache line passed between cores (~0.1-0.2 us)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 
@@ -193,12 +194,15 @@ def _work(matrices, like, floats, eps, rope, cache, buffers, scratch, state):  #
         out = logits if p == 4 * layers else outputs[p % 4]
         w, s = _at(matrices, 2 * p, np.uint8), _at(matrices, 2 * p + 1, like)
         count = out.size // LANES
+        chunk = max(1, count // CLAIMS)
         while True:
-            v = atomic_add(state, 2 * p, 1)
-            if v >= count:
+            first = atomic_add(state, 2 * p, chunk)
+            if first >= count:
                 break
-            _vector(w, s, block, xq, off, dx, out, v)
-            if atomic_add(state, 2 * p + 1, 1) + 1 == count and p < 4 * layers:
+            last = min(first + chunk, count)
+            for v in range(first, last):
+                _vector(w, s, block, xq, off, dx, out, v)
+            if atomic_add(state, 2 * p + 1, last - first) + last - first == count and p < 4 * layers:
                 _between(p, layers, floats, eps, rope, cache, buffers, scratch)
                 atomic_store(state, opened, p + 2)
 
