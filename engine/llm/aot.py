@@ -64,9 +64,10 @@ _loaded: dict[str, Any] = {}
 
 def enabled() -> bool:
     """Whether the serving process should use the AOT kernels: on unless ``FERRY_LLM_AOT=0``
-    (numba's JIT then, ~150 MB more resident), and the JIT tier not switched off (``FERRY_JIT=0``
-    keeps numpy-only runs numpy-only).  Used only once built: activation (``prepare``) builds."""
-    return os.environ.get("FERRY_LLM_AOT", "1") != "0" and os.environ.get("FERRY_JIT", "1") != "0"
+    (numba's JIT then, ~150 MB more resident), and only with the JIT tier (numba installed, which
+    builds them, and ``FERRY_JIT`` not ``0``: numpy-only runs stay numpy-only).  Used only once
+    built: activation (``prepare``) builds."""
+    return os.environ.get("FERRY_LLM_AOT", "1") != "0" and jit.enabled()
 
 
 def _cpu() -> str:

@@ -154,3 +154,10 @@ def test_building_removes_the_extensions_of_other_keys(built: Path) -> None:
     assert aot.build() == built
     assert built.exists() and built.with_suffix(".json").exists()
     assert not stale.exists() and not stale.with_suffix(".json").exists()
+
+
+def test_on_by_default_and_never_without_the_jit_tier(built: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.delenv("FERRY_LLM_AOT", raising=False)
+    assert aot.kernels() is not None  # the serving default, once activation has built it
+    monkeypatch.setenv("FERRY_JIT", "0")  # numpy only: no compiled kernels of any kind
+    assert aot.kernels() is None and not aot.prepare()
