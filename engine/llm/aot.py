@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from engine import jit
+from engine.llm import gemv
 
 # kernel module -> the functions exported from it (each signature as ``<name>_<i>``)
 EXPORTS: dict[str, tuple[str, ...]] = {
@@ -49,6 +50,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
 _SOURCES = (
     "engine/llm/layer_jit.py",
     "engine/llm/dot_jit.py",
+    "engine/llm/gemv.py",
     "engine/llm/gemv_jit.py",
     "engine/llm/attention_jit.py",
     "engine/llm/spread_jit.py",
@@ -57,7 +59,6 @@ _SOURCES = (
     "engine/llm/aot.py",
 )
 _ROOT = Path(__file__).resolve().parents[2]
-_SUB, _BLOCK8, _TOKENS = 32, 32, 8  # dot_jit's SUB, BLOCK8, TOKENS (not imported: that is numba)
 _lock = threading.Lock()
 _loaded: dict[str, Any] = {}
 
@@ -225,7 +226,7 @@ class AotKernels:
     def gemm8(self, x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
         """dot_jit.gemm8, serial."""
         m, n = x.shape[0], q.shape[0]
-        padded, xq, off, dx = self._rounded(x, _BLOCK8)
+        padded, xq, off, dx = self._rounded(x, gemv.DOT_BLOCK8)
         out = np.zeros(padded * n, np.float32)
         s = np.asarray(scale).view(np.ndarray)
         self.module._gemm8_0(xq, off, dx, padded, x.shape[1], _flat(q), s, out)
@@ -234,12 +235,12 @@ class AotKernels:
     def _rounded(self, x: np.ndarray, block: int) -> tuple:
         """dot_jit._rounded: x padded to whole steps of 8 rows, rounded to int8 per block."""
         m, k = x.shape
-        padded = -(-m // _TOKENS) * _TOKENS
+        padded = -(-m // gemv.DOT_TOKENS) * gemv.DOT_TOKENS
         flat = np.zeros(padded * k, np.float32)
         flat[: m * k] = np.ascontiguousarray(x, np.float32).reshape(-1)
         xq = np.empty(padded * k, np.int8)
-        off = np.empty(padded * (k // _SUB), np.int32)
-        dx = np.empty(padded * (k // _SUB), np.float32)
+        off = np.empty(padded * (k // gemv.DOT_SUB), np.int32)
+        dx = np.empty(padded * (k // gemv.DOT_SUB), np.float32)
         self.module._activations_0(flat, padded, block, xq, off, dx)
         return padded, xq, off, dx
 
@@ -258,7 +259,11 @@ def _flat(array: np.ndarray) -> np.ndarray:
 
 
 def _scratch(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return np.empty(k, np.int8), np.empty(k // _SUB, np.int32), np.empty(k // _SUB, np.float32)
+    return (
+        np.empty(k, np.int8),
+        np.empty(k // gemv.DOT_SUB, np.int32),
+        np.empty(k // gemv.DOT_SUB, np.float32),
+    )
 
 
 def _compile(target: Path) -> None:

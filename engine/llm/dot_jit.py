@@ -45,11 +45,12 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from engine import jit
+from engine.llm import gemv
 from engine.ops import int_dot_ir
 
 LANES = 16  # rows per step: 16 int32 sums in one 512-bit vector
-SUB = 32  # weights per row per step: 16 bytes, 4 lanes' worth of 4 bytes
-TOKENS = 8  # prefill: tokens per weight load (see above)
+SUB = gemv.DOT_SUB  # weights per row per step: 16 bytes, 4 lanes' worth of 4 bytes
+TOKENS = gemv.DOT_TOKENS  # prefill: tokens per weight load (see above)
 
 _I16, _I32, _I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _F32, _HALF = ir.FloatType(), ir.HalfType()
@@ -269,7 +270,7 @@ def gemm(x: np.ndarray, packed: np.ndarray, scale: np.ndarray, block: int) -> np
 # -8 * sum at block 32 (its xq in plain order then: the low half is x[0:16], the high x[16:32]).
 # Sums are exact in int32 (|sum| <= 32 * 255 * 127); each sub-block adds float(sum) * d_x to 16
 # float sums, and the rows' scales multiply them once at the end.
-BLOCK8 = 32  # activations rounded per block of 32 (q8_0's), K a multiple of it
+BLOCK8 = gemv.DOT_BLOCK8  # activations rounded per block of 32 (q8_0's), K a multiple of it
 CHUNKS8 = BLOCK8 // 4  # 64-byte loads per sub-block and vector of 16 rows
 
 

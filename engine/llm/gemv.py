@@ -52,6 +52,9 @@ import numpy as np
 
 BLOCKS = (32, 64)
 DOT_GROUP = 16  # the dot layout (above): int8 activations only
+DOT_SUB = 32  # the dot layouts' step: weights per row summed exactly, activations' offsets per 32
+DOT_BLOCK8 = 32  # int8 dot layout: activations rounded per block of 32 (q8_0's), K a multiple
+DOT_TOKENS = 8  # prefill on the dot layouts: tokens per weight load (rows padded to a multiple)
 GROUPS = (1, 4, 8, DOT_GROUP)
 ACTIVATIONS = ("float", "int8")
 HALF_MAX = 65504.0  # float16's largest: a larger block scale (|w| > 524032) is clipped

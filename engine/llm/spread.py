@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from engine import batch_split
-
-SUB, BLOCK8 = 32, 32  # dot_jit's SUB and BLOCK8 (not imported: that is numba)
+from engine.llm.gemv import DOT_BLOCK8, DOT_SUB
 
 
 @dataclass(frozen=True)
@@ -62,11 +61,11 @@ def tables(
         logits = np.empty(head[2], np.float32)
     floats = [np.ascontiguousarray(f, np.float32) for f in floats]
     scales = matrices[1]
-    block = BLOCK8 if scales.dtype == np.float32 else int(layers[0][8])
+    block = DOT_BLOCK8 if scales.dtype == np.float32 else int(layers[0][8])
     scratch = (
         np.empty(widest, np.int8),
-        np.empty(widest // SUB, np.int32),
-        np.empty(widest // SUB, np.float32),
+        np.empty(widest // DOT_SUB, np.int32),
+        np.empty(widest // DOT_SUB, np.float32),
         block,
     )
     state = np.zeros(len(matrices) + 1, np.int64)  # 4 GEMVs a layer: 2 counters each, + 1
