@@ -158,7 +158,7 @@ def test_an_int8_cache_and_other_layouts_keep_the_one_call_layers() -> None:
 
 
 def test_an_lm_head_of_another_kind_runs_after_the_shared_layers() -> None:
-    """A float LM head beside int8 layers: the layers are shared out, the head is not (the
+    """A float LM head beside int4 layers: the layers are shared out, the head is not (the
     tables hold one kind), and the logits are still one thread's."""
     model = _model("int4")
     hf = config_dict("llama")
