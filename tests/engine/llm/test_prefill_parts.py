@@ -72,8 +72,14 @@ def test_two_threads_prefill_in_parts_gives_one_threads_logits_and_cache(
     layers = checkpoint.config.num_layers
     # with the JIT tier: two phases per layer, 140 rows in parts; numpy-only: BLAS's threads
     assert calls == ([4] * 2 * layers if jit.enabled() else [])
-    np.testing.assert_allclose(two_logits, one_logits, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(two_cache.astype(np.float32), one_cache.astype(np.float32), rtol=0, atol=1e-5)
+    # numpy-only, OpenBLAS's own threads may round a product differently (the AVX2 EPYC's do),
+    # and an int8 cache can turn that into one step of a key or value: one step, not more
+    blas_int8 = not jit.enabled() and kind == "int8"
+    atol, cache_atol = (1e-2, 1.0) if blas_int8 else (1e-5, 1e-5)
+    np.testing.assert_allclose(two_logits, one_logits, rtol=0, atol=atol)
+    np.testing.assert_allclose(
+        two_cache.astype(np.float32), one_cache.astype(np.float32), rtol=0, atol=cache_atol
+    )
     assert np.argmax(two_logits, axis=1).tolist() == np.argmax(one_logits, axis=1).tolist()
 
 
