@@ -3,8 +3,8 @@
 With the JIT tier (numba's kernels or their ahead-of-time build), the LLM's heavy work (its
 GEMMs, GEMVs and fused decode layers) runs on Ferry's threads (model.py's prefill parts,
 spread.py's decode workers, numba's pool for a lone parallel kernel); numpy's OpenBLAS is left
-one thread.  Its own worker threads spin after each call
-(attention's products, the float tiles of prefill) and took the cores numba's workers needed:
+one thread.  OpenBLAS's own worker threads spin after each call (attention's products, the
+float tiles of prefill) and took the cores numba's workers needed:
 SmolLM2-135M's shapes at 2 threads on a 2-core AMD EPYC (Zen 3, AVX2), OpenBLAS at 2 threads
 -> 1: int8 prefill 156 -> 229 tok/s, int4 prefill 208 -> 273, int4 decode 66 -> 79.  Without
 the JIT tier numpy's BLAS is the only pool and gets them all.
