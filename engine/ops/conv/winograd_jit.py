@@ -3,8 +3,10 @@
 The numpy forms (winograd.py) spend most of their time in the 16 or 36 slot GEMMs,
 (tiles, C) @ (C, M) each, as one batched np.matmul: OpenBLAS packs every slot's filters on every
 call.  Here the transformed filters are packed once per plan into the micro-kernel's panels and
-the slots run as one JIT call (spread over threads by slot, block of tiles and panel); the input
-and output transforms are winograd.py's own.
+the slots run as one JIT call (spread over threads by slot, block of tiles and panel).  The input
+and output transforms are JIT passes too (winograd_tiles_jit.py): from the padded channels-last
+image straight to the slots, and from the products straight to the channels-last output with
+bias, residual and Relu / Clip applied.
 """
 
 from __future__ import annotations
@@ -16,28 +18,25 @@ import numpy as np
 
 from engine.ops import window
 from engine.ops.conv.common import (
+    PING,
     PONG,
-    _check_residual,
     _clipped_fallback,
-    _Result,
+    aligned_empty,
     fused_bounds,
     residual_of,
 )
 from engine.ops.conv.gemm8_jit import gemm_batched16, pack_panels16
-from engine.ops.conv.gemm_jit import gemm_batched, pack_panels
+from engine.ops.conv.gemm_jit import address, gemm_batched, pack_panels
 from engine.ops.conv.im2col import conv_im2col
+from engine.ops.conv.pointwise_jit import residual_rows
 from engine.ops.conv.winograd import (
-    _WINO4_AT,
-    _WINO4_BT,
-    _WINO_AT,
-    _WINO_BT,
-    _wino_input,
-    _wino_output,
+    _padded_image,
     pack_winograd,
     pack_winograd4,
     winograd4_ok,
     winograd_ok,
 )
+from engine.ops.conv.winograd_tiles_jit import transform_input, transform_output
 from engine.ops.registry import Kernel
 from engine.ops.scratch import scratch
 
@@ -69,13 +68,12 @@ def _winograd(
     attrs: dict[str, Any],
     ok: Callable[[tuple[int, ...], tuple[int, ...], dict[str, Any]], bool],
     pack: Callable[[np.ndarray], np.ndarray],
-    bt: np.ndarray,
-    at: np.ndarray,
+    step: int,
     batched: Callable[[np.ndarray, np.ndarray, np.ndarray], None] = gemm_batched,
 ) -> list[np.ndarray]:
-    """winograd._winograd_channels_last with the slot GEMMs on the JIT micro-kernel (``batched``:
-    gemm_jit's or gemm8_jit's); input 1 may be pre-packed by ``pack`` (4-D: the (M, C, 3, 3)
-    filters)."""
+    """Winograd F(step x step, 3x3) with the slot GEMMs on the JIT micro-kernel (``batched``:
+    gemm_jit's or gemm8_jit's) between the JIT tile transforms; input 1 may be pre-packed by
+    ``pack`` (4-D: the (M, C, 3, 3) filters)."""
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = residual_of(inputs)
@@ -91,39 +89,40 @@ def _winograd(
         return _clipped_fallback(conv_im2col, inputs, attrs)
     weights = w if packed else pack(w)
     win = window.geometry(attrs, tuple(x.shape[2:]), (3, 3))
-    n, step = x.shape[0], at.shape[0]
-    th, tw = -(-win.out[0] // step), -(-win.out[1] // step)
-    bt32, at32 = bt.astype(np.float32), at.astype(np.float32)
-    bounds = fused_bounds(attrs)
-    if residual is not None:
-        _check_residual(residual, (n, m, *win.out))
-    result = _Result(n, m, win.out, (step * th, step * tw), np.dtype(np.float32))
+    (n, c), (ho, wo), size = x.shape[:2], win.out, step + 2
+    th, tw = -(-ho // step), -(-wo // step)
+    out = aligned_empty((n, ho, wo, m), np.float32, address)  # channels last
+    rows = None if residual is None else residual_rows(residual, (n, m, ho, wo)).reshape(n, ho, wo, m)
+    bias = np.zeros(m, np.float32) if b is None else np.ascontiguousarray(b, np.float32)
     for image in range(n):
-        v = _wino_input(x[image], win, th, tw, bt32, step)
-        prod = scratch(PONG, (bt.shape[0] ** 2, th * tw, m), np.float32)
+        xp = _padded_image(x[image], win, step * th + 2, step * tw + 2, np.dtype(np.float32))
+        v = scratch(PING, (size * size, th * tw, c), np.float32)
+        transform_input(xp, v, step, th, tw)
+        prod = scratch(PONG, (size * size, th * tw, m), np.float32)  # over the padded image, now read
         batched(v, weights, prod)
-        _wino_output(prod, th, tw, at32, b, result.buffer[image])
-    return [result.finish(residual, bounds)]
+        residual_image = None if rows is None else rows[image]
+        transform_output(prod, out[image], bias, residual_image, fused_bounds(attrs), step, th, tw)
+    return [out.transpose(0, 3, 1, 2)]
 
 
 def conv_winograd_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """3x3 stride-1 conv by Winograd F(2x2, 3x3), slot products on the JIT GEMM."""
-    return _winograd(inputs, attrs, winograd_ok, pack_winograd_gemm, _WINO_BT, _WINO_AT)
+    return _winograd(inputs, attrs, winograd_ok, pack_winograd_gemm, 2)
 
 
 def conv_winograd4_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """3x3 stride-1 conv by Winograd F(4x4, 3x3), slot products on the JIT GEMM."""
-    return _winograd(inputs, attrs, winograd4_ok, pack_winograd4_gemm, _WINO4_BT, _WINO4_AT)
+    return _winograd(inputs, attrs, winograd4_ok, pack_winograd4_gemm, 4)
 
 
 def conv_winograd_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """conv_winograd_gemm on gemm8_jit's 8-lane (AVX2) tiles."""
-    return _winograd(inputs, attrs, winograd_ok, pack_winograd_gemm8, _WINO_BT, _WINO_AT, gemm_batched16)
+    return _winograd(inputs, attrs, winograd_ok, pack_winograd_gemm8, 2, gemm_batched16)
 
 
 def conv_winograd4_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """conv_winograd4_gemm on gemm8_jit's 8-lane (AVX2) tiles."""
-    return _winograd(inputs, attrs, winograd4_ok, pack_winograd4_gemm8, _WINO4_BT, _WINO4_AT, gemm_batched16)
+    return _winograd(inputs, attrs, winograd4_ok, pack_winograd4_gemm8, 4, gemm_batched16)
 
 
 for _kernel, _ok, _pack in (
