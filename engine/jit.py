@@ -147,6 +147,13 @@ def compiled_dir() -> Path:
     return cache_dir() / f"engine-{_sources_digest()}"
 
 
+def engine_digest() -> str:
+    """A digest of the engine's sources: the kernel search re-measures when it changes (a
+    kernel rewritten under the same name is a different speed), and compiled kernels are kept
+    per value (``compiled_dir``)."""
+    return _sources_digest()
+
+
 @functools.cache  # the engine's files do not change under a running process
 def _sources_digest() -> str:
     digest = hashlib.sha256()

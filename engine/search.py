@@ -11,7 +11,8 @@ cached in a JSON file per (model digest, device fingerprint) under ``FERRY_KERNE
 (default ``~/.cache/ferry/kernels``), so later loads of the same model on the same device
 skip the measuring.  Each choice also records which candidates it was made among: when an
 engine upgrade adds a kernel, or a node's weights become packable, the node is measured
-again (a cached choice among fewer kernels would otherwise hold forever).
+again (a cached choice among fewer kernels would otherwise hold forever); any change to the
+engine's code re-measures every node once (a kernel rewritten under its old name).
 ``FERRY_KERNEL_SEARCH=0`` turns measuring off (the selector decides).
 """
 
@@ -56,8 +57,9 @@ def cache_dir() -> Path:
 
 
 def device_fingerprint(threads: int, use_jit: bool = True) -> str:
-    """What makes timings comparable: CPU, its flags, numpy and BLAS build, thread count, and the
-    JIT tier (numba's version, or none): changing any of them re-measures."""
+    """What makes timings comparable: CPU, its flags, numpy and BLAS build, thread count, the
+    JIT tier (numba's version, or none) and the engine's own code: changing any of them
+    re-measures."""
     from threadpoolctl import threadpool_info  # noqa: PLC0415 - only needed when searching
 
     cpu = ""
@@ -76,6 +78,7 @@ def device_fingerprint(threads: int, use_jit: bool = True) -> str:
         threads,
         os.cpu_count(),
         jit.fingerprint() if use_jit else "numpy-only",
+        jit.engine_digest(),
     ]
     text = json.dumps(machine, default=str)
     return hashlib.sha256(text.encode()).hexdigest()

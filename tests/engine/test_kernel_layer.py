@@ -78,6 +78,13 @@ def test_the_search_cache_key_changes_with_the_jit_tier():
     assert (with_jit != without) == jit.enabled()
 
 
+def test_the_search_cache_key_changes_with_the_engines_code(monkeypatch):
+    """A kernel rewritten under its old name is a different speed: an engine upgrade re-measures."""
+    before = search.device_fingerprint(1, True)
+    monkeypatch.setattr(jit, "engine_digest", lambda: "another engine")
+    assert search.device_fingerprint(1, True) != before
+
+
 def test_the_jit_cache_directory_is_the_one_the_engine_is_told(tmp_path, monkeypatch):
     monkeypatch.setenv("FERRY_JIT_CACHE", str(tmp_path / "from-env"))
     previous = jit._cache_dir
