@@ -20,7 +20,7 @@ from engine.ops.conv.common import (
     residual_of,
 )
 from engine.ops.conv.im2col import conv_im2col
-from engine.ops.scratch import scratch, zeroed
+from engine.ops.scratch import scratch
 
 # Winograd F(2x2, 3x3) (Lavin & Gray 2015): each 2x2 output tile from a 4x4 input tile with
 # 16 multiplies per channel pair instead of 36, i.e. 2.25x fewer than direct convolution.
@@ -211,12 +211,17 @@ def _padded_image(
     """(C, H, W) image -> zero-padded channels-last (padded_h, padded_w, C) scratch, cropped or
     zero-extended at the end to that size."""
     c, height, width = x.shape
-    xp = zeroed(PONG, (padded_h, padded_w, c), dtype)
+    xp = scratch(PONG, (padded_h, padded_w, c), dtype)
     pt, pl = win.pads_begin
     rows = slice(max(0, -pt), min(height, padded_h - pt))
     cols = slice(max(0, -pl), min(width, padded_w - pl))
-    target = xp[rows.start + pt : rows.stop + pt, cols.start + pl : cols.stop + pl]
-    np.copyto(target, x[:, rows, cols].transpose(1, 2, 0))
+    top, bottom, left, right = rows.start + pt, rows.stop + pt, cols.start + pl, cols.stop + pl
+    np.copyto(xp[top:bottom, left:right], x[:, rows, cols].transpose(1, 2, 0))
+    # only the border is zeroed: filling the whole buffer first wrote the image's bytes twice
+    xp[:top] = 0
+    xp[bottom:] = 0
+    xp[top:bottom, :left] = 0
+    xp[top:bottom, right:] = 0
     return xp
 
 
