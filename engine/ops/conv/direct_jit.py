@@ -38,6 +38,7 @@ from engine.ops.conv.gemm_jit import (
     LANES,
     MR,
     NR,
+    UNROLL,
     _plain,
     _unpacked,
     address,
@@ -95,8 +96,8 @@ def _micro(vectors: int) -> Any:
             zero = ir.Constant(vec, None)
             accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(vectors)] for _ in range(MR)]
             rows = [builder.add(xo_, builder.mul(const(r), xs_)) for r in range(MR)]
-            with cgutils.for_range(builder, depth_) as loop:
-                k = loop.index
+
+            def step(k: Any) -> None:
                 offset = builder.load(builder.gep(kp, [k]))
                 wk = builder.add(wo_, builder.mul(k, const(NR)))
                 weights = [
@@ -109,6 +110,16 @@ def _micro(vectors: int) -> Any:
                         builder.store(
                             builder.call(fma, [a, weights[v], builder.load(accs[r][v])]), accs[r][v]
                         )
+
+            # K unrolled by UNROLL, as gemm_jit's micro-kernel (fewer loop instructions a step)
+            whole = builder.udiv(depth_, const(UNROLL))
+            with cgutils.for_range(builder, whole) as loop:
+                base = builder.mul(loop.index, const(UNROLL))
+                for u in range(UNROLL):
+                    step(builder.add(base, const(u)))
+            done = builder.mul(whole, const(UNROLL))
+            with cgutils.for_range(builder, builder.sub(depth_, done)) as loop:
+                step(builder.add(done, loop.index))
             has_res = builder.trunc(builder.and_(flags_, const(1)), ir.IntType(1))
             has_clip = builder.trunc(builder.lshr(flags_, const(1)), ir.IntType(1))
             low, high = splat(lo_), splat(hi_)
