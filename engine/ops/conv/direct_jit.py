@@ -45,6 +45,7 @@ from engine.ops.conv.gemm_jit import (
     pack_columns,
     pack_panels,
     packed_shape,
+    unrolled_range,
 )
 from engine.ops.conv.im2col import conv_im2col
 from engine.ops.conv.pointwise_jit import residual_rows
@@ -111,15 +112,7 @@ def _micro(vectors: int) -> Any:
                             builder.call(fma, [a, weights[v], builder.load(accs[r][v])]), accs[r][v]
                         )
 
-            # K unrolled by UNROLL, as gemm_jit's micro-kernel (fewer loop instructions a step)
-            whole = builder.udiv(depth_, const(UNROLL))
-            with cgutils.for_range(builder, whole) as loop:
-                base = builder.mul(loop.index, const(UNROLL))
-                for u in range(UNROLL):
-                    step(builder.add(base, const(u)))
-            done = builder.mul(whole, const(UNROLL))
-            with cgutils.for_range(builder, builder.sub(depth_, done)) as loop:
-                step(builder.add(done, loop.index))
+            unrolled_range(builder, depth_, step, UNROLL)
             has_res = builder.trunc(builder.and_(flags_, const(1)), ir.IntType(1))
             has_clip = builder.trunc(builder.lshr(flags_, const(1)), ir.IntType(1))
             low, high = splat(lo_), splat(hi_)

@@ -16,7 +16,7 @@ differ from numpy's (OpenBLAS's blocked sums, then the bias) by float32 rounding
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,21 @@ MIN_BLOCK_ROWS = 16 * MR
 # allowed more: numba's pool launch costs 5-10 us idle, and on a loaded 2-core host far more
 # (MobileNetV2's 7x7 layers took twice their one-thread time on two, 2026-11-26 21:00 UTC)
 MIN_PARALLEL_MACS = 2_000_000
+
+
+def unrolled_range(builder: ir.IRBuilder, count: Any, step: Callable[[Any], None], unroll: int) -> None:
+    """IR for ``for k in range(count): step(k)`` with ``unroll`` steps an iteration, then the rest
+    one at a time, in order.  A micro-kernel's loop counter, compare and address updates were a
+    fifth of a 6 x 32 step's instructions, and a core issues 4 a cycle beside its 2 FMAs."""
+    i64 = ir.IntType(64)
+    whole = builder.udiv(count, ir.Constant(i64, unroll))
+    with cgutils.for_range(builder, whole) as loop:
+        base = builder.mul(loop.index, ir.Constant(i64, unroll))
+        for u in range(unroll):
+            step(builder.add(base, ir.Constant(i64, u)))
+    done = builder.mul(whole, ir.Constant(i64, unroll))
+    with cgutils.for_range(builder, builder.sub(count, done)) as loop:
+        step(builder.add(done, loop.index))
 
 
 def _micro(widths: tuple[int, ...], rows: int = MR, unroll: int | None = None) -> Any:
@@ -120,17 +135,7 @@ def _micro(widths: tuple[int, ...], rows: int = MR, unroll: int | None = None) -
                             builder.call(fmas[v], [a, weights[v], builder.load(accs[r][v])]), accs[r][v]
                         )
 
-            # K unrolled: the loop's own counter, compare and address updates were a fifth of the
-            # instructions of a 6 x 32 step, and a core issues 4 a cycle beside its 2 FMAs
-            unrolled = UNROLL if unroll is None else unroll
-            whole = builder.udiv(depth_, const(unrolled))
-            with cgutils.for_range(builder, whole) as loop:
-                base = builder.mul(loop.index, const(unrolled))
-                for u in range(unrolled):
-                    step(builder.add(base, const(u)))
-            done = builder.mul(whole, const(unrolled))
-            with cgutils.for_range(builder, builder.sub(depth_, done)) as loop:
-                step(builder.add(done, loop.index))
+            unrolled_range(builder, depth_, step, UNROLL if unroll is None else unroll)
             has_res = builder.trunc(builder.and_(flags_, const(1)), ir.IntType(1))
             has_clip = builder.trunc(builder.lshr(flags_, const(1)), ir.IntType(1))
             for v in range(len(widths)):
