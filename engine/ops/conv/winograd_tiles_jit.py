@@ -8,7 +8,7 @@ on ResNet18's 56x56 layers.  Here one pass reads the zero-padded channels-last i
 B^T d B, and one pass reads the slot products and writes A^T m A plus bias, residual and
 Relu / Clip straight into the channels-last output, only the pixels inside it.
 
-A tile's 16 or 36 values of 16 channels are loaded once into vector registers, transformed
+A tile's 16 or 36 vectors of 16 channels are loaded once into vector registers, transformed
 there and stored once (LLVM IR, ``numba.extending.intrinsic``, as gemm_jit's micro-kernel): a
 loop per transformed vector over channels, the form numba's vectoriser takes, read each input
 four or five times and spent more in loop set-up than in the loop at 64 channels.  The sums
