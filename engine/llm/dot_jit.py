@@ -192,18 +192,21 @@ def _activations(x, tokens, block, xq, off, dx):  # noqa: ANN001, ANN202
 @numba.njit(inline="always", cache=True)
 def _rows(w, s, block, xq, off, dx, k, v, out, out_at, tokens, out_stride):  # noqa: ANN001, ANN202
     """Rows 16 v .. 16 v + 15 for ``tokens`` tokens (1, or a multiple of TOKENS)."""
-    subs, per = k // SUB, block // SUB
-    # prefill: tokens outside the sub-blocks, as ``_rows8`` (the same sums in the same order)
+    subs, per, half = k // SUB, block // SUB, block // 2
+    # prefill: tokens outside the sub-blocks, as ``_rows8`` (the same sums in the same order);
+    # blocks and their sub-blocks as two loops: ``sub // per`` and ``sub % per`` with ``per``
+    # known only at run time were two integer divisions (~25 cycles each) per step
     for t in range(0, tokens, TOKENS):  # t = 0 only for decode's one token
-        for sub in range(subs):
-            b, p = sub // per, sub % per
-            w_at, s_at = (v * subs + sub) * 256, (v * (k // block) + b) * LANES
-            x_at = b * block + 16 * p
-            if tokens == 1:
-                _step1(w, w_at, s, s_at, xq, x_at, block // 2, k, off, dx, sub, subs, out, out_at, 0)
-            else:
-                x_t, at, o = x_at + t * k, sub + t * subs, out_at + t * out_stride
-                _step_many(w, w_at, s, s_at, xq, x_t, block // 2, k, off, dx, at, subs, out, o, out_stride)
+        for b in range(k // block):
+            s_at = (v * (k // block) + b) * LANES
+            for p in range(per):
+                sub = b * per + p
+                w_at, x_at = (v * subs + sub) * 256, b * block + 16 * p
+                if tokens == 1:
+                    _step1(w, w_at, s, s_at, xq, x_at, half, k, off, dx, sub, subs, out, out_at, 0)
+                else:
+                    x_t, at, o = x_at + t * k, sub + t * subs, out_at + t * out_stride
+                    _step_many(w, w_at, s, s_at, xq, x_t, half, k, off, dx, at, subs, out, o, out_stride)
 
 
 @numba.njit(inline="always", cache=True)
