@@ -45,10 +45,10 @@ from engine.ops.conv.gemm_jit import (
     pack_columns,
     pack_panels,
     packed_shape,
-    unrolled_range,
 )
 from engine.ops.conv.im2col import conv_im2col
 from engine.ops.conv.pointwise_jit import residual_rows
+from engine.ops.loop_ir import unrolled_range
 from engine.ops.registry import Kernel
 from engine.ops.scratch import scratch
 

@@ -16,7 +16,7 @@ differ from numpy's (OpenBLAS's blocked sums, then the bias) by float32 rounding
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -41,15 +41,14 @@ from engine.ops.conv.common import (
 from engine.ops.conv.direct import conv_1x1
 from engine.ops.conv.im2col import HWC_MIN_CHANNELS, conv_im2col, hwc_ok, pack_im2col_hwc
 from engine.ops.conv.pointwise_jit import _pixels, _strides, pointwise_ok, residual_rows
+from engine.ops.loop_ir import unrolled_range
 from engine.ops.registry import Kernel
 from engine.ops.scratch import scratch
 
 LANES = 16  # float32 lanes of one LLVM vector (a zmm register, or two ymm where LLVM prefers)
 NR = 2 * LANES  # output channels per panel (one tile's width)
 MR = 6  # output rows (pixels) per tile: 12 accumulators + 2 weight vectors + a broadcast
-# K steps per loop iteration in the micro-kernels: a 6 x 32 tile at 4 ran 1.15-1.25x the rate of
-# the plain loop on a Cascade Lake core (60 alternating runs each, GEMMs of 128-768 columns)
-UNROLL = 4
+UNROLL = 4  # K steps per loop iteration in the micro-kernels (loop_ir.unrolled_range)
 # Input rows per block of tiles: a block's inputs stay in L2 while every panel streams past them.
 BLOCK_INPUT_BYTES = 256 << 10
 MIN_BLOCK_ROWS = 16 * MR
@@ -57,21 +56,6 @@ MIN_BLOCK_ROWS = 16 * MR
 # allowed more: numba's pool launch costs 5-10 us idle, and on a loaded 2-core host far more
 # (MobileNetV2's 7x7 layers took twice their one-thread time on two, 2026-11-26 21:00 UTC)
 MIN_PARALLEL_MACS = 2_000_000
-
-
-def unrolled_range(builder: ir.IRBuilder, count: Any, step: Callable[[Any], None], unroll: int) -> None:
-    """IR for ``for k in range(count): step(k)`` with ``unroll`` steps an iteration, then the rest
-    one at a time, in order.  A micro-kernel's loop counter, compare and address updates were a
-    fifth of a 6 x 32 step's instructions, and a core issues 4 a cycle beside its 2 FMAs."""
-    i64 = ir.IntType(64)
-    whole = builder.udiv(count, ir.Constant(i64, unroll))
-    with cgutils.for_range(builder, whole) as loop:
-        base = builder.mul(loop.index, ir.Constant(i64, unroll))
-        for u in range(unroll):
-            step(builder.add(base, ir.Constant(i64, u)))
-    done = builder.mul(whole, ir.Constant(i64, unroll))
-    with cgutils.for_range(builder, builder.sub(count, done)) as loop:
-        step(builder.add(done, loop.index))
 
 
 def _micro(widths: tuple[int, ...], rows: int = MR, unroll: int | None = None) -> Any:
