@@ -144,18 +144,14 @@ def compiled_dir() -> Path:
     engine upgrade that changed only the inlined file kept the old compiled code, slow or wrong
     for a changed layout (seen: a decode step at 43 ms on dot_jit's replaced int8 path, 20 ms
     compiled afresh).  Any change to the engine compiles every kernel again, once."""
-    return cache_dir() / f"engine-{_sources_digest()}"
+    return cache_dir() / f"engine-{engine_digest()}"
 
 
+@functools.cache  # the engine's files do not change under a running process
 def engine_digest() -> str:
     """A digest of the engine's sources: the kernel search re-measures when it changes (a
     kernel rewritten under the same name is a different speed), and compiled kernels are kept
     per value (``compiled_dir``)."""
-    return _sources_digest()
-
-
-@functools.cache  # the engine's files do not change under a running process
-def _sources_digest() -> str:
     digest = hashlib.sha256()
     root = Path(__file__).resolve().parent
     for path in sorted(root.rglob("*.py")):

@@ -107,7 +107,7 @@ def test_compiled_kernels_are_kept_per_engine_version(tmp_path, monkeypatch):
     try:
         jit._cache_dir = tmp_path
         current = jit.compiled_dir()
-        assert current.parent == tmp_path and current.name == f"engine-{jit._sources_digest()}"
+        assert current.parent == tmp_path and current.name == f"engine-{jit.engine_digest()}"
         stale = []
         for age in range(jit.KEPT_ENGINES + 2):
             other = tmp_path / f"engine-old{age}"

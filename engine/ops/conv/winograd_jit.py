@@ -94,6 +94,7 @@ def _winograd(
     out = aligned_empty((n, ho, wo, m), np.float32, address)  # channels last
     rows = None if residual is None else residual_rows(residual, (n, m, ho, wo)).reshape(n, ho, wo, m)
     bias = np.zeros(m, np.float32) if b is None else np.ascontiguousarray(b, np.float32)
+    bounds = fused_bounds(attrs)
     for image in range(n):
         xp = _padded_image(x[image], win, step * th + 2, step * tw + 2, np.dtype(np.float32))
         v = scratch(PING, (size * size, th * tw, c), np.float32)
@@ -101,7 +102,7 @@ def _winograd(
         prod = scratch(PONG, (size * size, th * tw, m), np.float32)  # over the padded image, now read
         batched(v, weights, prod)
         residual_image = None if rows is None else rows[image]
-        transform_output(prod, out[image], bias, residual_image, fused_bounds(attrs), step, th, tw)
+        transform_output(prod, out[image], bias, residual_image, bounds, step, th, tw)
     return [out.transpose(0, 3, 1, 2)]
 
 

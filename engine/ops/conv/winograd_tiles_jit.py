@@ -29,6 +29,7 @@ from numba.extending import intrinsic
 
 from engine import jit
 from engine.ops.conv.winograd import _WINO4_AT, _WINO4_BT, _WINO_AT, _WINO_BT
+from engine.ops.int_dot_ir import splat
 
 LANES = 16
 # step (output pixels per tile side) -> (B^T, A^T)
@@ -56,13 +57,6 @@ def _combine(builder: ir.IRBuilder, row: np.ndarray, values: list[Any], vec: ir.
 
 def _vector_at(builder: ir.IRBuilder, base: Any, offset: Any, vec: ir.VectorType) -> Any:
     return builder.bitcast(builder.gep(base, [offset]), vec.as_pointer())
-
-
-def _splat(builder: ir.IRBuilder, value: Any, vec: ir.VectorType) -> Any:
-    first = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(
-        first, first, ir.Constant(ir.VectorType(ir.IntType(32), vec.count), [0] * vec.count)
-    )
 
 
 def _offset(builder: ir.IRBuilder, start: Any, *terms: tuple[int, Any]) -> Any:
@@ -142,7 +136,7 @@ def _tile_output(step: int, lanes: int) -> Any:
             bias = builder.load(_vector_at(builder, bp, k_, vec), align=4)
             has_res = builder.trunc(builder.and_(flags_, ir.Constant(_I64, 1)), ir.IntType(1))
             has_clip = builder.trunc(builder.lshr(flags_, ir.Constant(_I64, 1)), ir.IntType(1))
-            low, high = _splat(builder, lo_, vec), _splat(builder, hi_, vec)
+            low, high = splat(builder, lo_, vec), splat(builder, hi_, vec)
             for i in range(step):
                 for j in range(step):
                     inside = builder.and_(
@@ -170,12 +164,10 @@ def _tile_output(step: int, lanes: int) -> Any:
     return tile
 
 
-_IN = {step: (_tile_input(step, LANES), _tile_input(step, 1)) for step in _MATRICES}
-_OUT = {step: (_tile_output(step, LANES), _tile_output(step, 1)) for step in _MATRICES}
-_in4, _in4_1 = _IN[4]
-_in2, _in2_1 = _IN[2]
-_out4, _out4_1 = _OUT[4]
-_out2, _out2_1 = _OUT[2]
+_in4, _in4_1 = _tile_input(4, LANES), _tile_input(4, 1)
+_in2, _in2_1 = _tile_input(2, LANES), _tile_input(2, 1)
+_out4, _out4_1 = _tile_output(4, LANES), _tile_output(4, 1)
+_out2, _out2_1 = _tile_output(2, LANES), _tile_output(2, 1)
 
 _F32_IN = jit.array(types.float32, 1, "C", readonly=True)
 _F32_OUT = jit.array(types.float32, 1, "C")
