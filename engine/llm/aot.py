@@ -42,9 +42,18 @@ from engine.llm import gemv
 
 # kernel module -> the functions exported from it (each signature as ``<name>_<i>``)
 EXPORTS: dict[str, tuple[str, ...]] = {
-    "engine.llm.layer_jit": ("layer", "layer_int8_cache", "add_norm", "attend", "attend_int8", "swiglu"),
+    "engine.llm.layer_jit": (
+        "layer",
+        "layer_int8_cache",
+        "add_norm",
+        "attend",
+        "attend_int8",
+        "swiglu",
+        "swiglu_rows",
+    ),
     "engine.llm.dot_jit": ("gemv_dot", "gemv_dot8", "_gemm", "_gemm8", "_activations"),
     "engine.llm.spread_jit": ("token_open", "token_work"),
+    "engine.llm.attention_jit": ("causal_softmax",),
 }
 # the sources whose text the compiled code depends on (the kernels inline across these files)
 _SOURCES = (
@@ -58,6 +67,8 @@ _SOURCES = (
     "engine/jit.py",
     "engine/llm/aot.py",
 )
+# the exports of one signature, called by their own names
+_SINGLE = ("add_norm", "attend", "attend_int8", "swiglu", "swiglu_rows", "token_open", "causal_softmax")
 _ROOT = Path(__file__).resolve().parents[2]
 _lock = threading.Lock()
 _loaded: dict[str, Any] = {}
@@ -178,7 +189,7 @@ class AotKernels:
 
     def __init__(self, module: ModuleType) -> None:
         self.module = module
-        for name in ("add_norm", "attend", "attend_int8", "swiglu", "token_open"):
+        for name in _SINGLE:
             setattr(self, name, getattr(module, name + "_0"))
 
     def token_work(self, *args: Any) -> None:

@@ -1,5 +1,6 @@
 """Decode's attention (one new query per head over the KV cache): the numpy kernel, the JIT
-one's twin (engine/llm/attention_jit.py), both behind the kernel layer's ``LlmDecodeAttention``.
+one's twin (engine/llm/attention_jit.py), both behind the kernel layer's ``LlmDecodeAttention``;
+and prefill's causal softmax, twin of attention_jit's ``causal_softmax``.
 
 The inputs say the cache's storage (engine/llm/cache.py): [q, keys, values] for float32, or
 [q, keys, key scales, values, value scales] for int8 (one scale per kv head and position).  One
@@ -39,3 +40,16 @@ def _float_cache(inputs: list[np.ndarray], total: int) -> tuple[np.ndarray, np.n
         keys[:, :total].astype(np.float32) * key_scales[:, :total, None],
         values[:, :total].astype(np.float32) * value_scales[:, :total, None],
     )
+
+
+def causal_softmax_numpy(scores: np.ndarray, m: int, start: int) -> None:
+    """Softmax in place of scores [KV, group * m, total] for m queries at positions start..
+    (row r is query r % m), each over the keys its query sees (0..start + r % m); the later
+    keys get 0."""
+    heads, rows, total = scores.shape
+    visible = np.arange(total)[None, :] <= (start + np.arange(m))[:, None]  # [m, total]
+    view = scores.reshape(heads, rows // m, m, total)
+    view[...] = np.where(visible, view, np.float32(-np.inf))
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)

@@ -153,6 +153,32 @@ def _decode_attention_int8(q, keys, key_scales, values, value_scales, total, sca
                     o[i] += weight * np.float32(value[i])
 
 
+@jit.njit([types.void(jit.array(_F32, 3, "C"), types.int64, types.int64)], fastmath=_FAST)
+def causal_softmax(scores, m, start):  # noqa: ANN001, ANN202
+    """Prefill's softmax in place: scores [KV, group * m, total] of m queries at positions
+    start.. (row r is query r % m); each row's softmax over the keys its query sees (positions
+    0..start + r % m), the later ones set to 0.  One pass per row where numpy's masked softmax
+    was six over the whole block (a mask, max, subtract, exp, sum, divide): SmolLM2-135M's
+    shapes at 256 tokens, 0.40 against 1.81 ms a layer on an AMD EPYC."""
+    for h in range(scores.shape[0]):
+        for r in range(scores.shape[1]):
+            row = scores[h, r]
+            visible = min(start + r % m + 1, row.size)
+            largest = row[0]
+            for t in range(1, visible):
+                largest = max(largest, row[t])
+            norm = np.float32(0.0)
+            for t in range(visible):
+                e = exp(row[t] - largest)
+                row[t] = e
+                norm += e
+            inverse = np.float32(1.0) / norm
+            for t in range(visible):
+                row[t] *= inverse
+            for t in range(visible, row.size):
+                row[t] = 0.0
+
+
 def decode_attention_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
     """inputs: q [H, d], keys [KV, context, d], values [KV, context, d] float32, or
     q, keys, key scales, values, value scales for an int8 cache; attrs: total, scale -> [H * d]."""

@@ -26,11 +26,13 @@ from engine.llm.gemv_jit import _int4_grouped_q8, _int8_serial
 _F32, _I64 = types.float32, types.int64
 _IN = jit.array(_F32, 1, "C", readonly=True)
 _OUT = jit.array(_F32, 1, "C")
+_ROWS_IN, _ROWS_OUT = jit.array(_F32, 2, "C", readonly=True), jit.array(_F32, 2, "C")
 _CACHE = jit.array(_F32, 3, "C")
 _CACHE8 = jit.array(types.int8, 3, "C")
 _SCALES = jit.array(_F32, 2, "C")
 _ROPE = (_IN, _IN, _IN, _IN, _I64)  # qkv, bias (empty: none), cos, sin [d/2] at the position, kv heads
 _INT8_MAX = np.float32(127.0)
+_FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
 
 @jit.njit([types.void(_OUT, _IN, _IN, _IN, types.float64, _OUT)])
@@ -47,13 +49,26 @@ def add_norm(x, delta, bias, weight, eps, out):  # noqa: ANN001, ANN202
         out[i] = x[i] * inverse * weight[i]
 
 
-@jit.njit([types.void(_IN, _OUT)], fastmath={"nsz", "arcp", "contract", "afn", "reassoc"})
+# error_model="numpy": a float division by zero gives inf, as numpy's, not a raise whose check
+# per element kept LLVM from vectorizing the loop (4x slower: 6.2 against 1.5 us for 1536 values)
+@jit.njit([types.void(_IN, _OUT)], fastmath=_FAST, error_model="numpy")
 def swiglu(gate_up, out):  # noqa: ANN001, ANN202
     """gate_up = [gate, up] -> out = silu(gate) * up."""
     n = out.size
     for i in range(n):
         g = gate_up[i]
         out[i] = g / (np.float32(1.0) + exp(-g)) * gate_up[n + i]
+
+
+@jit.njit([types.void(_ROWS_IN, _ROWS_OUT)], fastmath=_FAST, error_model="numpy")
+def swiglu_rows(gate_up, out):  # noqa: ANN001, ANN202
+    """Prefill's ``swiglu``, row by row: gate_up [m, 2n] = [gate, up] -> out [m, n].  One pass
+    where numpy's silu(gate) * up made five over the block."""
+    n = out.shape[1]
+    for r in range(out.shape[0]):
+        for i in range(n):
+            g = gate_up[r, i]
+            out[r, i] = g / (np.float32(1.0) + exp(-g)) * gate_up[r, n + i]
 
 
 @numba.njit(inline="always", cache=True)

@@ -21,6 +21,7 @@ import numpy as np
 from engine import batch_split, jit
 from engine.llm import aot, gemv
 from engine.llm import spread as llm_spread
+from engine.llm.attention import causal_softmax_numpy
 from engine.llm.cache import KVCache
 from engine.llm.checkpoint import Checkpoint
 from engine.llm.config import LlmConfig
@@ -237,19 +238,37 @@ class LlmModel:
         group = c.num_heads // c.num_kv_heads
         total = start + m
         keys, values = cache.read(index, total)  # what the cache holds (int8: dequantized)
-        # [m, H, d] -> [KV, group * m, d]: a kv head's queries side by side, one matmul per kv head
-        grouped = q.reshape(m, c.num_kv_heads, group, c.head_dim).transpose(1, 2, 0, 3)
+        # [m, H, d] -> [KV, group * m, d], scaled: a kv head's queries side by side
+        grouped = (q.reshape(m, c.num_kv_heads, group, c.head_dim) * self._scale).transpose(1, 2, 0, 3)
         grouped = grouped.reshape(c.num_kv_heads, group * m, c.head_dim)
-        scores = np.matmul(grouped, keys.transpose(0, 2, 1)) * self._scale
-        if m > 1:
-            visible = np.arange(total)[None, :] <= (start + np.arange(m))[:, None]  # [m, total]
-            scores = scores.reshape(c.num_kv_heads, group, m, total)
-            scores = np.where(visible, scores, np.float32(-np.inf)).reshape(c.num_kv_heads, group * m, total)
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
+        scores = np.empty((c.num_kv_heads, group * m, total), np.float32)
+        for g in range(c.num_kv_heads):  # 2-D products: numpy's stacked matmul over the keys'
+            np.matmul(grouped[g], keys[g].T, out=scores[g])  # transpose misses BLAS's gemm (4x)
+        _causal_softmax(scores, m, start)
         out = np.matmul(scores, values).reshape(c.num_kv_heads, group, m, c.head_dim)
         return np.ascontiguousarray(out.transpose(2, 0, 1, 3).reshape(m, c.num_heads * c.head_dim))
+
+
+def _causal_softmax(scores: np.ndarray, m: int, start: int) -> None:
+    """Softmax in place of scores [KV, group * m, total] for m queries at positions start..,
+    each over the keys its query sees (attention_jit.causal_softmax, the AOT build's when
+    loaded); numpy's masked softmax without the JIT tier."""
+    if jit.enabled():
+        kernels = aot.kernels() or jit.module("engine.llm.attention_jit")
+        kernels.causal_softmax(scores, m, start)
+    else:
+        causal_softmax_numpy(scores, m, start)
+
+
+def _swiglu(gate_up: np.ndarray, size: int) -> np.ndarray:
+    """silu(gate) * up of gate_up [m, 2 * size] = [gate, up] (layer_jit.swiglu_rows with the
+    JIT tier, the AOT build's when loaded)."""
+    if not jit.enabled():
+        gate, up = gate_up[:, :size], gate_up[:, size:]
+        return gate / (1.0 + np.exp(-gate)) * up
+    out = np.empty((gate_up.shape[0], size), np.float32)
+    (aot.kernels() or jit.module("engine.llm.layer_jit")).swiglu_rows(np.ascontiguousarray(gate_up), out)
+    return out
 
 
 MIN_PART_ROWS = 32  # rows of a prefill part: smaller parts re-read the weights for little work
@@ -319,8 +338,7 @@ class _LayerStep:
         x += _project(layer.o, attended, layer.o_bias, delta.get("o"))
         b = rms_norm(x, layer.post_norm, c.rms_norm_eps)
         gate_up = _project(layer.gate_up, b, None, delta.get("gate_up"))
-        gate, up = gate_up[:, : c.intermediate_size], gate_up[:, c.intermediate_size :]
-        x += _project(layer.down, gate / (1.0 + np.exp(-gate)) * up, None, delta.get("down"))
+        x += _project(layer.down, _swiglu(gate_up, c.intermediate_size), None, delta.get("down"))
 
 
 class DecodeBuffers:
