@@ -145,14 +145,15 @@ _N = types.int64
 
 
 @numba.njit(inline="always", cache=True)
-def _largest(x, base, block, lanes):  # noqa: ANN001, ANN202
-    """max |x[base : base + block]|, 16 lanes wide then halved 4 times: a serial maximum is a
-    chain of dependent compares (~4 cycles each) that LLVM would not vectorise (2x slower)."""
+def _largest(block, lanes):  # noqa: ANN001, ANN202
+    """max |block|, 16 lanes wide then halved 4 times: a serial maximum is a chain of dependent
+    compares (~4 cycles each) that LLVM would not vectorise (2x slower)."""
     for j in range(16):
-        lanes[j] = abs(x[base + j])
-    for c in range(base + 16, base + block, 16):
+        lanes[j] = abs(block[j])
+    for c in range(16, block.size, 16):
+        chunk = block[c : c + 16]
         for j in range(16):
-            a = abs(x[c + j])
+            a = abs(chunk[j])
             lanes[j] = a if a > lanes[j] else lanes[j]
     width = 8
     while width:
@@ -174,16 +175,20 @@ def _activations(x, tokens, block, xq, off, dx):  # noqa: ANN001, ANN202
     for t in range(tokens):
         for b in range(k // block):
             base = t * k + b * block
-            largest = _largest(x, base, block, lanes)
+            largest = _largest(x[base : base + block], lanes)
             inverse = np.float32(127.0) / largest if largest > 0 else np.float32(0.0)
             for p in range(per):
                 total = np.int32(0)
+                # 16-value slices, indexed from 0: ``x[low_at + j]`` with an offset numba cannot
+                # prove non-negative took a wraparound check per value (1.3-1.9x the time)
                 low_at = base + 16 * p
+                x_low, x_high = x[low_at : low_at + 16], x[low_at + half : low_at + half + 16]
+                q_low, q_high = xq[low_at : low_at + 16], xq[low_at + half : low_at + half + 16]
                 for j in range(16):
-                    low = np.int32(np.rint(x[low_at + j] * inverse))
-                    high = np.int32(np.rint(x[low_at + half + j] * inverse))
-                    xq[low_at + j] = low
-                    xq[low_at + half + j] = high
+                    low = np.int32(np.rint(x_low[j] * inverse))
+                    high = np.int32(np.rint(x_high[j] * inverse))
+                    q_low[j] = low
+                    q_high[j] = high
                     total += low + high
                 off[t * subs + b * per + p] = -8 * total
                 dx[t * subs + b * per + p] = largest / np.float32(127.0)
