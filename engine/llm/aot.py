@@ -10,7 +10,8 @@ same bits; it is built once per (kernel sources, numba, numpy, Python, CPU) in a
 whose LLVM exits with it, and cached beside the JIT cache (``jit.cache_dir()/llm-aot``).
 
 What it covers: layer_jit's kernels (every signature), dot_jit's int4/int8 GEMV and prefill
-GEMM on the dot layouts, and spread_jit's token workers, i.e. the converter's packages.  pycc has
+GEMM on the dot layouts, spread_jit's token workers and prefill's causal softmax
+(attention_jit), i.e. the converter's packages.  pycc has
 no ``parallel=True``, but its wrappers are built to release the GIL as numba's JIT kernels do,
 so several threads still run them: prefill's row parts and decode's token workers
 (batch_split's pool, spread.py).
