@@ -160,23 +160,13 @@ def causal_softmax(scores, m, start):  # noqa: ANN001, ANN202
     0..start + r % m), the later ones set to 0.  One pass per row where numpy's masked softmax
     was six over the whole block (a mask, max, subtract, exp, sum, divide): SmolLM2-135M's
     shapes at 256 tokens, 0.40 against 1.81 ms a layer on an AMD EPYC."""
+    ones = np.ones(scores.shape[2], np.float32)
     for h in range(scores.shape[0]):
         for r in range(scores.shape[1]):
             row = scores[h, r]
             visible = min(start + r % m + 1, row.size)
-            largest = row[0]
-            for t in range(1, visible):
-                largest = max(largest, row[t])
-            norm = np.float32(0.0)
-            for t in range(visible):
-                e = exp(row[t] - largest)
-                row[t] = e
-                norm += e
-            inverse = np.float32(1.0) / norm
-            for t in range(visible):
-                row[t] *= inverse
-            for t in range(visible, row.size):
-                row[t] = 0.0
+            _softmax_into(row[:visible], ones)
+            row[visible:] = 0.0
 
 
 def decode_attention_jit(inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:

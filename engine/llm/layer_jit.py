@@ -64,11 +64,8 @@ def swiglu(gate_up, out):  # noqa: ANN001, ANN202
 def swiglu_rows(gate_up, out):  # noqa: ANN001, ANN202
     """Prefill's ``swiglu``, row by row: gate_up [m, 2n] = [gate, up] -> out [m, n].  One pass
     where numpy's silu(gate) * up made five over the block."""
-    n = out.shape[1]
     for r in range(out.shape[0]):
-        for i in range(n):
-            g = gate_up[r, i]
-            out[r, i] = g / (np.float32(1.0) + exp(-g)) * gate_up[r, n + i]
+        swiglu(gate_up[r], out[r])
 
 
 @numba.njit(inline="always", cache=True)
