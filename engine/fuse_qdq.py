@@ -54,6 +54,10 @@ def fuse_qdq(
 ) -> list:
     """The planned steps with each fusable QMatMul and Conv replaced (see the module's note);
     packed weights are added to ``packed`` (the plan's constants)."""
+    if not any(step.op in QUANTIZERS for step in steps):
+        # nothing reads a quantizer's output, so nothing fuses; the probe below would load numba
+        # (~120 MB of peak RSS) into a float model's session that has no other use for it
+        return steps
     if use_jit and not integer_products_pay():
         return steps  # the unfused float form is faster here
     producer = {name: step for step in steps for name in step.outputs if name}

@@ -217,6 +217,39 @@ def test_where_integer_products_do_not_pay_the_unfused_form_is_planned(tmp_path,
     assert fuse_qdq.integer_products_pay()
 
 
+def test_a_float_models_jit_session_never_loads_numba_for_the_fusion_probe(tmp_path):
+    """A float model with nothing to fuse plans without the integer probe: on a CPU without VNNI
+    the probe compiled the integer GEMM and put numba (~120 MB of peak RSS) into a session whose
+    model needs no JIT kernel (the GPT decode step: 273 MB against onnxruntime's 234).  Run in a
+    fresh process, as a device's agent would, since this one has numba loaded already."""
+    pytest.importorskip("numba")
+    model, feeds = _encoder_block(7)
+    package = tmp_path / "block.ferry"
+    convert(model, package)
+    np.save(tmp_path / "x.npy", feeds["x"])
+    script = (
+        "import sys\n"
+        "import numpy as np\n"
+        "from engine import Session\n"
+        f"session = Session({str(package)!r}, threads=1, jit=True)\n"
+        f"feeds = {{'x': np.load({str(tmp_path / 'x.npy')!r})}}\n"
+        "results = [session.run(feeds) for _ in range(4)]\n"  # recorded, planned, then plan runs
+        "assert all(np.array_equal(r['y'], results[0]['y']) for r in results)\n"
+        "print('numba loaded:', 'numba' in sys.modules)\n"
+    )
+    env = {
+        **os.environ,
+        "FERRY_JIT_CACHE": str(tmp_path / "jit"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("FERRY_INT8_FUSION", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "numba loaded: False" in done.stdout, done.stdout
+
+
 def test_the_device_probe_times_both_forms():
     _jit_module()
     from engine import fuse_qdq  # noqa: PLC0415
