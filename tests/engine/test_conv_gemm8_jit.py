@@ -156,3 +156,18 @@ def test_batched_slot_products_match_numpy(threads):
     with jit.thread_limit(threads):
         gemm8_jit.gemm_batched16(x, packed, out)
     np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 20000), st.integers(1, 40), st.sampled_from([gemm8_jit.MR, gemm8_jit.TALL]))
+def test_blocks_are_as_few_as_fit_allows_and_even(rows, fit_tiles, tile):
+    """balanced_block: no block past ``fit``, no more blocks than ``fit`` needs, every block but
+    the last whole tiles, and the last within a tile of the others (not 96 + 96 + 4)."""
+    from engine.ops.conv.gemm_jit import balanced_block  # noqa: PLC0415
+
+    fit = fit_tiles * tile
+    block = balanced_block(rows, fit, tile)
+    sizes = [min(block, rows - start) for start in range(0, rows, block)]
+    assert 0 < block <= fit and block % tile == 0
+    assert len(sizes) == -(-rows // fit)
+    assert len(sizes) == 1 or sizes[-1] > block - tile * len(sizes)

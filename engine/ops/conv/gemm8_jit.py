@@ -24,7 +24,15 @@ from numba import prange, types
 from engine import jit
 from engine.ops.conv.common import NodeMemo, _clipped_fallback, aligned_empty, fused_bounds, residual_of
 from engine.ops.conv.direct import conv_1x1
-from engine.ops.conv.gemm_jit import MIN_PARALLEL_MACS, _flat, _micro, _plain, address, conv_im2col_gemm
+from engine.ops.conv.gemm_jit import (
+    MIN_PARALLEL_MACS,
+    _flat,
+    _micro,
+    _plain,
+    address,
+    balanced_block,
+    conv_im2col_gemm,
+)
 from engine.ops.conv.im2col import hwc_ok, pack_im2col_hwc
 from engine.ops.conv.pointwise_jit import _pixels, _strides, pointwise_ok, residual_rows
 from engine.ops.registry import Kernel
@@ -167,7 +175,7 @@ def block_rows16(rows: int, depth: int, parallel: bool) -> int:
     fit = max(MIN_BLOCK_ROWS, BLOCK_INPUT_BYTES // max(1, 4 * depth))
     if parallel:
         fit = min(fit, max(TALL, -(-rows // 4)))
-    return max(TALL, fit // TALL * TALL)
+    return balanced_block(rows, max(TALL, fit // TALL * TALL), TALL)
 
 
 def gemm16(
