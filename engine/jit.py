@@ -276,6 +276,18 @@ def thread_limit(threads: int) -> Iterator[None]:
         _local.threads = previous
 
 
+@contextlib.contextmanager
+def pool_closed() -> Iterator[None]:
+    """``run`` calls the serial kernel on this thread for the block: engine/team.py's spinning
+    worker has the second core, and numba's pool threads would contend for it."""
+    previous = getattr(_local, "pool_closed", False)
+    _local.pool_closed = True
+    try:
+        yield
+    finally:
+        _local.pool_closed = previous
+
+
 def threads() -> int:
     """The thread count JIT kernels may use on this thread (1 unless ``thread_limit`` says)."""
     return getattr(_local, "threads", 1)
@@ -285,7 +297,7 @@ def run(serial: Callable[..., Any], parallel: Callable[..., Any], *args: Any) ->
     """``parallel(*args)`` on up to ``threads()`` threads when allowed and the pool is free,
     else ``serial(*args)``."""
     wanted = threads()
-    if wanted > 1 and _parallel.acquire(blocking=False):
+    if wanted > 1 and not getattr(_local, "pool_closed", False) and _parallel.acquire(blocking=False):
         try:
             import numba  # noqa: PLC0415 - loaded already: a JIT kernel is calling
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from engine import batch_split, debug, planner, selftest
+from engine import batch_split, debug, planner, selftest, team
 from engine import jit as jit_tier
 from engine.allocator import tune_malloc
 from engine.errors import EngineError, InputError, NodeExecutionError, PackageError
@@ -124,6 +124,10 @@ class Session:
         self._part_search: KernelSearch | None = None  # the parts' kernels, measured on one thread
         if self.jit:
             jit_tier.load(ops=jit_ops(self._program), threads=threads, skip=jit_unused(self._program))
+        # several threads: a worker spinning through each run, sharing the conv GEMMs (team.py)
+        self._team = self.jit and team.wanted(threads)
+        if self._team:
+            team.shared()  # its kernels compiled now, with the rest
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, inputs={[s.name for s in self.inputs]}, threads={self.threads})"
@@ -209,7 +213,11 @@ class Session:
         plan = self._plans.get(signature)
         if plan is not None and on_node is None and not debug.enabled():
             return self._run_plan(plan, arrays, feeds, threads)
-        with _threadpools().limit(limits=threads), jit_tier.thread_limit(threads):
+        with (
+            team.session_run(self._team, threads) as blas_threads,
+            _threadpools().limit(limits=blas_threads),
+            jit_tier.thread_limit(threads),
+        ):
             if plan is None and signature in self._records and not debug.enabled():
                 # Second run of a signature: plan now (search, packing), so the first result
                 # comes as fast as a plain run and the planning cost lands on the next one.
@@ -277,7 +285,11 @@ class Session:
         if threads == 1 and self.threads > 1:
             plan = self._one_thread_plan(plan)
         start = time.perf_counter()
-        with _threadpools().limit(limits=threads), jit_tier.thread_limit(threads):
+        with (
+            team.session_run(self._team, threads) as blas_threads,
+            _threadpools().limit(limits=blas_threads),
+            jit_tier.thread_limit(threads),
+        ):
             env = _execute_plan(plan, self._program.constants, arrays, None)
         choice.record(threads, time.perf_counter() - start)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}

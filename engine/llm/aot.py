@@ -64,6 +64,7 @@ _SOURCES = (
     "engine/llm/gemv_jit.py",
     "engine/llm/attention_jit.py",
     "engine/llm/spread_jit.py",
+    "engine/ops/atomic_jit.py",
     "engine/ops/int_dot_ir.py",
     "engine/jit.py",
     "engine/llm/aot.py",

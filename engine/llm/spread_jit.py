@@ -22,95 +22,17 @@ keeps layer_jit's one-call layers elsewhere.
 
 from __future__ import annotations
 
-import platform
-
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from engine import jit
 from engine.llm.dot_jit import LANES, _activations, _gemv_vector, _gemv_vector8
 from engine.llm.layer_jit import add_norm, attend, swiglu
+from engine.ops.atomic_jit import array_at as _at
+from engine.ops.atomic_jit import atomic_add, atomic_load, atomic_store, pause
 
-_I64 = ir.IntType(64)
 CLAIMS = 16  # claims per GEMV: a claim is a cache line passed between cores (~0.1-0.2 us)
-_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
-
-
-def _slot(context, builder, signature, args):  # noqa: ANN001, ANN202
-    """A pointer to ``array[index]`` of an int64 array."""
-    array_type = signature.args[0]
-    array = context.make_array(array_type)(context, builder, args[0])
-    return cgutils.get_item_pointer(context, builder, array_type, array, [args[1]])
-
-
-@intrinsic
-def atomic_add(typingctx, array, index, value):  # noqa: ANN001, ANN201, ARG001
-    """array[index] += value atomically; the value before."""
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        return builder.atomic_rmw("add", _slot(context, builder, signature, args), args[2], "seq_cst")
-
-    return types.int64(array, types.intp, types.int64), codegen
-
-
-@intrinsic
-def atomic_load(typingctx, array, index):  # noqa: ANN001, ANN201, ARG001
-    """array[index], read after every write another thread made before its release store."""
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        return builder.load_atomic(_slot(context, builder, signature, args), "acquire", 8)
-
-    return types.int64(array, types.intp), codegen
-
-
-@intrinsic
-def atomic_store(typingctx, array, index, value):  # noqa: ANN001, ANN201, ARG001
-    """array[index] = value, after (as other threads see it) every write this thread made."""
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        builder.store_atomic(args[2], _slot(context, builder, signature, args), "release", 8)
-        return context.get_dummy_value()
-
-    return types.void(array, types.intp, types.int64), codegen
-
-
-@intrinsic
-def pause(typingctx):  # noqa: ANN001, ANN201, ARG001
-    """A spin-wait hint (x86's pause: the sibling hyperthread and the power budget get the cycles)."""
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        if _X86:
-            function = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"
-            )
-            builder.call(function, [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
-
-
-@intrinsic
-def _pointer(typingctx, address, like):  # noqa: ANN001, ANN201, ARG001
-    """``address`` (an int64 from ``tables``) as a pointer to ``like``'s dtype (an array, or a
-    numpy scalar type)."""
-    dtype = like.dtype if isinstance(like, types.Array) else like.instance_type
-    pointer = types.CPointer(dtype)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        return builder.inttoptr(args[0], context.get_value_type(pointer))
-
-    return pointer(types.int64, like), codegen
-
-
-@numba.njit(inline="always", cache=True)
-def _at(table, i, like):  # noqa: ANN001, ANN202
-    """Array ``i`` of ``table`` (rows of address, length) as ``like``'s dtype: the arrays
-    ``tables`` listed, which its caller keeps alive."""
-    return numba.carray(_pointer(table[i, 0], like), table[i, 1])
 
 
 def _vector(w, s, block, xq, off, dx, out, v):  # noqa: ANN001, ANN202

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numba import prange, types
 
-from engine import jit
+from engine import jit, team
 from engine.ops.conv.common import NodeMemo, _clipped_fallback, aligned_empty, fused_bounds, residual_of
 from engine.ops.conv.direct import conv_1x1
 from engine.ops.conv.gemm_jit import (
@@ -169,6 +169,16 @@ def _items16_parallel(
         )  # fmt: skip
 
 
+def _parallel(args: tuple, geometry: tuple) -> None:
+    """``_items16`` on several threads: shared with the team's spinning worker during a team run
+    (engine/team.py), else on numba's pool."""
+    running = team.active()
+    if running is not None:
+        running.gemm8(*args, *geometry)
+    else:
+        jit.run(_items16, _items16_parallel, *args, *geometry)
+
+
 def block_rows16(rows: int, depth: int, parallel: bool) -> int:
     """Input rows per block: what fits BLOCK_INPUT_BYTES (at least MIN_BLOCK_ROWS), a multiple of
     TALL; with threads, small enough that there are blocks for each."""
@@ -201,7 +211,7 @@ def gemm16(
     args = (_flat(x), _flat(packed), _flat(out), vector, _flat(res), residual is not None, bounds is not None)
     geometry = (np.float32(low), np.float32(high), rows, depth, m, res.shape[1], block, 0, items)
     if parallel:
-        jit.run(_items16, _items16_parallel, *args, *geometry)
+        _parallel(args, geometry)
     else:
         _items16(*args, *geometry)
 
@@ -220,7 +230,7 @@ def gemm_batched16(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
     args = (_flat(x), _flat(packed), _flat(out), bias, _NO_RESIDUAL.reshape(-1), False, False, free, free)
     geometry = (rows, depth, m, 0, block, 0, items)
     if parallel:
-        jit.run(_items16, _items16_parallel, *args, *geometry)
+        _parallel(args, geometry)
     else:
         _items16(*args, *geometry)
 
@@ -293,7 +303,7 @@ def conv_1x1_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     )
     geometry = (lo, hi, n * ho * wo, pixels.shape[3], m, res.shape[-1], blocks[parallel], 0, items[parallel])
     if parallel:
-        jit.run(_items16, _items16_parallel, *args, *geometry)
+        _parallel(args, geometry)
     else:
         _items16(*args, *geometry)
     return [out.transpose(0, 3, 1, 2)]
@@ -301,6 +311,7 @@ def conv_1x1_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
 
 conv_1x1_gemm8.fuses_clip = True  # type: ignore[attr-defined]
 conv_1x1_gemm8.jit = True  # type: ignore[attr-defined]
+conv_1x1_gemm8.team = True  # type: ignore[attr-defined]
 conv_1x1_gemm8.pack = lambda inputs, attrs: (  # type: ignore[attr-defined]
     {1: pack_pointwise16(inputs[1])} if pointwise_ok(inputs[0].shape, inputs[1].shape, attrs) else {}
 )
@@ -324,6 +335,7 @@ def conv_im2col_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) ->
 
 conv_im2col_gemm8.fuses_clip = True  # type: ignore[attr-defined]
 conv_im2col_gemm8.jit = True  # type: ignore[attr-defined]
+conv_im2col_gemm8.team = True  # type: ignore[attr-defined]
 conv_im2col_gemm8.pack = lambda inputs, attrs: (  # type: ignore[attr-defined]
     {1: pack_columns16(inputs[1])}
     if attrs.get("kernel_shape") and hwc_ok(inputs[0].shape, inputs[1].shape, attrs)

@@ -1,0 +1,130 @@
+"""A second thread that spins between kernels and takes a share of each conv GEMM (numba).
+
+Why: numba's pool and OpenBLAS's threads sleep between calls, and waking one takes 30-75 us on
+the 2-core hosts, while a MobileNetV2 conv takes 50-500 us: a 2-thread session ran no faster
+than a 1-thread one (onnxruntime's threads spin between operators and gain 1.3x).  Here one
+worker thread (engine/team.py) spins, the GIL released, for the length of a planned run; each
+GEMM is published as a job (its arrays' addresses and sizes in ``table``), and the caller and
+the worker claim its work items (conv/gemm8_jit.py's blocks x panels) in chunks from a shared
+counter, so the worker is in the GEMM within a microsecond or two.
+
+The counter ``state[NEXT]`` holds the job's tag, its item count and the next item in one int64,
+and a claim is a compare-and-swap on the whole word: a worker late from an earlier job can
+never take (or skip) an item of a later one, and a job's table is read only after a claim
+succeeded, while the job is still unfinished (so not yet overwritten).  Nothing waits for a
+worker that has not started: the caller claims too and, alone, takes every item; it then waits
+only for items the worker claimed.  Each item is gemm8_jit's own ``_items16`` over a range, so
+results are the serial kernel's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import types
+
+from engine import jit
+from engine.ops.atomic_jit import (
+    array_at,
+    atomic_add,
+    atomic_cas,
+    atomic_load,
+    atomic_store,
+    pause,
+    sleep_us,
+    yield_core,
+)
+from engine.ops.conv.gemm8_jit import _ITEMS, _items16
+
+# int64 slots of ``state``, each on its own cache line: the last job's tag (the caller's), the
+# claim word, items done, whether a run is on (the worker spins) and the worker's exit flag
+TAG, NEXT, DONE, RUN, STOP = 0, 8, 16, 24, 32
+STATE_SLOTS = 40
+# rows of the job table: (address, size) of each array, then the GEMM's flags and geometry
+X, PACKED, OUT, BIAS, RES, FLAGS, SIZES, SHAPE, SPLIT = range(9)
+TABLE_ROWS = 9
+_BITS = 20  # items and item counts: up to 2^20 (a job's blocks x panels)
+_MASK = (1 << _BITS) - 1
+_TAGS = (1 << 22) - 1  # job tags wrap: a worker would have to stall through 4 M jobs to mistake one
+IDLE_US = 200  # the worker's sleeps between runs: how late it may join a run's first GEMMs
+SPINS = 256  # pauses between two yields of an idle worker's core
+CHUNKS = 8  # claims per job: even shares on two threads, a claim being a cache line between cores
+
+_I64 = types.int64
+_STATE = jit.array(_I64, 1, "C")
+_TABLE = jit.array(_I64, 2, "C")
+_FLOATS = jit.array(types.float32, 1, "C")
+
+
+@jit.njit([types.void(_TABLE, _FLOATS, _I64, _I64)])
+def _gemm8(table, floats, first, last):  # noqa: ANN001, ANN202
+    """Items [first, last) of the GEMM the table describes."""
+    f32 = np.float32
+    flags = table[FLAGS, 0]
+    _items16(
+        array_at(table, X, f32), array_at(table, PACKED, f32), array_at(table, OUT, f32),
+        array_at(table, BIAS, f32), array_at(table, RES, f32), (flags & 1) != 0, (flags & 2) != 0,
+        floats[0], floats[1], table[SIZES, 0], table[SIZES, 1], table[SHAPE, 0], table[SHAPE, 1],
+        table[SPLIT, 0], first, last,
+    )  # fmt: skip
+
+
+@jit.njit([types.boolean(_STATE, _TABLE, _FLOATS)])
+def _claim(state, table, floats):  # noqa: ANN001, ANN202
+    """Claim the open job's next chunk and run it; False when there was none to claim."""
+    word = atomic_load(state, NEXT)
+    item, count = word & _MASK, (word >> _BITS) & _MASK
+    if item >= count:
+        return False
+    last = min(count, item + max(1, count // CHUNKS))
+    if not atomic_cas(state, NEXT, word, word + (last - item)):
+        return True  # another thread claimed first: look again
+    _gemm8(table, floats, item, last)
+    atomic_add(state, DONE, last - item)
+    return True
+
+
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS)])
+def serve(state, table, floats):  # noqa: ANN001, ANN202
+    """The worker, until ``state[STOP]`` is set: during a run (``state[RUN]``) it takes chunks of
+    whatever job is open and spins between jobs, yielding its core every SPINS pauses (~10 us)
+    so that a runnable thread (OpenBLAS's, another process's) is not kept off it for a time
+    slice; between runs it sleeps IDLE_US at a time.  It never returns to Python in between: a
+    thread waiting for the GIL while the caller runs Python took up to 5 ms to start."""
+    idle = 0
+    while atomic_load(state, STOP) == 0:
+        if atomic_load(state, RUN) == 0:
+            sleep_us(IDLE_US)
+            continue
+        if _claim(state, table, floats):
+            idle = 0
+            continue
+        pause()
+        idle += 1
+        if idle % SPINS == 0:
+            yield_core()
+
+
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS, *_ITEMS.args)])
+def gemm8_shared(state, table, floats, x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth, m,
+                 rstride, block_rows, first, last):  # noqa: ANN001, ANN202  # fmt: skip
+    """``_items16(x, ..., first, last)`` with the worker taking a share.  first must be 0 (a
+    job's items are numbered from 0).  The table is written, then the job opened: the release
+    store makes the table visible before the claim word."""
+    table[X, 0], table[X, 1] = x.ctypes.data, x.size
+    table[PACKED, 0], table[PACKED, 1] = packed.ctypes.data, packed.size
+    table[OUT, 0], table[OUT, 1] = out.ctypes.data, out.size
+    table[BIAS, 0], table[BIAS, 1] = bias.ctypes.data, bias.size
+    table[RES, 0], table[RES, 1] = res.ctypes.data, res.size
+    table[FLAGS, 0] = (1 if has_res else 0) | (2 if has_clip else 0)
+    table[SIZES, 0], table[SIZES, 1] = rows, depth
+    table[SHAPE, 0], table[SHAPE, 1] = m, rstride
+    table[SPLIT, 0], table[SPLIT, 1] = block_rows, last
+    floats[0], floats[1] = lo, hi
+    tag = (state[TAG] + 1) & _TAGS
+    state[TAG] = tag
+    atomic_store(state, DONE, 0)
+    atomic_store(state, NEXT, (tag << (2 * _BITS)) | (last << _BITS))
+    while _claim(state, table, floats):
+        pass
+    while atomic_load(state, DONE) < last:
+        pause()

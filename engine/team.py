@@ -1,0 +1,129 @@
+"""The spinning worker of a 2-thread planned run (engine/ops/team_jit.py's kernels).
+
+A ``Team`` owns one daemon thread.  ``Team.running()`` wakes it for the length of one planned
+run: the thread enters ``team_jit.serve`` (GIL released) and spins there, taking a share of each
+conv GEMM the run publishes, until the run ends and sets the stop flag; then it sleeps on an
+event until the next run.  The wake (30-75 us on the 2-core hosts) is paid once a run, and no
+run waits for it: the caller claims work too, so a worker that wakes late joins late.
+
+While the team runs, JIT kernels that would start numba's pool (``jit.run``) run serially, and
+OpenBLAS is held at one thread by the session: their sleeping threads and this spinning one
+would contend for the second core (a team GEMM measured 1.3-2x the serial speed alone, slower
+than serial with numba's pool threads about).
+
+One team per process (``shared()``), used by one run at a time: a second session's run at the
+same moment runs its kernels as it did before (numba's pool).  A forked child starts without
+the thread and makes its own on first use.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from engine import jit
+
+MODULE = "engine.ops.team_jit"
+
+
+class Team:
+    """One spinning worker thread and the state it shares with the caller."""
+
+    def __init__(self) -> None:
+        kernels = jit.module(MODULE)
+        self._kernels = kernels
+        self._state = np.zeros(kernels.STATE_SLOTS, np.int64)
+        self._table = np.zeros((kernels.TABLE_ROWS, 2), np.int64)
+        self._floats = np.zeros(2, np.float32)
+        self._busy = threading.Lock()
+        arrays = (self._state, self._table, self._floats)
+        self._thread = threading.Thread(target=kernels.serve, args=arrays, name="ferry-team", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the worker (at exit: it must not be running compiled code while the interpreter
+        tears down)."""
+        self._state[self._kernels.STOP] = 1
+        self._thread.join(timeout=5)
+
+    @contextmanager
+    def running(self) -> Iterator[bool]:
+        """The worker spins for the block's length; yields False (and spins nothing) when another
+        run holds the team."""
+        if not self._busy.acquire(blocking=False):
+            yield False
+            return
+        try:
+            self._state[self._kernels.RUN] = 1
+            _local.team = self
+            try:
+                yield True
+            finally:
+                _local.team = None
+                self._state[self._kernels.RUN] = 0
+        finally:
+            self._busy.release()
+
+    def gemm8(self, *args: Any) -> None:
+        """gemm8_jit._items16's arguments, its items shared with the worker (first item 0)."""
+        self._kernels.gemm8_shared(self._state, self._table, self._floats, *args)
+
+
+_local = threading.local()
+_team: Team | None = None
+_team_lock = threading.Lock()
+
+
+def shared() -> Team:
+    """The process's team, made (and its kernels compiled or loaded) on first use."""
+    global _team
+    with _team_lock:
+        if _team is None:
+            _team = Team()
+            atexit.register(_team.close)
+        return _team
+
+
+def active() -> Team | None:
+    """The team running on this thread's current run, if any."""
+    return getattr(_local, "team", None)
+
+
+def wanted(threads: int) -> bool:
+    """Whether a session on ``threads`` runs its multi-thread plans with the team: where the JIT
+    tier has loaded the conv GEMM the team shares (the model's kernels may use it)."""
+    return threads > 1 and "engine.ops.conv.gemm8_jit" in sys.modules and jit.enabled()
+
+
+@contextmanager
+def session_run(enabled: bool, threads: int) -> Iterator[int]:
+    """A run on ``threads`` (or its planning: the kernel search measures what the runs will do)
+    with the team, when ``enabled``: its worker spinning and numba's pool closed (parallel JIT
+    kernels run serially, the team's GEMMs shared).  Yields the BLAS thread count for the run:
+    one with the team (OpenBLAS's workers spin and yield for ~0.1 s after each call, sharing
+    the second core with this worker: it then joined 1 in 10 of MobileNetV2's GEMMs), else
+    ``threads``.  Without ``enabled``, or while another run holds the team, as before."""
+    if not enabled or threads < 2:
+        yield threads
+        return
+    with shared().running() as running:
+        if not running:
+            yield threads
+            return
+        with jit.pool_closed():
+            yield 1
+
+
+def _forget_in_child() -> None:
+    global _team, _team_lock
+    _team, _team_lock = None, threading.Lock()  # the thread did not survive the fork
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,0 +1,186 @@
+"""The team (engine/team.py, engine/ops/team_jit.py): a worker thread spinning through a
+2-thread run and taking a share of each conv GEMM.  Shared GEMMs must equal the serial kernel
+bit for bit whether or not the worker joins; a 2-thread session must run its GEMMs with the
+team and give its 1-thread results; two sessions at once must both stay right; and a process
+that used the team must exit (and fork) cleanly.  Skipped without numba or with FERRY_JIT=0."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+pytest.importorskip("numba")
+
+from engine import Session, jit, team  # noqa: E402
+from engine import plan_threads as pt  # noqa: E402
+from engine.search import KernelSearch  # noqa: E402
+from tests.engine.helpers import write_model_package  # noqa: E402
+
+if not jit.enabled():
+    pytest.skip("the JIT tier is turned off (FERRY_JIT=0)", allow_module_level=True)
+
+gemm8_jit = jit.module("engine.ops.conv.gemm8_jit")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _job(rows: int, depth: int, m: int, residual: bool, clip: bool, seed: int):
+    """_items16's arguments for a (rows, depth) @ (depth, m) GEMM split for several threads."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(rows * depth).astype(np.float32)
+    packed = gemm8_jit.pack_panels16(rng.standard_normal((depth, m)).astype(np.float32)).reshape(-1)
+    bias = np.zeros(-(-m // gemm8_jit.NR) * gemm8_jit.NR, np.float32)
+    bias[:m] = rng.standard_normal(m)
+    res = rng.standard_normal(rows * m).astype(np.float32) if residual else np.zeros(1, np.float32)
+    block = gemm8_jit.block_rows16(rows, depth, True)
+    items = -(-rows // block) * -(-m // gemm8_jit.NR)
+    lo, hi = np.float32(-0.5), np.float32(0.75)
+    return [x, packed, np.full(rows * m, np.nan, np.float32), bias, res, residual, clip, lo, hi], (
+        rows, depth, m, m, block, 0, items,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rows", "depth", "m", "residual", "clip"),
+    [
+        (3136, 16, 96, True, True),
+        (196, 576, 96, False, True),
+        (49, 960, 160, True, False),
+        (7, 37, 24, False, False),
+    ],
+)
+def test_a_shared_gemm_is_the_serial_kernel_bit_for_bit(rows, depth, m, residual, clip):
+    arrays, geometry = _job(rows, depth, m, residual, clip, seed=rows + m)
+    want = arrays[2].copy()
+    gemm8_jit._items16(*arrays[:2], want, *arrays[3:], *geometry)
+    shared = team.shared()
+    tag = shared._state[shared._kernels.TAG]
+    with shared.running() as running:
+        assert running
+        for _ in range(20):  # many jobs: the worker joins some, at whatever point it gets there
+            arrays[2][:] = np.nan
+            shared.gemm8(*arrays, *geometry)
+            assert np.array_equal(arrays[2], want)
+    assert shared._state[shared._kernels.TAG] == tag + 20
+    arrays[2][:] = np.nan  # no run: the worker sleeps, and the caller takes every item alone
+    shared.gemm8(*arrays, *geometry)
+    assert np.array_equal(arrays[2], want)
+
+
+def _pointwise_model(seed: int):
+    """x -> 1x1 conv (64 -> 96) + Relu -> depthwise 3x3 -> 1x1 conv (96 -> 64) + x: a MobileNet
+    block (the depthwise conv brings the JIT tier in, and with it the GEMMs' JIT kernels)."""
+    rng = np.random.default_rng(seed)
+    inits = {
+        "w1": rng.standard_normal((96, 64, 1, 1)).astype(np.float32) * 0.2,
+        "b1": rng.standard_normal(96).astype(np.float32) * 0.1,
+        "wd": rng.standard_normal((96, 1, 3, 3)).astype(np.float32) * 0.3,
+        "w2": rng.standard_normal((64, 96, 1, 1)).astype(np.float32) * 0.2,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Conv", ["r", "wd"], ["d"], group=96, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["d", "w2"], ["p"]),
+        helper.make_node("Add", ["p", "x"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 40, 40])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 40, 40])],
+        initializer=[numpy_helper.from_array(value, name) for name, value in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.standard_normal((1, 64, 40, 40)).astype(np.float32)}
+
+
+@pytest.fixture
+def team_kernels(monkeypatch, tmp_path):
+    """The kernel search picks a team kernel wherever one is a candidate (which kernel wins on
+    this CPU is not what these tests are about)."""
+    monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path / "kernels"))
+
+    def measure(self, candidates, attrs, inputs, node):  # noqa: ANN001, ANN202, ARG001
+        return next((k for k in candidates if getattr(k, "team", False)), candidates[0]), "test"
+
+    monkeypatch.setattr(KernelSearch, "_measure", measure)
+
+
+def test_a_two_thread_session_runs_its_conv_gemms_with_the_team(tmp_path, team_kernels):
+    model, feeds = _pointwise_model(1)
+    package = write_model_package(model, tmp_path / "block.ferry", feeds)
+    one = Session(package, threads=1)
+    want = [one.run(feeds)["y"].copy() for _ in range(3)][-1]  # the planned run's
+    session = Session(package, threads=2)
+    assert session._team
+    shared = team.shared()
+    tag = shared._state[shared._kernels.TAG]
+    for _ in range(2 + 2 * pt.FIRST_SAMPLES + 2):  # record, plan, then both thread counts sampled
+        # the first run (recorded, before any plan) is on numpy's kernels: the same to rounding
+        np.testing.assert_allclose(session.run(feeds)["y"], want, rtol=1e-5, atol=1e-5)
+    (choice,) = session._thread_choices.values()
+    assert len(choice.times[2]) >= pt.FIRST_SAMPLES
+    assert shared._state[shared._kernels.TAG] >= tag + 2 * pt.FIRST_SAMPLES  # two GEMMs a run
+
+
+def test_two_sessions_running_at_once_both_stay_right(tmp_path, team_kernels):
+    """One run holds the team; the other, at the same moment, runs its kernels as before."""
+    model, feeds = _pointwise_model(2)
+    package = write_model_package(model, tmp_path / "block.ferry", feeds)
+    want = [Session(package, threads=1).run(feeds)["y"] for _ in range(1)][0]
+    sessions = [Session(package, threads=2) for _ in range(2)]
+    wrong: list[float] = []
+
+    def drive(session: Session) -> None:
+        for _ in range(15):
+            wrong.append(float(np.abs(session.run(feeds)["y"] - want).max()))
+
+    threads = [threading.Thread(target=drive, args=(s,)) for s in sessions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(wrong) == 30 and max(wrong) <= 1e-4
+
+
+def test_a_process_that_used_the_team_exits_and_forks_cleanly(tmp_path):
+    """The worker is stopped at exit (compiled code running through the interpreter's teardown
+    crashed a prototype), and a forked child makes a team of its own."""
+    script = (
+        "import os\n"
+        "import numpy as np\n"
+        "from engine import jit, team\n"
+        "g = jit.module('engine.ops.conv.gemm8_jit')\n"
+        "def job():\n"
+        "    x = np.ones(300 * 40, np.float32)\n"
+        "    packed = g.pack_panels16(np.ones((40, 32), np.float32)).reshape(-1)\n"
+        "    out = np.zeros(300 * 32, np.float32)\n"
+        "    args = [x, packed, out, np.zeros(32, np.float32), np.zeros(1, np.float32), False, False,\n"
+        "            np.float32(0), np.float32(0), 300, 40, 32, 32, 60, 0, 10]\n"
+        "    with team.shared().running():\n"
+        "        team.shared().gemm8(*args)\n"
+        "    assert (out == 40).all()\n"
+        "job()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    job()\n"
+        "    os._exit(0)\n"
+        "assert os.waitpid(pid, 0)[1] == 0\n"
+        "print('ok')\n"
+    )
+    env = {
+        **os.environ,
+        "FERRY_JIT_CACHE": os.environ.get("FERRY_JIT_CACHE", str(tmp_path / "jit")),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
