@@ -125,7 +125,7 @@ class Session:
         if self.jit:
             jit_tier.load(ops=jit_ops(self._program), threads=threads, skip=jit_unused(self._program))
         # several threads: a worker spinning through each run, sharing the conv GEMMs (team.py)
-        self._team = self.jit and team.wanted(threads)
+        self._team = self.jit and team.wanted(threads, self._program.steps)
         if self._team:
             team.shared()  # its kernels compiled now, with the rest
 

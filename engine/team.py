@@ -22,7 +22,7 @@ import atexit
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -96,10 +96,16 @@ def active() -> Team | None:
     return getattr(_local, "team", None)
 
 
-def wanted(threads: int) -> bool:
-    """Whether a session on ``threads`` runs its multi-thread plans with the team: where the JIT
-    tier has loaded the conv GEMM the team shares (the model's kernels may use it)."""
-    return threads > 1 and "engine.ops.conv.gemm8_jit" in sys.modules and jit.enabled()
+def wanted(threads: int, steps: Iterable[Any]) -> bool:
+    """Whether a session on ``threads`` runs its multi-thread plans with the team: a convnet's
+    (MIN_CONVS convs or more), where the JIT tier has loaded the conv GEMM the team shares.  A
+    transformer's products and attention run on OpenBLAS, which the team holds at one thread:
+    BERT's 2-thread runs took 2x longer with it, ViT-Tiny's 1.2x (its one conv: the patches)."""
+    convs = sum(1 for step in steps if step.op in ("Conv", "FusedConv"))
+    return threads > 1 and convs >= MIN_CONVS and "engine.ops.conv.gemm8_jit" in sys.modules and jit.enabled()
+
+
+MIN_CONVS = 4
 
 
 @contextmanager

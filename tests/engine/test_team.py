@@ -74,21 +74,24 @@ def test_a_shared_gemm_is_the_serial_kernel_bit_for_bit(rows, depth, m, residual
 
 
 def _pointwise_model(seed: int):
-    """x -> 1x1 conv (64 -> 96) + Relu -> depthwise 3x3 -> 1x1 conv (96 -> 64) + x: a MobileNet
-    block (the depthwise conv brings the JIT tier in, and with it the GEMMs' JIT kernels)."""
+    """x -> 1x1 conv (64 -> 96) + Relu -> depthwise 3x3 -> 1x1 conv (96 -> 64) + x -> 1x1 conv: a
+    MobileNet block and the next one's first conv (the depthwise conv brings the JIT tier in,
+    and with it the GEMMs' JIT kernels; four convs make it a convnet for team.wanted)."""
     rng = np.random.default_rng(seed)
     inits = {
         "w1": rng.standard_normal((96, 64, 1, 1)).astype(np.float32) * 0.2,
         "b1": rng.standard_normal(96).astype(np.float32) * 0.1,
         "wd": rng.standard_normal((96, 1, 3, 3)).astype(np.float32) * 0.3,
         "w2": rng.standard_normal((64, 96, 1, 1)).astype(np.float32) * 0.2,
+        "w3": rng.standard_normal((64, 64, 1, 1)).astype(np.float32) * 0.2,
     }
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["h"]),
         helper.make_node("Relu", ["h"], ["r"]),
         helper.make_node("Conv", ["r", "wd"], ["d"], group=96, pads=[1, 1, 1, 1]),
         helper.make_node("Conv", ["d", "w2"], ["p"]),
-        helper.make_node("Add", ["p", "x"], ["y"]),
+        helper.make_node("Add", ["p", "x"], ["s"]),
+        helper.make_node("Conv", ["s", "w3"], ["y"]),
     ]
     graph = helper.make_graph(
         nodes,
@@ -127,7 +130,7 @@ def test_a_two_thread_session_runs_its_conv_gemms_with_the_team(tmp_path, team_k
         np.testing.assert_allclose(session.run(feeds)["y"], want, rtol=1e-5, atol=1e-5)
     (choice,) = session._thread_choices.values()
     assert len(choice.times[2]) >= pt.FIRST_SAMPLES
-    assert shared._state[shared._kernels.TAG] >= tag + 2 * pt.FIRST_SAMPLES  # two GEMMs a run
+    assert shared._state[shared._kernels.TAG] >= tag + 3 * pt.FIRST_SAMPLES  # three GEMMs a run
 
 
 def test_two_sessions_running_at_once_both_stay_right(tmp_path, team_kernels):
@@ -184,3 +187,17 @@ def test_a_process_that_used_the_team_exits_and_forks_cleanly(tmp_path):
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_only_a_convnets_multi_thread_runs_take_the_team():
+    """A transformer's products run on OpenBLAS, which the team holds at one thread: its
+    sessions (one conv at most, ViT's patches) keep OpenBLAS's threads instead."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    def steps(*ops: str) -> list:
+        return [SimpleNamespace(op=op) for op in ops]
+
+    convnet = steps("Conv", "FusedConv", "FusedConv", "Conv", "Add")
+    assert team.wanted(2, convnet)
+    assert not team.wanted(1, convnet)
+    assert not team.wanted(2, steps("Conv", "FusedMatMul", "FusedAttention", "FusedMatMul"))
