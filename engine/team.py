@@ -31,6 +31,9 @@ import numpy as np
 from engine import jit
 
 MODULE = "engine.ops.team_jit"
+# multiply-adds from which a kernel shares its work with a spinning worker: ~10 us of work,
+# against a few us to open the job and meet the worker at its end (numba's pool: 2 M)
+MIN_MACS = 1 << 18
 
 
 class Team:

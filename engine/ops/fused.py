@@ -97,7 +97,6 @@ def with_activation(inner: Kernel) -> Kernel:
     fused_variant.__module__ = inner.__module__
     if hasattr(inner, "pack"):
         fused_variant.pack = inner.pack  # type: ignore[attr-defined]
-    fused_variant.team = getattr(inner, "team", False)  # type: ignore[attr-defined]
     return fused_variant
 
 

@@ -4,17 +4,21 @@ Why: numba's pool and OpenBLAS's threads sleep between calls, and waking one tak
 the 2-core hosts, while a MobileNetV2 conv takes 50-500 us: a 2-thread session ran no faster
 than a 1-thread one (onnxruntime's threads spin between operators and gain 1.3x).  Here one
 worker thread (engine/team.py) spins, the GIL released, for the length of a planned run; each
-GEMM is published as a job (its arrays' addresses and sizes in ``table``), and the caller and
-the worker claim its work items (conv/gemm8_jit.py's blocks x panels) in chunks from a shared
-counter, so the worker is in the GEMM within a microsecond or two.
+GEMM (conv/gemm8_jit.py's: 1x1 convs, im2col and Winograd's slot products) is published as a
+job (its arrays' addresses and sizes and its geometry in ``table``), and the caller and the
+worker claim its work items (blocks x panels) in chunks from a shared counter, so the worker is
+in the GEMM within a microsecond or two.  MobileNetV2's 1x1 convs took 0.63-0.74x their
+one-thread time this way (EPYC, 2026-11-27).  Its 3x3 depthwise convs were shared the same way
+by output rows, and lost (14x14: 99 against 61 us): memory-bound, they read their input from
+the caller's core's cache, where the previous conv left it.  They stay on one thread.
 
 The counter ``state[NEXT]`` holds the job's tag, its item count and the next item in one int64,
 and a claim is a compare-and-swap on the whole word: a worker late from an earlier job can
 never take (or skip) an item of a later one, and a job's table is read only after a claim
 succeeded, while the job is still unfinished (so not yet overwritten).  Nothing waits for a
 worker that has not started: the caller claims too and, alone, takes every item; it then waits
-only for items the worker claimed.  Each item is gemm8_jit's own ``_items16`` over a range, so
-results are the serial kernel's, bit for bit.
+only for items the worker claimed.  Each chunk is the serial kernel's own body over a range of
+items (``_items16``), so results are the serial kernel's, bit for bit.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ from engine.ops.conv.gemm8_jit import _ITEMS, _items16
 # claim word, items done, whether a run is on (the worker spins) and the worker's exit flag
 TAG, NEXT, DONE, RUN, STOP = 0, 8, 16, 24, 32
 STATE_SLOTS = 40
-# rows of the job table: (address, size) of each array, then the GEMM's flags and geometry
-X, PACKED, OUT, BIAS, RES, FLAGS, SIZES, SHAPE, SPLIT = range(9)
+# the job table: rows 0-4 (address, size) of the GEMM's arrays, row FLAGS, then its integer
+# arguments two a row from row INTS
+FLAGS, INTS = 5, 6
 TABLE_ROWS = 9
 _BITS = 20  # items and item counts: up to 2^20 (a job's blocks x panels)
 _MASK = (1 << _BITS) - 1
@@ -55,16 +60,21 @@ _TABLE = jit.array(_I64, 2, "C")
 _FLOATS = jit.array(types.float32, 1, "C")
 
 
+@jit.njit([_I64(_TABLE, _I64)])
+def _int(table, i):  # noqa: ANN001, ANN202
+    return table[INTS + i // 2, i % 2]
+
+
 @jit.njit([types.void(_TABLE, _FLOATS, _I64, _I64)])
-def _gemm8(table, floats, first, last):  # noqa: ANN001, ANN202
-    """Items [first, last) of the GEMM the table describes."""
+def _run(table, floats, first, last):  # noqa: ANN001, ANN202
+    """Items [first, last) of the GEMM the table describes: x, packed, out, bias, residual;
+    rows, depth, m, the residual's row stride, rows per block."""
     f32 = np.float32
     flags = table[FLAGS, 0]
     _items16(
-        array_at(table, X, f32), array_at(table, PACKED, f32), array_at(table, OUT, f32),
-        array_at(table, BIAS, f32), array_at(table, RES, f32), (flags & 1) != 0, (flags & 2) != 0,
-        floats[0], floats[1], table[SIZES, 0], table[SIZES, 1], table[SHAPE, 0], table[SHAPE, 1],
-        table[SPLIT, 0], first, last,
+        array_at(table, 0, f32), array_at(table, 1, f32), array_at(table, 2, f32), array_at(table, 3, f32),
+        array_at(table, 4, f32), (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1],
+        _int(table, 0), _int(table, 1), _int(table, 2), _int(table, 3), _int(table, 4), first, last,
     )  # fmt: skip
 
 
@@ -78,7 +88,7 @@ def _claim(state, table, floats):  # noqa: ANN001, ANN202
     last = min(count, item + max(1, count // CHUNKS))
     if not atomic_cas(state, NEXT, word, word + (last - item)):
         return True  # another thread claimed first: look again
-    _gemm8(table, floats, item, last)
+    _run(table, floats, item, last)
     atomic_add(state, DONE, last - item)
     return True
 
@@ -104,27 +114,33 @@ def serve(state, table, floats):  # noqa: ANN001, ANN202
             yield_core()
 
 
-@jit.njit([types.void(_STATE, _TABLE, _FLOATS, *_ITEMS.args)])
-def gemm8_shared(state, table, floats, x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth, m,
-                 rstride, block_rows, first, last):  # noqa: ANN001, ANN202  # fmt: skip
-    """``_items16(x, ..., first, last)`` with the worker taking a share.  first must be 0 (a
-    job's items are numbered from 0).  The table is written, then the job opened: the release
-    store makes the table visible before the claim word."""
-    table[X, 0], table[X, 1] = x.ctypes.data, x.size
-    table[PACKED, 0], table[PACKED, 1] = packed.ctypes.data, packed.size
-    table[OUT, 0], table[OUT, 1] = out.ctypes.data, out.size
-    table[BIAS, 0], table[BIAS, 1] = bias.ctypes.data, bias.size
-    table[RES, 0], table[RES, 1] = res.ctypes.data, res.size
-    table[FLAGS, 0] = (1 if has_res else 0) | (2 if has_clip else 0)
-    table[SIZES, 0], table[SIZES, 1] = rows, depth
-    table[SHAPE, 0], table[SHAPE, 1] = m, rstride
-    table[SPLIT, 0], table[SPLIT, 1] = block_rows, last
-    floats[0], floats[1] = lo, hi
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS, _I64)])
+def _share(state, table, floats, count):  # noqa: ANN001, ANN202
+    """Open the job the caller has written into the table (the release store makes the table
+    visible before the claim word), take chunks of it, then wait for the worker's."""
     tag = (state[TAG] + 1) & _TAGS
     state[TAG] = tag
     atomic_store(state, DONE, 0)
-    atomic_store(state, NEXT, (tag << (2 * _BITS)) | (last << _BITS))
+    atomic_store(state, NEXT, (tag << (2 * _BITS)) | (count << _BITS))
     while _claim(state, table, floats):
         pass
-    while atomic_load(state, DONE) < last:
+    while atomic_load(state, DONE) < count:
         pause()
+
+
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS, *_ITEMS.args)])
+def gemm8_shared(state, table, floats, x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth, m,
+                 rstride, block_rows, first, last):  # noqa: ANN001, ANN202  # fmt: skip
+    """``_items16(x, ..., first, last)`` with the worker taking a share; first must be 0 (a
+    job's items are numbered from 0)."""
+    table[0, 0], table[0, 1] = x.ctypes.data, x.size
+    table[1, 0], table[1, 1] = packed.ctypes.data, packed.size
+    table[2, 0], table[2, 1] = out.ctypes.data, out.size
+    table[3, 0], table[3, 1] = bias.ctypes.data, bias.size
+    table[4, 0], table[4, 1] = res.ctypes.data, res.size
+    table[FLAGS, 0] = (1 if has_res else 0) | (2 if has_clip else 0)
+    table[INTS, 0], table[INTS, 1] = rows, depth
+    table[INTS + 1, 0], table[INTS + 1, 1] = m, rstride
+    table[INTS + 2, 0] = block_rows
+    floats[0], floats[1] = lo, hi
+    _share(state, table, floats, last)

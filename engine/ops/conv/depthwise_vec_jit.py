@@ -438,7 +438,7 @@ def conv_depthwise_jit_vec(inputs: list[np.ndarray | None], attrs: dict[str, Any
     )
     if shape[0] * shape[1] * shape[2] * shape[3] * 9 < MIN_PARALLEL_MACS:  # as the GEMM's
         _rows(*args, *geometry, 0, shape[0] * shape[1])
-    else:
+    else:  # serial during a team run too (jit.pool_closed): team_jit's note says why
         jit.run(_rows, _rows_parallel, *args, *geometry, 0, shape[0] * shape[1])
     return [out.transpose(0, 3, 1, 2)]
 

@@ -169,6 +169,15 @@ def _items16_parallel(
         )  # fmt: skip
 
 
+def _worth_sharing(macs: int) -> bool:
+    """Whether a product of ``macs`` multiply-adds goes to several threads: from
+    MIN_PARALLEL_MACS on numba's pool (its launch costs what a second thread saves below), from
+    team.MIN_MACS with the team's worker, which is spinning already."""
+    if jit.threads() < 2:
+        return False
+    return macs >= (team.MIN_MACS if team.active() is not None else MIN_PARALLEL_MACS)
+
+
 def _parallel(args: tuple, geometry: tuple) -> None:
     """``_items16`` on several threads: shared with the team's spinning worker during a team run
     (engine/team.py), else on numba's pool."""
@@ -205,7 +214,7 @@ def gemm16(
     if bias is not None:
         vector[:m] = bias
     res = _NO_RESIDUAL if residual is None else residual
-    parallel = jit.threads() > 1 and rows * depth * m >= MIN_PARALLEL_MACS
+    parallel = _worth_sharing(rows * depth * m)
     block = block_rows16(rows, depth, parallel)
     items = -(-rows // block) * packed.shape[0]
     args = (_flat(x), _flat(packed), _flat(out), vector, _flat(res), residual is not None, bounds is not None)
@@ -223,7 +232,7 @@ def gemm_batched16(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
     slots, rows, depth = x.shape
     m = out.shape[2]
     bias = np.zeros(packed.shape[1] * NR, np.float32)
-    parallel = jit.threads() > 1 and slots * rows * depth * m >= MIN_PARALLEL_MACS
+    parallel = _worth_sharing(slots * rows * depth * m)
     block = block_rows16(rows, depth, parallel)
     items = slots * -(-rows // block) * packed.shape[1]
     free = np.float32(0)
@@ -259,9 +268,8 @@ def _setup(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict[str, 
     ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
     rows = n * ho * wo
     blocks = (block_rows16(rows, c, False), block_rows16(rows, c, True))
-    serial = rows * c * m < MIN_PARALLEL_MACS
     items = tuple(-(-rows // block) * weights.shape[0] for block in blocks)
-    return weights.reshape(-1), vector, clip, (sh, sw), (n, ho, wo, m), blocks, items, serial
+    return weights.reshape(-1), vector, clip, (sh, sw), (n, ho, wo, m), blocks, items, rows * c * m
 
 
 _MEMO = NodeMemo()
@@ -286,12 +294,12 @@ def conv_1x1_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
         if w.ndim == 3:  # a plan's packed weights with shapes it was not packed for: unpack them
             inputs = [x, _unpacked16(w), *inputs[2:]]
         return _clipped_fallback(conv_1x1, inputs, attrs)
-    weights, vector, (has_clip, lo, hi), strides, shape, blocks, items, serial = found
+    weights, vector, (has_clip, lo, hi), strides, shape, blocks, items, macs = found
     n, ho, wo, m = shape
     pixels = _pixels(x, strides)  # C-contiguous (N, Ho, Wo, C): flat below without a copy
     out = aligned_empty(shape, np.float32, address)
     res = residual_rows(residual, (n, m, ho, wo)) if residual is not None else _NO_RESIDUAL
-    parallel = not serial and jit.threads() > 1
+    parallel = _worth_sharing(macs)
     args = (
         pixels.reshape(-1),
         weights,
@@ -311,7 +319,6 @@ def conv_1x1_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
 
 conv_1x1_gemm8.fuses_clip = True  # type: ignore[attr-defined]
 conv_1x1_gemm8.jit = True  # type: ignore[attr-defined]
-conv_1x1_gemm8.team = True  # type: ignore[attr-defined]
 conv_1x1_gemm8.pack = lambda inputs, attrs: (  # type: ignore[attr-defined]
     {1: pack_pointwise16(inputs[1])} if pointwise_ok(inputs[0].shape, inputs[1].shape, attrs) else {}
 )
@@ -335,7 +342,6 @@ def conv_im2col_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) ->
 
 conv_im2col_gemm8.fuses_clip = True  # type: ignore[attr-defined]
 conv_im2col_gemm8.jit = True  # type: ignore[attr-defined]
-conv_im2col_gemm8.team = True  # type: ignore[attr-defined]
 conv_im2col_gemm8.pack = lambda inputs, attrs: (  # type: ignore[attr-defined]
     {1: pack_columns16(inputs[1])}
     if attrs.get("kernel_shape") and hwc_ok(inputs[0].shape, inputs[1].shape, attrs)

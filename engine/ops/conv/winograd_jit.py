@@ -134,7 +134,6 @@ for _kernel, _ok, _pack in (
 ):
     _kernel.fuses_clip = True  # type: ignore[attr-defined]
     _kernel.jit = True  # type: ignore[attr-defined]
-    _kernel.team = _kernel in (conv_winograd_gemm8, conv_winograd4_gemm8)  # type: ignore[attr-defined]
     _kernel.pack = (  # type: ignore[attr-defined]
         lambda inputs, attrs, ok=_ok, pack=_pack: (
             {1: pack(inputs[1])} if ok(inputs[0].shape, inputs[1].shape, attrs) else {}
