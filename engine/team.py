@@ -53,7 +53,7 @@ class Team:
     def close(self) -> None:
         """Stop the worker (at exit: it must not be running compiled code while the interpreter
         tears down)."""
-        self._state[self._kernels.STOP] = 1
+        self._kernels.signal(self._state, self._kernels.STOP, 1)
         self._thread.join(timeout=5)
 
     @contextmanager
@@ -64,13 +64,13 @@ class Team:
             yield False
             return
         try:
-            self._state[self._kernels.RUN] = 1
+            self._kernels.signal(self._state, self._kernels.RUN, 1)
             _local.team = self
             try:
                 yield True
             finally:
                 _local.team = None
-                self._state[self._kernels.RUN] = 0
+                self._kernels.signal(self._state, self._kernels.RUN, 0)
         finally:
             self._busy.release()
 

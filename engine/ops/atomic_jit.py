@@ -6,6 +6,7 @@ worker).  LLVM's own atomics: numba has none."""
 from __future__ import annotations
 
 import platform
+import sys
 
 import numba
 from llvmlite import ir
@@ -96,17 +97,62 @@ def yield_core(typingctx):  # noqa: ANN001, ANN201, ARG001
     return types.void(), codegen
 
 
+_LINUX = sys.platform.startswith("linux")
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
+_FUTEX_WAIT, _FUTEX_WAKE = 128, 129  # FUTEX_WAIT / FUTEX_WAKE, FUTEX_PRIVATE_FLAG
+FUTEX = _LINUX and _SYS_FUTEX is not None
+
+
+def _futex(builder, pointer, operation: int, value) -> None:  # noqa: ANN001
+    """syscall(SYS_futex, pointer, operation, value, NULL): on the low 32 bits of an int64 slot
+    (little-endian: its first four bytes)."""
+    i64 = ir.IntType(64)
+    syscall = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(i64, [i64], var_arg=True), "syscall"
+    )
+    address = builder.bitcast(pointer, ir.IntType(32).as_pointer())
+    null = ir.Constant(ir.IntType(8).as_pointer(), None)
+    # varargs: every integer as 64 bits, so no register's upper half is left undefined
+    number, operation_ = ir.Constant(i64, _SYS_FUTEX), ir.Constant(i64, operation)
+    arguments = [number, address, operation_, builder.zext(value, i64), null]
+    builder.call(syscall, arguments)
+
+
 @intrinsic
-def sleep_us(typingctx, microseconds):  # noqa: ANN001, ANN201, ARG001
-    """usleep(): a thread that waits for work between runs sleeps without the GIL."""
+def wait_while(typingctx, array, index, value):  # noqa: ANN001, ANN201, ARG001
+    """Sleep, without the GIL, while array[index] (int64, below 2^31) holds ``value``: a futex
+    wait on Linux (woken by ``wake``), elsewhere a 200 us nap; it may return early, so callers
+    look again."""
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
         i32 = ir.IntType(32)
-        function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32, [i32]), "usleep")
-        builder.call(function, [builder.trunc(args[0], i32)])
+        if FUTEX:
+            _futex(
+                builder, _slot(context, builder, signature, args), _FUTEX_WAIT, builder.trunc(args[2], i32)
+            )
+        else:
+            usleep = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32, [i32]), "usleep")
+            builder.call(usleep, [ir.Constant(i32, 200)])
         return context.get_dummy_value()
 
-    return types.void(types.int64), codegen
+    return types.void(array, types.intp, types.int64), codegen
+
+
+@intrinsic
+def wake(typingctx, array, index):  # noqa: ANN001, ANN201, ARG001
+    """Wake the threads ``wait_while`` put to sleep on array[index] (a no-op where they nap)."""
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        if FUTEX:
+            _futex(
+                builder,
+                _slot(context, builder, signature, args),
+                _FUTEX_WAKE,
+                ir.Constant(ir.IntType(32), 1 << 30),
+            )
+        return context.get_dummy_value()
+
+    return types.void(array, types.intp), codegen
 
 
 @intrinsic

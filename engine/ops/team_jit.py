@@ -34,7 +34,8 @@ from engine.ops.atomic_jit import (
     atomic_load,
     atomic_store,
     pause,
-    sleep_us,
+    wait_while,
+    wake,
     yield_core,
 )
 from engine.ops.conv.gemm8_jit import _ITEMS, _items16
@@ -50,7 +51,6 @@ TABLE_ROWS = 9
 _BITS = 20  # items and item counts: up to 2^20 (a job's blocks x panels)
 _MASK = (1 << _BITS) - 1
 _TAGS = (1 << 22) - 1  # job tags wrap: a worker would have to stall through 4 M jobs to mistake one
-IDLE_US = 200  # the worker's sleeps between runs: how late it may join a run's first GEMMs
 SPINS = 256  # pauses between two yields of an idle worker's core
 CHUNKS = 8  # claims per job: even shares on two threads, a claim being a cache line between cores
 
@@ -98,12 +98,13 @@ def serve(state, table, floats):  # noqa: ANN001, ANN202
     """The worker, until ``state[STOP]`` is set: during a run (``state[RUN]``) it takes chunks of
     whatever job is open and spins between jobs, yielding its core every SPINS pauses (~10 us)
     so that a runnable thread (OpenBLAS's, another process's) is not kept off it for a time
-    slice; between runs it sleeps IDLE_US at a time.  It never returns to Python in between: a
-    thread waiting for the GIL while the caller runs Python took up to 5 ms to start."""
+    slice; between runs it sleeps on ``state[RUN]`` (a futex: no CPU, woken by ``begin``; a
+    200 us poll had cost ~10 % of a core).  It never returns to Python in between: a thread
+    waiting for the GIL while the caller runs Python took up to 5 ms to start."""
     idle = 0
     while atomic_load(state, STOP) == 0:
         if atomic_load(state, RUN) == 0:
-            sleep_us(IDLE_US)
+            wait_while(state, RUN, 0)
             continue
         if _claim(state, table, floats):
             idle = 0
@@ -112,6 +113,14 @@ def serve(state, table, floats):  # noqa: ANN001, ANN202
         idle += 1
         if idle % SPINS == 0:
             yield_core()
+
+
+@jit.njit([types.void(_STATE, _I64, _I64)])
+def signal(state, slot, value):  # noqa: ANN001, ANN202
+    """state[slot] = value, then wake the worker if it sleeps: RUN 1 opens a run, RUN 0 ends it,
+    STOP 1 ends the worker."""
+    atomic_store(state, slot, value)
+    wake(state, RUN)
 
 
 @jit.njit([types.void(_STATE, _TABLE, _FLOATS, _I64)])
