@@ -1,10 +1,11 @@
 """The spinning worker of a 2-thread planned run (engine/ops/team_jit.py's kernels).
 
-A ``Team`` owns one daemon thread.  ``Team.running()`` wakes it for the length of one planned
-run: the thread enters ``team_jit.serve`` (GIL released) and spins there, taking a share of each
-conv GEMM the run publishes, until the run ends and sets the stop flag; then it sleeps on an
-event until the next run.  The wake (30-75 us on the 2-core hosts) is paid once a run, and no
-run waits for it: the caller claims work too, so a worker that wakes late joins late.
+A ``Team`` owns one daemon thread, which lives in ``team_jit.serve`` (GIL released) from its
+start to the process's exit.  ``Team.running()`` wakes it for the length of one planned run: it
+spins, taking a share of each conv GEMM the run publishes, until the run ends; then it sleeps
+on a futex until the next run opens.  The wake (30-75 us on the 2-core hosts) is paid once a
+run, and no run waits for it: the caller claims work too, so a worker that wakes late joins
+late.
 
 While the team runs, JIT kernels that would start numba's pool (``jit.run``) run serially, and
 OpenBLAS is held at one thread by the session: their sleeping threads and this spinning one
