@@ -32,6 +32,8 @@ import numpy as np
 from engine import jit
 
 MODULE = "engine.ops.team_jit"
+# the GEMMs a team shares: gemm8_jit's (6 x 16 tiles, AVX2) and gemm_jit's (6 x 32, AVX-512)
+GEMM8, GEMM32 = 0, 1
 # multiply-adds from which a kernel shares its work with a spinning worker: ~10 us of work,
 # against a few us to open the job and meet the worker at its end (numba's pool: 2 M)
 MIN_MACS = 1 << 18
@@ -75,9 +77,10 @@ class Team:
         finally:
             self._busy.release()
 
-    def gemm8(self, *args: Any) -> None:
-        """gemm8_jit._items16's arguments, its items shared with the worker (first item 0)."""
-        self._kernels.gemm8_shared(self._state, self._table, self._floats, *args)
+    def share(self, kind: int, *args: Any) -> None:
+        """The work items of a GEMM of ``kind`` (its kernel's arguments, first item 0) shared
+        with the worker."""
+        self._kernels.gemm_shared(self._state, self._table, self._floats, kind, *args)
 
 
 _local = threading.local()
@@ -93,6 +96,16 @@ def shared() -> Team:
             _team = Team()
             atexit.register(_team.close)
         return _team
+
+
+def run(kind: int, serial: Any, parallel: Any, *args: Any) -> None:
+    """A conv GEMM's work items (``serial``'s arguments) on several threads: shared with the
+    team's worker during a team run, else on numba's pool (``jit.run``)."""
+    running = active()
+    if running is not None:
+        running.share(kind, *args)
+    else:
+        jit.run(serial, parallel, *args)
 
 
 def active() -> Team | None:

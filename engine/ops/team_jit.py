@@ -4,13 +4,14 @@ Why: numba's pool and OpenBLAS's threads sleep between calls, and waking one tak
 the 2-core hosts, while a MobileNetV2 conv takes 50-500 us: a 2-thread session ran no faster
 than a 1-thread one (onnxruntime's threads spin between operators and gain 1.3x).  Here one
 worker thread (engine/team.py) spins, the GIL released, for the length of a planned run; each
-GEMM (conv/gemm8_jit.py's: 1x1 convs, im2col and Winograd's slot products) is published as a
-job (its arrays' addresses and sizes and its geometry in ``table``), and the caller and the
-worker claim its work items (blocks x panels) in chunks from a shared counter, so the worker is
-in the GEMM within a microsecond or two.  MobileNetV2's 1x1 convs took 0.63-0.74x their
-one-thread time this way (EPYC, 2026-11-27).  Its 3x3 depthwise convs were shared the same way
-by output rows, and lost (14x14: 99 against 61 us): memory-bound, they read their input from
-the caller's core's cache, where the previous conv left it.  They stay on one thread.
+GEMM (conv/gemm8_jit.py's 6 x 16 tiles or gemm_jit.py's 6 x 32 ones: 1x1 convs, im2col and
+Winograd's slot products) is published as a job (its arrays' addresses and sizes and its
+geometry in ``table``), and the caller and the worker claim its work items (blocks x panels) in
+chunks from a shared counter, so the worker is in the GEMM within a microsecond or two.
+MobileNetV2's 1x1 convs took 0.63-0.74x their one-thread time this way (EPYC, 2026-11-27).
+Its 3x3 depthwise convs were shared the same way by output rows, and lost (14x14: 99 against
+61 us): memory-bound, they read their input from the caller's core's cache, where the previous
+conv left it.  They stay on one thread.
 
 The counter ``state[NEXT]`` holds the job's tag, its item count and the next item in one int64,
 and a claim is a compare-and-swap on the whole word: a worker late from an earlier job can
@@ -18,7 +19,7 @@ never take (or skip) an item of a later one, and a job's table is read only afte
 succeeded, while the job is still unfinished (so not yet overwritten).  Nothing waits for a
 worker that has not started: the caller claims too and, alone, takes every item; it then waits
 only for items the worker claimed.  Each chunk is the serial kernel's own body over a range of
-items (``_items16``), so results are the serial kernel's, bit for bit.
+items (``_items16``, ``_gemm_items``), so results are the serial kernel's, bit for bit.
 """
 
 from __future__ import annotations
@@ -39,13 +40,15 @@ from engine.ops.atomic_jit import (
     yield_core,
 )
 from engine.ops.conv.gemm8_jit import _ITEMS, _items16
+from engine.ops.conv.gemm_jit import _gemm_items
+from engine.team import GEMM8
 
 # int64 slots of ``state``, each on its own cache line: the last job's tag (the caller's), the
 # claim word, items done, whether a run is on (the worker spins) and the worker's exit flag
 TAG, NEXT, DONE, RUN, STOP = 0, 8, 16, 24, 32
 STATE_SLOTS = 40
-# the job table: rows 0-4 (address, size) of the GEMM's arrays, row FLAGS, then its integer
-# arguments two a row from row INTS
+# the job table: rows 0-4 (address, size) of the GEMM's arrays, row FLAGS (flags, which GEMM:
+# team.GEMM8 or GEMM32), then its integer arguments two a row from row INTS
 FLAGS, INTS = 5, 6
 TABLE_ROWS = 9
 _BITS = 20  # items and item counts: up to 2^20 (a job's blocks x panels)
@@ -68,14 +71,28 @@ def _int(table, i):  # noqa: ANN001, ANN202
 @jit.njit([types.void(_TABLE, _FLOATS, _I64, _I64)])
 def _run(table, floats, first, last):  # noqa: ANN001, ANN202
     """Items [first, last) of the GEMM the table describes: x, packed, out, bias, residual;
-    rows, depth, m, the residual's row stride, rows per block."""
+    rows, depth, m, the residual's row stride, rows per block; gemm8_jit's kernel or (GEMM32)
+    gemm_jit's, which take the same arguments."""
     f32 = np.float32
     flags = table[FLAGS, 0]
-    _items16(
-        array_at(table, 0, f32), array_at(table, 1, f32), array_at(table, 2, f32), array_at(table, 3, f32),
-        array_at(table, 4, f32), (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1],
-        _int(table, 0), _int(table, 1), _int(table, 2), _int(table, 3), _int(table, 4), first, last,
-    )  # fmt: skip
+    x, packed, out = array_at(table, 0, f32), array_at(table, 1, f32), array_at(table, 2, f32)
+    bias, res = array_at(table, 3, f32), array_at(table, 4, f32)
+    has_res, has_clip, lo, hi = (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1]
+    rows, depth, m, rstride, block = (
+        _int(table, 0),
+        _int(table, 1),
+        _int(table, 2),
+        _int(table, 3),
+        _int(table, 4),
+    )
+    if table[FLAGS, 1] == GEMM8:
+        _items16(
+            x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth, m, rstride, block, first, last
+        )
+    else:
+        _gemm_items(
+            x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth, m, rstride, block, first, last
+        )
 
 
 @jit.njit([types.boolean(_STATE, _TABLE, _FLOATS)])
@@ -137,17 +154,17 @@ def _share(state, table, floats, count):  # noqa: ANN001, ANN202
         pause()
 
 
-@jit.njit([types.void(_STATE, _TABLE, _FLOATS, *_ITEMS.args)])
-def gemm8_shared(state, table, floats, x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth, m,
-                 rstride, block_rows, first, last):  # noqa: ANN001, ANN202  # fmt: skip
-    """``_items16(x, ..., first, last)`` with the worker taking a share; first must be 0 (a
-    job's items are numbered from 0)."""
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS, _I64, *_ITEMS.args)])
+def gemm_shared(state, table, floats, kind, x, packed, out, bias, res, has_res, has_clip, lo, hi, rows, depth,
+                m, rstride, block_rows, first, last):  # noqa: ANN001, ANN202  # fmt: skip
+    """The GEMM kernel of ``kind`` over items [first, last) with the worker taking a share;
+    first must be 0 (a job's items are numbered from 0)."""
     table[0, 0], table[0, 1] = x.ctypes.data, x.size
     table[1, 0], table[1, 1] = packed.ctypes.data, packed.size
     table[2, 0], table[2, 1] = out.ctypes.data, out.size
     table[3, 0], table[3, 1] = bias.ctypes.data, bias.size
     table[4, 0], table[4, 1] = res.ctypes.data, res.size
-    table[FLAGS, 0] = (1 if has_res else 0) | (2 if has_clip else 0)
+    table[FLAGS, 0], table[FLAGS, 1] = (1 if has_res else 0) | (2 if has_clip else 0), kind
     table[INTS, 0], table[INTS, 1] = rows, depth
     table[INTS + 1, 0], table[INTS + 1, 1] = m, rstride
     table[INTS + 2, 0] = block_rows

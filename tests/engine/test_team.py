@@ -27,25 +27,38 @@ if not jit.enabled():
     pytest.skip("the JIT tier is turned off (FERRY_JIT=0)", allow_module_level=True)
 
 gemm8_jit = jit.module("engine.ops.conv.gemm8_jit")
+gemm_jit = jit.module("engine.ops.conv.gemm_jit")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _job(rows: int, depth: int, m: int, residual: bool, clip: bool, seed: int):
-    """_items16's arguments for a (rows, depth) @ (depth, m) GEMM split for several threads."""
+def _job(kind: int, rows: int, depth: int, m: int, residual: bool, clip: bool, seed: int):
+    """The GEMM kernel's arguments for a (rows, depth) @ (depth, m) product split for several
+    threads: gemm8_jit's (team.GEMM8, 16-wide panels) or gemm_jit's (GEMM32, 32-wide)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(rows * depth).astype(np.float32)
-    packed = gemm8_jit.pack_panels16(rng.standard_normal((depth, m)).astype(np.float32)).reshape(-1)
-    bias = np.zeros(-(-m // gemm8_jit.NR) * gemm8_jit.NR, np.float32)
+    w = rng.standard_normal((depth, m)).astype(np.float32)
+    if kind == team.GEMM8:
+        packed, width, block = (
+            gemm8_jit.pack_panels16(w),
+            gemm8_jit.NR,
+            gemm8_jit.block_rows16(rows, depth, True),
+        )
+    else:
+        packed, width, block = (
+            gemm_jit.pack_panels(w),
+            gemm_jit.NR,
+            gemm_jit.block_rows_for(rows, depth, True),
+        )
+    bias = np.zeros(-(-m // width) * width, np.float32)
     bias[:m] = rng.standard_normal(m)
     res = rng.standard_normal(rows * m).astype(np.float32) if residual else np.zeros(1, np.float32)
-    block = gemm8_jit.block_rows16(rows, depth, True)
-    items = -(-rows // block) * -(-m // gemm8_jit.NR)
+    items = -(-rows // block) * -(-m // width)
     lo, hi = np.float32(-0.5), np.float32(0.75)
-    return [x, packed, np.full(rows * m, np.nan, np.float32), bias, res, residual, clip, lo, hi], (
-        rows, depth, m, m, block, 0, items,
-    )  # fmt: skip
+    arrays = [x, packed.reshape(-1), np.full(rows * m, np.nan, np.float32), bias, res, residual, clip, lo, hi]
+    return arrays, (rows, depth, m, m, block, 0, items)
 
 
+@pytest.mark.parametrize("kind", [team.GEMM8, team.GEMM32])
 @pytest.mark.parametrize(
     ("rows", "depth", "m", "residual", "clip"),
     [
@@ -55,21 +68,22 @@ def _job(rows: int, depth: int, m: int, residual: bool, clip: bool, seed: int):
         (7, 37, 24, False, False),
     ],
 )
-def test_a_shared_gemm_is_the_serial_kernel_bit_for_bit(rows, depth, m, residual, clip):
-    arrays, geometry = _job(rows, depth, m, residual, clip, seed=rows + m)
+def test_a_shared_gemm_is_the_serial_kernel_bit_for_bit(kind, rows, depth, m, residual, clip):
+    arrays, geometry = _job(kind, rows, depth, m, residual, clip, seed=rows + m)
+    serial = gemm8_jit._items16 if kind == team.GEMM8 else gemm_jit._gemm_items
     want = arrays[2].copy()
-    gemm8_jit._items16(*arrays[:2], want, *arrays[3:], *geometry)
+    serial(*arrays[:2], want, *arrays[3:], *geometry)
     shared = team.shared()
     tag = shared._state[shared._kernels.TAG]
     with shared.running() as running:
         assert running
         for _ in range(20):  # many jobs: the worker joins some, at whatever point it gets there
             arrays[2][:] = np.nan
-            shared.gemm8(*arrays, *geometry)
+            shared.share(kind, *arrays, *geometry)
             assert np.array_equal(arrays[2], want)
     assert shared._state[shared._kernels.TAG] == tag + 20
     arrays[2][:] = np.nan  # no run: the worker sleeps, and the caller takes every item alone
-    shared.gemm8(*arrays, *geometry)
+    shared.share(kind, *arrays, *geometry)
     assert np.array_equal(arrays[2], want)
 
 
@@ -169,7 +183,7 @@ def test_a_process_that_used_the_team_exits_and_forks_cleanly(tmp_path):
         "    args = [x, packed, out, np.zeros(32, np.float32), np.zeros(1, np.float32), False, False,\n"
         "            np.float32(0), np.float32(0), 300, 40, 32, 32, 60, 0, 10]\n"
         "    with team.shared().running():\n"
-        "        team.shared().gemm8(*args)\n"
+        "        team.shared().share(team.GEMM8, *args)\n"
         "    assert (out == 40).all()\n"
         "job()\n"
         "pid = os.fork()\n"

@@ -178,16 +178,6 @@ def _worth_sharing(macs: int) -> bool:
     return macs >= (team.MIN_MACS if team.active() is not None else MIN_PARALLEL_MACS)
 
 
-def _parallel(args: tuple, geometry: tuple) -> None:
-    """``_items16`` on several threads: shared with the team's spinning worker during a team run
-    (engine/team.py), else on numba's pool."""
-    running = team.active()
-    if running is not None:
-        running.gemm8(*args, *geometry)
-    else:
-        jit.run(_items16, _items16_parallel, *args, *geometry)
-
-
 def block_rows16(rows: int, depth: int, parallel: bool) -> int:
     """Input rows per block: what fits BLOCK_INPUT_BYTES (at least MIN_BLOCK_ROWS), a multiple of
     TALL; with threads, small enough that there are blocks for each."""
@@ -220,7 +210,7 @@ def gemm16(
     args = (_flat(x), _flat(packed), _flat(out), vector, _flat(res), residual is not None, bounds is not None)
     geometry = (np.float32(low), np.float32(high), rows, depth, m, res.shape[1], block, 0, items)
     if parallel:
-        _parallel(args, geometry)
+        team.run(team.GEMM8, _items16, _items16_parallel, *args, *geometry)
     else:
         _items16(*args, *geometry)
 
@@ -239,7 +229,7 @@ def gemm_batched16(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
     args = (_flat(x), _flat(packed), _flat(out), bias, _NO_RESIDUAL.reshape(-1), False, False, free, free)
     geometry = (rows, depth, m, 0, block, 0, items)
     if parallel:
-        _parallel(args, geometry)
+        team.run(team.GEMM8, _items16, _items16_parallel, *args, *geometry)
     else:
         _items16(*args, *geometry)
 
@@ -311,7 +301,7 @@ def conv_1x1_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     )
     geometry = (lo, hi, n * ho * wo, pixels.shape[3], m, res.shape[-1], blocks[parallel], 0, items[parallel])
     if parallel:
-        _parallel(args, geometry)
+        team.run(team.GEMM8, _items16, _items16_parallel, *args, *geometry)
     else:
         _items16(*args, *geometry)
     return [out.transpose(0, 3, 1, 2)]

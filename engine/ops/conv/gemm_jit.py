@@ -25,7 +25,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from engine import jit
+from engine import jit, team
 from engine.ops import window
 from engine.ops.conv.common import (
     COLUMN_BUDGET_BYTES,
@@ -332,7 +332,7 @@ def _run_gemm(
     if slots * rows * depth * m < MIN_PARALLEL_MACS:
         _gemm_items(*args, 0, items)  # a thread pool's launch would cost what a second thread saves
         return
-    jit.run(_gemm_items, _gemm_parallel, *args, 0, items)
+    team.run(team.GEMM32, _gemm_items, _gemm_parallel, *args, 0, items)
 
 
 def block_rows_for(rows: int, depth: int, parallel: bool) -> int:
@@ -484,7 +484,7 @@ def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
     rows, block = n * ho * wo, blocks[parallel]
     geometry = (lo, hi, rows, pixels.shape[3], m, res.shape[-1], block, 0, items[parallel])
     if parallel:
-        jit.run(_gemm_items, _gemm_parallel, *args, *geometry)
+        team.run(team.GEMM32, _gemm_items, _gemm_parallel, *args, *geometry)
     else:
         _gemm_items(*args, *geometry)
     return [out.transpose(0, 3, 1, 2)]
