@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -213,11 +214,7 @@ class Session:
         plan = self._plans.get(signature)
         if plan is not None and on_node is None and not debug.enabled():
             return self._run_plan(plan, arrays, feeds, threads)
-        with (
-            team.session_run(self._team, threads) as blas_threads,
-            _threadpools().limit(limits=blas_threads),
-            jit_tier.thread_limit(threads),
-        ):
+        with self._threads(threads):
             if plan is None and signature in self._records and not debug.enabled():
                 # Second run of a signature: plan now (search, packing), so the first result
                 # comes as fast as a plain run and the planning cost lands on the next one.
@@ -240,6 +237,17 @@ class Session:
             else:
                 env = _execute_plan(plan, self._program.constants, arrays, on_node)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}
+
+    @contextlib.contextmanager
+    def _threads(self, threads: int) -> Iterator[None]:
+        """A run (or its planning) on ``threads``: the thread pools capped, and with several a
+        convnet's team worker spinning (team.py), which takes OpenBLAS's second thread."""
+        with (
+            team.session_run(self._team, threads) as blas_threads,
+            _threadpools().limit(limits=blas_threads),
+            jit_tier.thread_limit(threads),
+        ):
+            yield
 
     def _plan(
         self, signature: Signature, record: Record, search: KernelSearch, shared: dict | None = None
@@ -285,11 +293,7 @@ class Session:
         if threads == 1 and self.threads > 1:
             plan = self._one_thread_plan(plan)
         start = time.perf_counter()
-        with (
-            team.session_run(self._team, threads) as blas_threads,
-            _threadpools().limit(limits=blas_threads),
-            jit_tier.thread_limit(threads),
-        ):
+        with self._threads(threads):
             env = _execute_plan(plan, self._program.constants, arrays, None)
         choice.record(threads, time.perf_counter() - start)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}

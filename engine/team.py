@@ -37,6 +37,7 @@ GEMM8, GEMM32 = 0, 1
 # multiply-adds from which a kernel shares its work with a spinning worker: ~10 us of work,
 # against a few us to open the job and meet the worker at its end (numba's pool: 2 M)
 MIN_MACS = 1 << 18
+MIN_CONVS = 4  # convs that make a model a convnet for ``wanted``
 
 
 class Team:
@@ -120,9 +121,6 @@ def wanted(threads: int, steps: Iterable[Any]) -> bool:
     BERT's 2-thread runs took 2x longer with it, ViT-Tiny's 1.2x (its one conv: the patches)."""
     convs = sum(1 for step in steps if step.op in ("Conv", "FusedConv"))
     return threads > 1 and convs >= MIN_CONVS and "engine.ops.conv.gemm8_jit" in sys.modules and jit.enabled()
-
-
-MIN_CONVS = 4
 
 
 @contextmanager

@@ -160,12 +160,12 @@ def pointer(typingctx, address, like):  # noqa: ANN001, ANN201, ARG001
     """``address`` (an int64) as a pointer to ``like``'s dtype (an array, or a
     numpy scalar type)."""
     dtype = like.dtype if isinstance(like, types.Array) else like.instance_type
-    pointer = types.CPointer(dtype)
+    target = types.CPointer(dtype)
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        return builder.inttoptr(args[0], context.get_value_type(pointer))
+        return builder.inttoptr(args[0], context.get_value_type(target))
 
-    return pointer(types.int64, like), codegen
+    return target(types.int64, like), codegen
 
 
 @numba.njit(inline="always", cache=True)

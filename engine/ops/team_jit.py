@@ -113,10 +113,10 @@ def _claim(state, table, floats):  # noqa: ANN001, ANN202
 @jit.njit([types.void(_STATE, _TABLE, _FLOATS)])
 def serve(state, table, floats):  # noqa: ANN001, ANN202
     """The worker, until ``state[STOP]`` is set: during a run (``state[RUN]``) it takes chunks of
-    whatever job is open and spins between jobs, yielding its core every SPINS pauses (~10 us)
-    so that a runnable thread (OpenBLAS's, another process's) is not kept off it for a time
-    slice; between runs it sleeps on ``state[RUN]`` (a futex: no CPU, woken by ``begin``; a
-    200 us poll had cost ~10 % of a core).  It never returns to Python in between: a thread
+    whatever job is open and spins between jobs, yielding its core every SPINS pauses so that a
+    runnable thread (OpenBLAS's, another process's) is not kept off it for a time slice; between
+    runs it sleeps on ``state[RUN]`` (a futex: no CPU, woken by ``signal``; a 200 us poll had
+    cost ~10 % of a core).  It never returns to Python in between: a thread
     waiting for the GIL while the caller runs Python took up to 5 ms to start."""
     idle = 0
     while atomic_load(state, STOP) == 0:
