@@ -23,6 +23,7 @@ class Plan:
     signature: Signature
     steps: tuple[PlannedStep, ...]
     constants: dict[str, np.ndarray]
+    team: bool = False  # its multi-thread runs share their GEMMs with engine/team.py's worker
 
 
 class PlanCache:

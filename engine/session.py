@@ -125,10 +125,8 @@ class Session:
         self._part_search: KernelSearch | None = None  # the parts' kernels, measured on one thread
         if self.jit:
             jit_tier.load(ops=jit_ops(self._program), threads=threads, skip=jit_unused(self._program))
-        # several threads: a worker spinning through each run, sharing the conv GEMMs (team.py)
-        self._team = self.jit and team.wanted(threads, self._program.steps)
-        if self._team:
-            team.shared()  # its kernels compiled now, with the rest
+        if self.jit and team.possible(threads, self._program.steps):
+            team.prepare()  # its kernels compiled now, with the rest, for plans that use it
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, inputs={[s.name for s in self.inputs]}, threads={self.threads})"
@@ -214,12 +212,16 @@ class Session:
         plan = self._plans.get(signature)
         if plan is not None and on_node is None and not debug.enabled():
             return self._run_plan(plan, arrays, feeds, threads)
-        with self._threads(threads):
-            if plan is None and signature in self._records and not debug.enabled():
+        record = self._records.get(signature) if plan is None and not debug.enabled() else None
+        # whether a plan's runs share their GEMMs with the team (team.py) is decided at planning
+        steps = self._program.steps
+        with_team = plan.team if plan is not None else self.jit and team.wanted(threads, steps, record)
+        with self._threads(threads, with_team):
+            if record is not None:
                 # Second run of a signature: plan now (search, packing), so the first result
                 # comes as fast as a plain run and the planning cost lands on the next one.
-                record = self._records.pop(signature)
-                plan = self._plan(signature, record, search)
+                del self._records[signature]
+                plan = self._plan(signature, record, search, with_team=with_team)
                 self._plans.put(plan)
                 if threads > 1:  # for its runs on one thread (``_one_thread_plan``)
                     self._records_one[signature] = record
@@ -239,18 +241,23 @@ class Session:
         return {name: _owned(env[name], feeds) for name in self._program.outputs}
 
     @contextlib.contextmanager
-    def _threads(self, threads: int) -> Iterator[None]:
-        """A run (or its planning) on ``threads``: the thread pools capped, and with several a
-        convnet's team worker spinning (team.py), which takes OpenBLAS's second thread."""
+    def _threads(self, threads: int, with_team: bool = False) -> Iterator[None]:
+        """A run (or its planning) on ``threads``: the thread pools capped, and with several and
+        ``with_team`` the team's worker spinning (team.py), which takes OpenBLAS's second thread."""
         with (
-            team.session_run(self._team, threads) as blas_threads,
+            team.session_run(with_team, threads) as blas_threads,
             _threadpools().limit(limits=blas_threads),
             jit_tier.thread_limit(threads),
         ):
             yield
 
     def _plan(
-        self, signature: Signature, record: Record, search: KernelSearch, shared: dict | None = None
+        self,
+        signature: Signature,
+        record: Record,
+        search: KernelSearch,
+        shared: dict | None = None,
+        with_team: bool = False,
     ) -> Plan:
         """A signature's plan from its recorded run, kernels chosen by ``search``."""
         try:
@@ -266,7 +273,7 @@ class Session:
             built = planner.unoptimized(self._program, record)
         search.save()
         release_pages(self._weights)  # weights now pre-packed are never read again
-        return Plan(signature, tuple(built.steps), built.constants)
+        return Plan(signature, tuple(built.steps), built.constants, with_team)
 
     def _one_thread_plan(self, plan: Plan) -> Plan:
         """The plan for a multi-thread session's runs on one thread (``ThreadChoice``): kernels
@@ -293,7 +300,7 @@ class Session:
         if threads == 1 and self.threads > 1:
             plan = self._one_thread_plan(plan)
         start = time.perf_counter()
-        with self._threads(threads):
+        with self._threads(threads, plan.team):
             env = _execute_plan(plan, self._program.constants, arrays, None)
         choice.record(threads, time.perf_counter() - start)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}

@@ -20,10 +20,11 @@ the thread and makes its own on first use.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,9 +36,14 @@ MODULE = "engine.ops.team_jit"
 # the GEMMs a team shares: gemm8_jit's (6 x 16 tiles, AVX2) and gemm_jit's (6 x 32, AVX-512)
 GEMM8, GEMM32 = 0, 1
 # multiply-adds from which a kernel shares its work with a spinning worker: ~10 us of work,
-# against a few us to open the job and meet the worker at its end (numba's pool: 2 M)
+# against a few us to open the job and meet the worker at its end
 MIN_MACS = 1 << 18
-MIN_CONVS = 4  # convs that make a model a convnet for ``wanted``
+# ... and with numba's pool (~20 us on one core): its launch costs 5-10 us idle, and on a loaded
+# 2-core host far more (MobileNetV2's 7x7 layers took twice their one-thread time on two)
+POOL_MIN_MACS = 2_000_000
+CONVS, PRODUCTS = ("Conv", "FusedConv"), ("MatMul", "FusedMatMul")
+MIN_SHARED = 4  # shared products (``shares``) that make a run the team's (``wanted``)
+MIN_ROWS = 48  # a product's rows from which its GEMM is shared (fewer: a decode step's GEMVs)
 
 
 class Team:
@@ -109,18 +115,54 @@ def run(kind: int, serial: Any, parallel: Any, *args: Any) -> None:
         jit.run(serial, parallel, *args)
 
 
+def worth_sharing(macs: int) -> bool:
+    """Whether a product of ``macs`` multiply-adds goes to several threads: from MIN_MACS with
+    the team's worker, which is spinning already, from POOL_MIN_MACS on numba's pool."""
+    if jit.threads() < 2:
+        return False
+    return macs >= (MIN_MACS if active() is not None else POOL_MIN_MACS)
+
+
 def active() -> Team | None:
     """The team running on this thread's current run, if any."""
     return getattr(_local, "team", None)
 
 
-def wanted(threads: int, steps: Iterable[Any]) -> bool:
-    """Whether a session on ``threads`` runs its multi-thread plans with the team: a convnet's
-    (MIN_CONVS convs or more), where the JIT tier has loaded the conv GEMM the team shares.  A
-    transformer's products and attention run on OpenBLAS, which the team holds at one thread:
-    BERT's 2-thread runs took 2x longer with it, ViT-Tiny's 1.2x (its one conv: the patches)."""
-    convs = sum(1 for step in steps if step.op in ("Conv", "FusedConv"))
-    return threads > 1 and convs >= MIN_CONVS and "engine.ops.conv.gemm8_jit" in sys.modules and jit.enabled()
+def wanted(threads: int, steps: Iterable[Any], record: Any) -> bool:
+    """Whether a run on ``threads`` of ``steps``, as their first run recorded them (a
+    planner.Record, or None), goes to the team: one with MIN_SHARED or more products the team
+    shares (``shares``), where the JIT tier has loaded the GEMM it shares.  The rest of a run's
+    BLAS work runs on one thread under the team, so a decode step (GEMVs only) keeps OpenBLAS's
+    threads: its 2-thread runs took 1.1x longer with the team."""
+    if record is None or threads < 2 or not jit.enabled() or "engine.ops.conv.gemm8_jit" not in sys.modules:
+        return False
+    return sum(1 for step in steps if shares(step, record.info, record.static)) >= MIN_SHARED
+
+
+def shares(step: Any, info: Mapping[str, Any], fixed: Container[str]) -> bool:
+    """Whether ``step``'s product is a GEMM the team shares: a conv's, or a matrix product by
+    fixed 2-D weights over MIN_ROWS rows or more (matmul_jit's: BERT's 2-thread runs took 0.7x
+    the time they took on OpenBLAS's two threads, ViT-Tiny's 0.9x).  ``info``: the values'
+    recorded shapes (``.shape``); ``fixed``: the values known for the plan."""
+    if step.op in CONVS:
+        return True
+    if step.op not in PRODUCTS or len(step.inputs) < 2 or step.inputs[1] not in fixed:
+        return False
+    a, w = info.get(step.inputs[0]), info.get(step.inputs[1])
+    if a is None or w is None:
+        return False
+    return len(a.shape) >= 2 and len(w.shape) == 2 and math.prod(a.shape[:-1]) >= MIN_ROWS
+
+
+def possible(threads: int, steps: Iterable[Any]) -> bool:
+    """Whether any run of ``steps`` on ``threads`` could go to the team (``wanted``), before
+    shapes are known: a session then loads the team's kernels with its own."""
+    return threads > 1 and jit.enabled() and any(step.op in CONVS + PRODUCTS for step in steps)
+
+
+def prepare() -> None:
+    """The team's kernels compiled, or loaded from the disk cache, without starting its thread."""
+    jit.module(MODULE)
 
 
 @contextmanager

@@ -9,11 +9,13 @@ to each output tile while it is in L1.  A UNet's projections are this shape: a [
 L1, against numpy's 17 over the whole output: ViT's [197, 192] by [192, 768] feed-forward
 0.43 -> 0.29 ms, BERT's [128, 384] by [384, 1536] 0.99 -> 0.77); other activations as numpy's
 kernel runs them.
-With two threads it is also offered shared out (``fused_matmul_shared_jit``): row chunks the
-caller and a pool thread take in turn, each serial, so a pool thread parked by a busy machine
-delays one chunk, not the node (numba's prange and OpenBLAS split statically and wait for it:
-on the loaded 2-core host BERT's [128, 384] by [384, 1152] took 0.63 ms by prange, 0.57 shared,
-OpenBLAS's median 4.1 ms against its best 0.52).
+Under engine/team.py's worker (a 2-thread run with several wide products) the GEMM's tiles are
+shared with it as a conv's are.  Otherwise, with two threads, it is also offered shared out
+(``fused_matmul_shared_jit``): row chunks the caller and a pool thread take in turn, each
+serial, so a pool thread parked by a busy machine delays one chunk, not the node (numba's
+prange and OpenBLAS split statically and wait for it: on the loaded 2-core host BERT's
+[128, 384] by [384, 1152] took 0.63 ms by prange, 0.57 shared, OpenBLAS's median 4.1 ms against
+its best 0.52).
 Offered only where the weights are fixed for the plan (the search's ``_packable``); the sums
 run over K in order with fused multiply-adds, so results differ from OpenBLAS's by float32
 rounding only.
@@ -27,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import jit
+from engine import jit, team
 from engine.batch_split import share_out
 from engine.ops.conv.common import fused_bounds
 from engine.ops.conv.gemm_jit import MR, gemm, pack_panels, packed_shape
@@ -75,7 +77,7 @@ def _product(
             gelu_rows_into(out[first:last], None)  # out is fresh, C-contiguous float32
 
     threads = jit.threads()
-    if shared and threads > 1 and rows.shape[0] >= SHARED_MIN_ROWS:
+    if shared and threads > 1 and rows.shape[0] >= SHARED_MIN_ROWS and team.active() is None:
         _shared_rows(chunk, rows.shape[0], threads)
     else:
         chunk(0, rows.shape[0])
@@ -160,11 +162,12 @@ def _offered(shapes: Sequence[tuple[int, ...] | None]) -> bool:
 
 def _fused_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
     """The JIT GEMM; and shared out in row chunks when the search runs with two or more threads
-    (a ``jit.thread_limit``: the plan is built under the session's)."""
+    (a ``jit.thread_limit``: the plan is built under the session's) and without the team (whose
+    worker takes the GEMM's tiles itself)."""
     if not _offered(shapes):
         return []
     rows = math.prod(shapes[0][:-1]) if shapes[0] else 0
-    shared = jit.threads() > 1 and rows >= SHARED_MIN_ROWS
+    shared = jit.threads() > 1 and rows >= SHARED_MIN_ROWS and team.active() is None
     return [fused_matmul_gemm_jit, fused_matmul_shared_jit] if shared else [fused_matmul_gemm_jit]
 
 

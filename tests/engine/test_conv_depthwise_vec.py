@@ -92,7 +92,7 @@ def test_nan_input_stays_nan_through_the_clip():
 
 def test_parallel_variant_matches_the_serial_one():
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 32, 67, 61)).astype(np.float32)  # past MIN_PARALLEL_MACS at stride 1
+    x = rng.standard_normal((2, 32, 67, 61)).astype(np.float32)  # past team.POOL_MIN_MACS at stride 1
     w = rng.standard_normal((32, 1, 3, 3)).astype(np.float32)
     b = rng.standard_normal(32).astype(np.float32)
     for stride in (1, 2):

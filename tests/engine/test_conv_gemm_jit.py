@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
-from engine import jit, kernels  # noqa: E402
+from engine import jit, kernels, team  # noqa: E402
 from engine.ops import fused  # noqa: E402
 from engine.ops.conv import conv_1x1, conv_im2col  # noqa: E402
 from engine.planner import memory_order  # noqa: E402
@@ -107,7 +107,7 @@ def test_gemm_on_two_threads_matches_one_and_small_ones_stay_on_one():
     x = rng.standard_normal((301, 100)).astype(np.float32)  # 2.4 M multiply-adds: parallel
     w = rng.standard_normal((100, 80)).astype(np.float32)
     residual = rng.standard_normal((301, 80)).astype(np.float32)
-    assert x.shape[0] * x.shape[1] * w.shape[1] >= gemm_jit.MIN_PARALLEL_MACS
+    assert x.shape[0] * x.shape[1] * w.shape[1] >= team.POOL_MIN_MACS
     packed = gemm_jit.pack_panels(w)
     serial, parallel = np.empty((301, 80), np.float32), np.empty((301, 80), np.float32)
     gemm_jit.gemm(x, packed, serial, None, residual, (-1.0, 1.0))
@@ -300,7 +300,7 @@ def test_winograd_on_the_gemm_falls_back_off_its_shapes():
 
 
 def test_1x1_gemm_on_two_threads_matches_one():
-    """Past MIN_PARALLEL_MACS the 1x1 conv runs its items on the pool, blocks cut for threads."""
+    """Past team.POOL_MIN_MACS the 1x1 conv runs its items on the pool, blocks cut for threads."""
     rng = np.random.default_rng(7)
     x = laid_out(rng.standard_normal((1, 64, 40, 40)).astype(np.float32), "channels_last")
     w = rng.standard_normal((96, 64, 1, 1)).astype(np.float32)

@@ -55,7 +55,8 @@ def test_a_quantized_filter_is_dequantized_once_and_a_quantized_matrix_stays_laz
     assert "DequantizeLinear" not in ops, ops  # folded into the conv's (packed) filter
     assert ops.count("Conv") + ops.count("FusedConv") == 2, ops
     assert "QMatMul" in ops, ops  # the matrix stays quantized, dequantized as it is used
-    np.testing.assert_allclose(session.run({"x": x})["y"], first, rtol=1e-5, atol=1e-6)
+    # the planned kernels (the search's, per CPU) sum in another order than the recorded run's
+    np.testing.assert_allclose(session.run({"x": x})["y"], first, rtol=1e-5, atol=1e-5)
     expected = run_reference(model, {"x": x})[0]  # float32 weights: only quantization error
     error = np.abs(first - expected).max() / np.abs(expected).max()
     assert error < (0.02 if precision == "int8" else 0.3), error  # int4: 16 levels, random weights

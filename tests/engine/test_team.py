@@ -120,13 +120,14 @@ def _pointwise_model(seed: int):
 
 @pytest.fixture
 def team_kernels(monkeypatch, tmp_path):
-    """The kernel search picks the kernels that share work with the team (gemm8_jit's GEMM)
-    wherever they are candidates: which kernel wins on this CPU is not what these tests are
+    """The kernel search picks the kernels that share work with the team (gemm8_jit's GEMM,
+    matmul_jit's) wherever they are candidates: which kernel wins on this CPU is not what these tests are
     about."""
     monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path / "kernels"))
 
     def measure(self, candidates, attrs, inputs, node):  # noqa: ANN001, ANN202, ARG001
-        return next((k for k in candidates if k.__name__.endswith("conv_1x1_gemm8")), candidates[0]), "test"
+        shared = ("conv_1x1_gemm8", "fused_matmul_gemm_jit", "matmul_gemm_jit")
+        return next((k for k in candidates if k.__name__.endswith(shared)), candidates[0]), "test"
 
     monkeypatch.setattr(KernelSearch, "_measure", measure)
 
@@ -137,7 +138,6 @@ def test_a_two_thread_session_runs_its_conv_gemms_with_the_team(tmp_path, team_k
     one = Session(package, threads=1)
     want = [one.run(feeds)["y"].copy() for _ in range(3)][-1]  # the planned run's
     session = Session(package, threads=2)
-    assert session._team
     shared = team.shared()
     tag = shared._state[shared._kernels.TAG]
     for _ in range(2 + 2 * pt.FIRST_SAMPLES + 2):  # record, plan, then both thread counts sampled
@@ -146,6 +146,56 @@ def test_a_two_thread_session_runs_its_conv_gemms_with_the_team(tmp_path, team_k
     (choice,) = session._thread_choices.values()
     assert len(choice.times[2]) >= pt.FIRST_SAMPLES
     assert shared._state[shared._kernels.TAG] >= tag + 3 * pt.FIRST_SAMPLES  # three GEMMs a run
+    assert [plan.team for plan in session._plans._plans.values()] == [True]
+
+
+def _products_model(rows: int, seed: int):
+    """x (1, rows, 96) through four products by fixed weights with biases and a Relu, and a
+    residual Add: a transformer's feed-forward shapes, without attention."""
+    rng = np.random.default_rng(seed)
+    sizes = [96, 192, 128, 160, 96]
+    inits, nodes, value = {}, [], "x"
+    for i, (k, m) in enumerate(zip(sizes, sizes[1:], strict=False)):
+        inits[f"w{i}"] = rng.standard_normal((k, m)).astype(np.float32) * 0.1
+        inits[f"b{i}"] = rng.standard_normal(m).astype(np.float32) * 0.1
+        nodes += [
+            helper.make_node("MatMul", [value, f"w{i}"], [f"p{i}"]),
+            helper.make_node("Add", [f"p{i}", f"b{i}"], [f"a{i}"]),
+            helper.make_node("Relu", [f"a{i}"], [f"r{i}"]),
+        ]
+        value = f"r{i}"
+    nodes.append(helper.make_node("Add", [value, "x"], ["y"]))
+    shape = [1, rows, 96]
+    graph = helper.make_graph(
+        nodes,
+        "products",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        initializer=[numpy_helper.from_array(value, name) for name, value in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.standard_normal(shape).astype(np.float32)}
+
+
+@pytest.mark.parametrize("rows, with_team", [(200, True), (1, False)])
+def test_a_transformers_products_share_with_the_team_and_a_decode_steps_do_not(
+    tmp_path, team_kernels, rows, with_team
+):
+    """Products by fixed weights over many rows (a transformer's) are the team's GEMMs, so such
+    a run holds OpenBLAS at one thread and shares them; a decode step's one-row products
+    (GEMVs, not the team's) keep OpenBLAS's threads.  Both give the 1-thread results."""
+    jit.module("engine.ops.matmul_jit")  # as a transformer's attention brings it in (jit_needs)
+    model, feeds = _products_model(rows, 3)
+    package = write_model_package(model, tmp_path / "products.ferry", feeds)
+    want = [Session(package, threads=1).run(feeds)["y"] for _ in range(3)][-1]
+    session = Session(package, threads=2)
+    shared = team.shared()
+    tag = shared._state[shared._kernels.TAG]
+    for _ in range(2 + 2 * pt.FIRST_SAMPLES + 2):
+        np.testing.assert_allclose(session.run(feeds)["y"], want, rtol=1e-5, atol=1e-5)
+    assert [plan.team for plan in session._plans._plans.values()] == [with_team]
+    jobs = shared._state[shared._kernels.TAG] - tag
+    assert jobs >= 4 * pt.FIRST_SAMPLES if with_team else jobs == 0
 
 
 def test_two_sessions_running_at_once_both_stay_right(tmp_path, team_kernels):
@@ -204,15 +254,27 @@ def test_a_process_that_used_the_team_exits_and_forks_cleanly(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
-def test_only_a_convnets_multi_thread_runs_take_the_team():
-    """A transformer's products run on OpenBLAS, which the team holds at one thread: its
-    sessions (one conv at most, ViT's patches) keep OpenBLAS's threads instead."""
+def test_a_run_is_the_teams_with_four_shared_products():
+    """Convs, and products by fixed 2-D weights over MIN_ROWS rows or more, are the team's
+    GEMMs; four of them make a run the team's, on two threads or more.  A product by a value
+    computed in the run (attention's), or over fewer rows (a decode step), is not."""
     from types import SimpleNamespace  # noqa: PLC0415
 
-    def steps(*ops: str) -> list:
-        return [SimpleNamespace(op=op) for op in ops]
+    def step(op: str, *inputs: str) -> SimpleNamespace:
+        return SimpleNamespace(op=op, inputs=list(inputs))
 
-    convnet = steps("Conv", "FusedConv", "FusedConv", "Conv", "Add")
-    assert team.wanted(2, convnet)
-    assert not team.wanted(1, convnet)
-    assert not team.wanted(2, steps("Conv", "FusedMatMul", "FusedAttention", "FusedMatMul"))
+    shapes = {"x": (1, 64, 32, 32), "wc": (8, 64, 1, 1), "a": (1, 128, 384), "w": (384, 384)}
+    shapes |= {"t": (1, 384, 128), "one": (1, 1, 384)}
+    record = SimpleNamespace(
+        info={name: SimpleNamespace(shape=shape) for name, shape in shapes.items()},
+        static={"wc": None, "w": None},
+    )
+    convnet = [step("Conv", "x", "wc"), step("FusedConv", "x", "wc"), step("Conv", "x", "wc")]
+    convnet += [step("Conv", "x", "wc"), step("Add", "x", "x")]
+    products = [step("FusedMatMul", "a", "w") for _ in range(3)] + [step("MatMul", "a", "w")]
+    assert team.wanted(2, convnet, record) and team.wanted(2, products, record)
+    assert not team.wanted(1, convnet, record)
+    assert not team.wanted(2, convnet, None)  # a signature's first run: nothing recorded yet
+    assert not team.wanted(2, products[:3] + [step("MatMul", "a", "t")], record)  # t: computed
+    assert not team.wanted(2, [step("FusedMatMul", "one", "w")] * 4, record)
+    assert team.wanted(2, products[:3] + [step("Conv", "x", "wc")], record)

@@ -102,7 +102,8 @@ def test_jit_attention_with_q_prescaled_by_log2e(case):
     inputs = [prescaled, k, v] + ([mask] if mask is not None else [])
     for kernel in JIT_ATTENTION:
         got = kernel(inputs, {"scale": 1.0, "q_log2e": 1})[0]
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=kernel.__name__)
+        # q rounded to float32 again after its scaling moves large scores by ~1e-7 of their size
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kernel.__name__)
 
 
 SHIFTS = st.lists(st.sampled_from([0.0, -40.0, -300.0, 45.0, 300.0]), min_size=1, max_size=24)

@@ -26,10 +26,10 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from engine import jit
+from engine import jit, team
 from engine.ops.conv.common import NodeMemo, aligned_empty, residual_of
 from engine.ops.conv.depthwise_jit import _arguments, conv_depthwise_jit_nhwc, depthwise_ok
-from engine.ops.conv.gemm_jit import MIN_PARALLEL_MACS, address
+from engine.ops.conv.gemm_jit import address
 from engine.ops.registry import Kernel
 
 LANES = 16  # float32 lanes of one LLVM vector (a zmm register, or two ymm)
@@ -436,7 +436,7 @@ def conv_depthwise_jit_vec(inputs: list[np.ndarray | None], attrs: dict[str, Any
         lo,
         hi,
     )
-    if shape[0] * shape[1] * shape[2] * shape[3] * 9 < MIN_PARALLEL_MACS:  # as the GEMM's
+    if shape[0] * shape[1] * shape[2] * shape[3] * 9 < team.POOL_MIN_MACS:  # as the GEMM's
         _rows(*args, *geometry, 0, shape[0] * shape[1])
     else:  # serial during a team run too (jit.pool_closed): team_jit's note says why
         jit.run(_rows, _rows_parallel, *args, *geometry, 0, shape[0] * shape[1])

@@ -25,7 +25,6 @@ from engine import jit, team
 from engine.ops.conv.common import NodeMemo, _clipped_fallback, aligned_empty, fused_bounds, residual_of
 from engine.ops.conv.direct import conv_1x1
 from engine.ops.conv.gemm_jit import (
-    MIN_PARALLEL_MACS,
     _flat,
     _micro,
     _plain,
@@ -169,15 +168,6 @@ def _items16_parallel(
         )  # fmt: skip
 
 
-def _worth_sharing(macs: int) -> bool:
-    """Whether a product of ``macs`` multiply-adds goes to several threads: from
-    MIN_PARALLEL_MACS on numba's pool (its launch costs what a second thread saves below), from
-    team.MIN_MACS with the team's worker, which is spinning already."""
-    if jit.threads() < 2:
-        return False
-    return macs >= (team.MIN_MACS if team.active() is not None else MIN_PARALLEL_MACS)
-
-
 def block_rows16(rows: int, depth: int, parallel: bool) -> int:
     """Input rows per block: what fits BLOCK_INPUT_BYTES (at least MIN_BLOCK_ROWS), a multiple of
     TALL; with threads, small enough that there are blocks for each."""
@@ -204,7 +194,7 @@ def gemm16(
     if bias is not None:
         vector[:m] = bias
     res = _NO_RESIDUAL if residual is None else residual
-    parallel = _worth_sharing(rows * depth * m)
+    parallel = team.worth_sharing(rows * depth * m)
     block = block_rows16(rows, depth, parallel)
     items = -(-rows // block) * packed.shape[0]
     args = (_flat(x), _flat(packed), _flat(out), vector, _flat(res), residual is not None, bounds is not None)
@@ -222,7 +212,7 @@ def gemm_batched16(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
     slots, rows, depth = x.shape
     m = out.shape[2]
     bias = np.zeros(packed.shape[1] * NR, np.float32)
-    parallel = _worth_sharing(slots * rows * depth * m)
+    parallel = team.worth_sharing(slots * rows * depth * m)
     block = block_rows16(rows, depth, parallel)
     items = slots * -(-rows // block) * packed.shape[1]
     free = np.float32(0)
@@ -289,7 +279,7 @@ def conv_1x1_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     pixels = _pixels(x, strides)  # C-contiguous (N, Ho, Wo, C): flat below without a copy
     out = aligned_empty(shape, np.float32, address)
     res = residual_rows(residual, (n, m, ho, wo)) if residual is not None else _NO_RESIDUAL
-    parallel = _worth_sharing(macs)
+    parallel = team.worth_sharing(macs)
     args = (
         pixels.reshape(-1),
         weights,

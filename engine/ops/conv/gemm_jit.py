@@ -52,10 +52,6 @@ UNROLL = 4  # K steps per loop iteration in the micro-kernels (loop_ir.unrolled_
 # Input rows per block of tiles: a block's inputs stay in L2 while every panel streams past them.
 BLOCK_INPUT_BYTES = 256 << 10
 MIN_BLOCK_ROWS = 16 * MR
-# Below this many multiply-adds (~20 us on one core) a GEMM runs on one thread even in a session
-# allowed more: numba's pool launch costs 5-10 us idle, and on a loaded 2-core host far more
-# (MobileNetV2's 7x7 layers took twice their one-thread time on two, 2026-11-26 21:00 UTC)
-MIN_PARALLEL_MACS = 2_000_000
 
 
 def _micro(widths: tuple[int, ...], rows: int = MR, unroll: int | None = None) -> Any:
@@ -329,8 +325,8 @@ def _run_gemm(
     m = out.shape[2]
     items = slots * -(-rows // block) * packed.shape[1]
     args = (_flat(x), _flat(packed), _flat(out), bias, _flat(res), *flags, rows, depth, m, rstride, block)
-    if slots * rows * depth * m < MIN_PARALLEL_MACS:
-        _gemm_items(*args, 0, items)  # a thread pool's launch would cost what a second thread saves
+    if not team.worth_sharing(slots * rows * depth * m):
+        _gemm_items(*args, 0, items)
         return
     team.run(team.GEMM32, _gemm_items, _gemm_parallel, *args, 0, items)
 
@@ -443,9 +439,8 @@ def _pointwise_setup(
     ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
     rows = n * ho * wo
     blocks = (block_rows_for(rows, c, False), block_rows_for(rows, c, True))  # one thread, several
-    serial = rows * c * m < MIN_PARALLEL_MACS  # one thread, as _run_gemm decides
     items = tuple(-(-rows // block) * weights.shape[0] for block in blocks)
-    return weights.reshape(-1), vector, clip, (sh, sw), (n, ho, wo, m), blocks, items, serial
+    return weights.reshape(-1), vector, clip, (sh, sw), (n, ho, wo, m), blocks, items, rows * c * m
 
 
 _POINTWISE = NodeMemo()
@@ -463,15 +458,13 @@ def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
         if w.ndim == 3:  # a plan's packed weights with shapes it was not packed for: unpack them
             inputs = [x, _unpacked(w, (1, 1)), *inputs[2:]]
         return _clipped_fallback(conv_1x1, inputs, attrs)
-    weights, vector, (has_clip, lo, hi), strides, shape, blocks, items, serial = found
+    weights, vector, (has_clip, lo, hi), strides, shape, blocks, items, macs = found
     n, ho, wo, m = shape
     pixels = _pixels(x, strides)  # C-contiguous (N, Ho, Wo, C): flat below without a copy
     out = aligned_empty(shape, np.float32, address)
     res = NO_RESIDUAL if residual is None else residual_rows(residual, (n, m, ho, wo))
     # few Python steps: ~8 us of them a call were as much as a 7x7 layer's GEMM
-    parallel = (
-        not serial and jit.threads() > 1 and pixels.size // pixels.shape[3] * len(vector) >= 2 * MR * NR
-    )
+    parallel = team.worth_sharing(macs) and pixels.size // pixels.shape[3] * len(vector) >= 2 * MR * NR
     args = (
         pixels.reshape(-1),
         weights,
