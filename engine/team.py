@@ -33,8 +33,9 @@ import numpy as np
 from engine import jit
 
 MODULE = "engine.ops.team_jit"
-# the GEMMs a team shares: gemm8_jit's (6 x 16 tiles, AVX2) and gemm_jit's (6 x 32, AVX-512)
-GEMM8, GEMM32 = 0, 1
+# the jobs a team shares: gemm8_jit's GEMM (6 x 16 tiles, AVX2), gemm_jit's (6 x 32, AVX-512)
+# and attention_jit's row softmax
+GEMM8, GEMM32, SOFTMAX = 0, 1, 2
 # multiply-adds from which a kernel shares its work with a spinning worker: ~10 us of work,
 # against a few us to open the job and meet the worker at its end
 MIN_MACS = 1 << 18
@@ -85,9 +86,12 @@ class Team:
             self._busy.release()
 
     def share(self, kind: int, *args: Any) -> None:
-        """The work items of a GEMM of ``kind`` (its kernel's arguments, first item 0) shared
+        """The work items of a job of ``kind`` (its kernel's arguments, first item 0) shared
         with the worker."""
-        self._kernels.gemm_shared(self._state, self._table, self._floats, kind, *args)
+        if kind == SOFTMAX:
+            self._kernels.softmax_shared(self._state, self._table, self._floats, *args)
+        else:
+            self._kernels.gemm_shared(self._state, self._table, self._floats, kind, *args)
 
 
 _local = threading.local()
@@ -106,8 +110,8 @@ def shared() -> Team:
 
 
 def run(kind: int, serial: Any, parallel: Any, *args: Any) -> None:
-    """A conv GEMM's work items (``serial``'s arguments) on several threads: shared with the
-    team's worker during a team run, else on numba's pool (``jit.run``)."""
+    """A job's work items (``serial``'s arguments) on several threads: shared with the team's
+    worker during a team run, else on numba's pool (``jit.run``)."""
     running = active()
     if running is not None:
         running.share(kind, *args)

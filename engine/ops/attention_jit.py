@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from numba import prange, types
 
-from engine import jit
-from engine.ops.conv.gemm_jit import gemm, pack_panels
+from engine import jit, team
+from engine.ops.conv.gemm_jit import gemm, gemm_batched, pack_panels
 from engine.ops.exp_jit import exp2_row
 from engine.ops.fused import LOG2_E, _attention_inputs, _attention_output, _base2, fused_attention
 from engine.ops.registry import Kernel
@@ -88,9 +88,17 @@ def _softmax_parallel(rows, scale, first, last):  # noqa: ANN001, ANN202
 
 
 def softmax_rows_into(rows: np.ndarray, scale: float) -> np.ndarray:
-    """Row-wise softmax of ``rows * scale`` in base 2, in place (C-contiguous float32 [R, T])."""
-    jit.run(_softmax_rows, _softmax_parallel, rows, np.float32(scale), 0, rows.shape[0])
+    """Row-wise softmax of ``rows * scale`` in base 2, in place (C-contiguous float32 [R, T]):
+    shared by rows with engine/team.py's worker during a team run, from SHARED_ELEMENTS."""
+    args = (rows, np.float32(scale), 0, rows.shape[0])
+    if team.active() is not None and rows.size >= SHARED_ELEMENTS:
+        team.run(team.SOFTMAX, _softmax_rows, _softmax_parallel, *args)
+    else:
+        jit.run(_softmax_rows, _softmax_parallel, *args)
     return rows
+
+
+SHARED_ELEMENTS = 1 << 14  # ~10 us of exponentials, against a few to meet the worker
 
 
 def attention_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -163,7 +171,47 @@ def attention_gemm_per_head(inputs: list[np.ndarray | None], attrs: dict[str, An
     return [result]
 
 
-for _kernel in (attention_jit, attention_jit_per_head, attention_gemm_per_head):
+def attention_gemm_heads(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """As ``attention_jit`` with both products on the JIT GEMM, every head in one call each (the
+    heads as the GEMM's slots, as Winograd's): two GEMM calls a node where the per-head kernel
+    made two a head, and under engine/team.py's worker two shared jobs (ViT-Tiny's three
+    heads' products had been too small to gain from sharing one by one).  A mask is added to
+    the scores between them.  float32 only."""
+    q, keys, v, mask = _attention_inputs(inputs, attrs)
+    if not (q.dtype == keys.dtype == v.dtype == np.float32) or 0 in q.shape + keys.shape + v.shape:
+        return fused_attention(inputs, attrs)
+    lead = np.broadcast_shapes(q.shape[:-2], keys.shape[:-2], v.shape[:-2])
+    queries, (keys_count, width) = q.shape[-2], v.shape[-2:]
+    scores_shape = (*lead, queries, keys_count)
+    if mask is not None and not _adds_to(mask, scores_shape):
+        return fused_attention(inputs, attrs)
+    heads = math.prod(lead)
+
+    def stacked(a: np.ndarray) -> np.ndarray:  # [..., R, C] broadcast to the heads, one copy
+        return np.ascontiguousarray(np.broadcast_to(a, (*lead, *a.shape[-2:]))).reshape(heads, *a.shape[-2:])
+
+    scores = np.empty((heads, queries, keys_count), np.float32)
+    gemm_batched(stacked(q), pack_panels(np.swapaxes(stacked(keys), -1, -2)), scores)
+    if mask is not None:
+        scores.reshape(scores_shape)[...] += mask
+    # q carries log2(e) already (base 2) unless a mask keeps the scores in natural units
+    softmax_rows_into(scores.reshape(-1, keys_count), 1.0 if _base2(q, mask) else LOG2_E)
+    result, out = _attention_output(attrs, (*lead, queries, width), np.float32)
+    products = np.empty((heads, queries, width), np.float32)
+    gemm_batched(scores, pack_panels(stacked(v)), products)
+    out[...] = products.reshape(out.shape)
+    return [result]
+
+
+def _adds_to(mask: np.ndarray, shape: tuple[int, ...]) -> bool:
+    """Whether a float32 ``mask`` broadcasts to ``shape`` without growing it."""
+    try:
+        return mask.dtype == np.float32 and np.broadcast_shapes(shape, mask.shape) == shape
+    except ValueError:
+        return False
+
+
+for _kernel in (attention_jit, attention_jit_per_head, attention_gemm_per_head, attention_gemm_heads):
     _kernel.jit = True  # type: ignore[attr-defined]
 
 
@@ -171,13 +219,14 @@ def _attention(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) 
     q_shape = shapes[0] if shapes else None
     if q_shape is None or len(q_shape) < 2 or math.prod(q_shape) == 0:
         return []
+    # the GEMM's packing is not worth it for a few queries (a decode step's one: 145 us against
+    # 17 batched)
+    many = q_shape[-2] >= GEMM_MIN_QUERIES
     masked = len(shapes) > 3 and shapes[3] is not None
     if masked:
-        return [attention_jit]
-    # the GEMM's packing per head is not worth it for a few queries (a decode step's one: 145 us
-    # against 17 batched)
-    many = q_shape[-2] >= GEMM_MIN_QUERIES
-    return [attention_jit, attention_jit_per_head, *([attention_gemm_per_head] if many else [])]
+        return [attention_jit, *([attention_gemm_heads] if many else [])]
+    gemms = [attention_gemm_per_head, attention_gemm_heads] if many else []
+    return [attention_jit, attention_jit_per_head, *gemms]
 
 
 GEMM_MIN_QUERIES = 16

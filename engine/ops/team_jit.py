@@ -1,4 +1,4 @@
-"""A second thread that spins between kernels and takes a share of each conv GEMM (numba).
+"""A second thread that spins between kernels and takes a share of each GEMM and softmax (numba).
 
 Why: numba's pool and OpenBLAS's threads sleep between calls, and waking one takes 30-75 us on
 the 2-core hosts, while a MobileNetV2 conv takes 50-500 us: a 2-thread session ran no faster
@@ -20,6 +20,7 @@ succeeded, while the job is still unfinished (so not yet overwritten).  Nothing 
 worker that has not started: the caller claims too and, alone, takes every item; it then waits
 only for items the worker claimed.  Each chunk is the serial kernel's own body over a range of
 items (``_items16``, ``_gemm_items``), so results are the serial kernel's, bit for bit.
+Attention's row softmax (attention_jit.py) is shared the same way, by rows.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ from engine.ops.atomic_jit import (
     wake,
     yield_core,
 )
+from engine.ops.attention_jit import _softmax_rows
 from engine.ops.conv.gemm8_jit import _ITEMS, _items16
 from engine.ops.conv.gemm_jit import _gemm_items
-from engine.team import GEMM8
+from engine.team import GEMM8, SOFTMAX
 
 # int64 slots of ``state``, each on its own cache line: the last job's tag (the caller's), the
 # claim word, items done, whether a run is on (the worker spins) and the worker's exit flag
@@ -70,10 +72,15 @@ def _int(table, i):  # noqa: ANN001, ANN202
 
 @jit.njit([types.void(_TABLE, _FLOATS, _I64, _I64)])
 def _run(table, floats, first, last):  # noqa: ANN001, ANN202
-    """Items [first, last) of the GEMM the table describes: x, packed, out, bias, residual;
-    rows, depth, m, the residual's row stride, rows per block; gemm8_jit's kernel or (GEMM32)
-    gemm_jit's, which take the same arguments."""
+    """Items [first, last) of the job the table describes: a GEMM (x, packed, out, bias,
+    residual; rows, depth, m, the residual's row stride, rows per block: gemm8_jit's kernel or,
+    GEMM32, gemm_jit's, which take the same arguments), or SOFTMAX's rows (rows; their length,
+    count; the scale)."""
     f32 = np.float32
+    if table[FLAGS, 1] == SOFTMAX:
+        rows = array_at(table, 0, f32).reshape((_int(table, 1), _int(table, 0)))
+        _softmax_rows(rows, floats[0], first, last)
+        return
     flags = table[FLAGS, 0]
     x, packed, out = array_at(table, 0, f32), array_at(table, 1, f32), array_at(table, 2, f32)
     bias, res = array_at(table, 3, f32), array_at(table, 4, f32)
@@ -169,4 +176,15 @@ def gemm_shared(state, table, floats, kind, x, packed, out, bias, res, has_res, 
     table[INTS + 1, 0], table[INTS + 1, 1] = m, rstride
     table[INTS + 2, 0] = block_rows
     floats[0], floats[1] = lo, hi
+    _share(state, table, floats, last)
+
+
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS, jit.array(types.float32, 2, "C"), types.float32, _I64, _I64)])
+def softmax_shared(state, table, floats, rows, scale, first, last):  # noqa: ANN001, ANN202
+    """attention_jit's row softmax over rows [first, last) with the worker taking a share;
+    first must be 0."""
+    table[0, 0], table[0, 1] = rows.ctypes.data, rows.size
+    table[FLAGS, 0], table[FLAGS, 1] = 0, SOFTMAX
+    table[INTS, 0], table[INTS, 1] = rows.shape[1], rows.shape[0]
+    floats[0] = scale
     _share(state, table, floats, last)

@@ -87,6 +87,19 @@ def test_a_shared_gemm_is_the_serial_kernel_bit_for_bit(kind, rows, depth, m, re
     assert np.array_equal(arrays[2], want)
 
 
+def test_a_shared_softmax_is_the_serial_kernel_bit_for_bit():
+    """Attention's row softmax is a team job too (by rows): the serial kernel's results."""
+    attention_jit = jit.module("engine.ops.attention_jit")
+    rows = np.random.default_rng(4).standard_normal((3 * 197, 197)).astype(np.float32) * 8
+    want = attention_jit.softmax_rows_into(rows.copy(), 1.0)
+    shared = team.shared()
+    tag = shared._state[shared._kernels.TAG]
+    with shared.running(), jit.thread_limit(2):
+        got = attention_jit.softmax_rows_into(rows.copy(), 1.0)
+    assert shared._state[shared._kernels.TAG] == tag + 1  # one job
+    assert np.array_equal(got, want)
+
+
 def _pointwise_model(seed: int):
     """x -> 1x1 conv (64 -> 96) + Relu -> depthwise 3x3 -> 1x1 conv (96 -> 64) + x -> 1x1 conv: a
     MobileNet block and the next one's first conv (the depthwise conv brings the JIT tier in,

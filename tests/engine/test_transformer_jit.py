@@ -31,6 +31,7 @@ JIT_ATTENTION = (
     attention_jit.attention_jit,
     attention_jit.attention_jit_per_head,
     attention_jit.attention_gemm_per_head,
+    attention_jit.attention_gemm_heads,
 )
 
 
@@ -83,6 +84,7 @@ def test_jit_attention_matches_numpy_and_the_reference(case, k_transposed, natur
     assert (attention_jit.attention_jit_per_head in offered) == (mask is None)
     many = q.shape[-2] >= attention_jit.GEMM_MIN_QUERIES
     assert (attention_jit.attention_gemm_per_head in offered) == (mask is None and many)
+    assert (attention_jit.attention_gemm_heads in offered) == many
     with forced_forms(natural_exp, table_gelu=False):
         numpy_result = fused.fused_attention(inputs, attrs)[0]
         for kernel in JIT_ATTENTION:
@@ -134,11 +136,14 @@ def test_jit_attention_masked_keys_and_a_fully_masked_query():
     mask[2, :3] = -np.inf
     model, feeds = _attention_model(q, k, v, mask, 0.5)
     want = run_reference(model, feeds)[0]
-    got = attention_jit.attention_jit([q, k, v, mask], {"scale": 0.5})[0]
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    masked = (attention_jit.attention_jit, attention_jit.attention_gemm_heads)
+    for kernel in masked:
+        got = kernel([q, k, v, mask], {"scale": 0.5})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=kernel.__name__)
     q[0, 2, 1] = np.nan
-    got = attention_jit.attention_jit([q, k, v], {"scale": 0.5})[0]
-    assert np.all(np.isnan(got[0, 2])) and np.all(np.isfinite(np.delete(got[0], 2, axis=0)))
+    for kernel in masked:
+        got = kernel([q, k, v], {"scale": 0.5})[0]
+        assert np.all(np.isnan(got[0, 2])) and np.all(np.isfinite(np.delete(got[0], 2, axis=0)))
 
 
 def test_jit_attention_writes_the_head_merged_view_and_falls_back_for_float16():

@@ -160,14 +160,15 @@ def pack_panels(wt: np.ndarray) -> np.ndarray:
     """(K, M) weights -> (panels, K + 2, 32) float32: each panel 32 output channels of the
     weights, zero-padded, then a zero row (the micro-kernel's bias: the node's bias is added in
     the tile's epilogue, as a plan may feed a bias that is not a constant), then a row whose
-    first element is M (float32 is exact for any channel count)."""
-    depth, m = wt.shape
+    first element is M (float32 is exact for any channel count).  (S, K, M): each of the S
+    matrices so, stacked (``gemm_batched``'s slots)."""
+    *lead, depth, m = wt.shape
     panels = -(-m // NR)
-    packed = np.zeros((panels, depth + 2, NR), np.float32)
-    padded = np.zeros((depth + 1, panels * NR), np.float32)
-    padded[:depth, :m] = wt
-    packed[:, : depth + 1] = padded.reshape(depth + 1, panels, NR).transpose(1, 0, 2)
-    packed[:, depth + 1, 0] = m
+    packed = np.zeros((*lead, panels, depth + 2, NR), np.float32)
+    padded = np.zeros((*lead, depth + 1, panels * NR), np.float32)
+    padded[..., :depth, :m] = wt
+    packed[..., : depth + 1, :] = np.swapaxes(padded.reshape(*lead, depth + 1, panels, NR), -3, -2)
+    packed[..., depth + 1, 0] = m
     return packed
 
 
