@@ -1,4 +1,4 @@
-"""A second thread that spins between kernels and takes a share of each GEMM and softmax (numba).
+"""A second thread that spins between kernels and takes a share of each one's work (numba).
 
 Why: numba's pool and OpenBLAS's threads sleep between calls, and waking one takes 30-75 us on
 the 2-core hosts, while a MobileNetV2 conv takes 50-500 us: a 2-thread session ran no faster
@@ -9,9 +9,10 @@ Winograd's slot products) is published as a job (its arrays' addresses and sizes
 geometry in ``table``), and the caller and the worker claim its work items (blocks x panels) in
 chunks from a shared counter, so the worker is in the GEMM within a microsecond or two.
 MobileNetV2's 1x1 convs took 0.63-0.74x their one-thread time this way (EPYC, 2026-11-27).
-Its 3x3 depthwise convs were shared the same way by output rows, and lost (14x14: 99 against
-61 us): memory-bound, they read their input from the caller's core's cache, where the previous
-conv left it.  They stay on one thread.
+Its 3x3 depthwise convs are shared by output rows (``DEPTHWISE``).  Alone in a microbenchmark,
+their input in the caller's core's cache, that lost (14x14: 99 against 61 us); in the model
+the worker has written part of that input (the 1x1 conv before), and on the caller alone they
+ran 1.36x their 1-thread plan's time: shared, 0.60x (Zen 4, 2026-11-27 night).
 
 The counter ``state[NEXT]`` holds the job's tag, its item count and the next item in one int64,
 and a claim is a compare-and-swap on the whole word: a worker late from an earlier job can
@@ -41,18 +42,20 @@ from engine.ops.atomic_jit import (
     yield_core,
 )
 from engine.ops.attention_jit import _softmax_rows
+from engine.ops.conv.depthwise_vec_jit import _ROWS
+from engine.ops.conv.depthwise_vec_jit import _rows as _depthwise_rows
 from engine.ops.conv.gemm8_jit import _ITEMS, _items16
 from engine.ops.conv.gemm_jit import _gemm_items
-from engine.team import GEMM8, SOFTMAX
+from engine.team import DEPTHWISE, GEMM8, SOFTMAX
 
 # int64 slots of ``state``, each on its own cache line: the last job's tag (the caller's), the
 # claim word, items done, whether a run is on (the worker spins) and the worker's exit flag
 TAG, NEXT, DONE, RUN, STOP = 0, 8, 16, 24, 32
 STATE_SLOTS = 40
-# the job table: rows 0-4 (address, size) of the GEMM's arrays, row FLAGS (flags, which GEMM:
-# team.GEMM8 or GEMM32), then its integer arguments two a row from row INTS
-FLAGS, INTS = 5, 6
-TABLE_ROWS = 9
+# the job table: rows 0-5 (address, size) of the job's arrays, row FLAGS (flags, the job's kind:
+# team.GEMM8, GEMM32, SOFTMAX or DEPTHWISE), then its integer arguments two a row from row INTS
+FLAGS, INTS = 6, 7
+TABLE_ROWS = 12
 _BITS = 20  # items and item counts: up to 2^20 (a job's blocks x panels)
 _MASK = (1 << _BITS) - 1
 _TAGS = (1 << 22) - 1  # job tags wrap: a worker would have to stall through 4 M jobs to mistake one
@@ -82,6 +85,15 @@ def _run(table, floats, first, last):  # noqa: ANN001, ANN202
         _softmax_rows(rows, floats[0], first, last)
         return
     flags = table[FLAGS, 0]
+    if table[FLAGS, 1] == DEPTHWISE:
+        _depthwise_rows(
+            array_at(table, 0, f32), array_at(table, 1, f32), array_at(table, 2, f32),
+            array_at(table, 3, f32), array_at(table, 4, f32), array_at(table, 5, f32),
+            (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1],
+            _int(table, 0), _int(table, 1), _int(table, 2), _int(table, 3), _int(table, 4),
+            _int(table, 5), _int(table, 6), _int(table, 7), _int(table, 8), first, last,
+        )  # fmt: skip
+        return
     x, packed, out = array_at(table, 0, f32), array_at(table, 1, f32), array_at(table, 2, f32)
     bias, res = array_at(table, 3, f32), array_at(table, 4, f32)
     has_res, has_clip, lo, hi = (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1]
@@ -187,4 +199,24 @@ def softmax_shared(state, table, floats, rows, scale, first, last):  # noqa: ANN
     table[FLAGS, 0], table[FLAGS, 1] = 0, SOFTMAX
     table[INTS, 0], table[INTS, 1] = rows.shape[1], rows.shape[0]
     floats[0] = scale
+    _share(state, table, floats, last)
+
+
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS, *_ROWS.args)])
+def depthwise_shared(state, table, floats, x, w, bias, out, res, zero, has_res, has_clip, lo, hi, height,
+                     width, channels, ho, wo, sh, sw, pt, pl, first, last):  # noqa: ANN001, ANN202  # fmt: skip
+    """depthwise_vec_jit's output rows [first, last) with the worker taking a share; first 0."""
+    table[0, 0], table[0, 1] = x.ctypes.data, x.size
+    table[1, 0], table[1, 1] = w.ctypes.data, w.size
+    table[2, 0], table[2, 1] = bias.ctypes.data, bias.size
+    table[3, 0], table[3, 1] = out.ctypes.data, out.size
+    table[4, 0], table[4, 1] = res.ctypes.data, res.size
+    table[5, 0], table[5, 1] = zero.ctypes.data, zero.size
+    table[FLAGS, 0], table[FLAGS, 1] = (1 if has_res else 0) | (2 if has_clip else 0), DEPTHWISE
+    table[INTS, 0], table[INTS, 1] = height, width
+    table[INTS + 1, 0], table[INTS + 1, 1] = channels, ho
+    table[INTS + 2, 0], table[INTS + 2, 1] = wo, sh
+    table[INTS + 3, 0], table[INTS + 3, 1] = sw, pt
+    table[INTS + 4, 0] = pl
+    floats[0], floats[1] = lo, hi
     _share(state, table, floats, last)

@@ -100,6 +100,28 @@ def test_a_shared_softmax_is_the_serial_kernel_bit_for_bit():
     assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_shared_depthwise_conv_is_the_serial_kernel_bit_for_bit(stride):
+    """A 3x3 depthwise conv is a team job by output rows (with its residual and Clip): the
+    serial kernel's results, in one job."""
+    vec = jit.module("engine.ops.conv.depthwise_vec_jit")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 48, 53, 41)).astype(np.float32)  # past team.MIN_MACS at stride 2
+    w = rng.standard_normal((48, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(48).astype(np.float32)
+    attrs = {"group": 48, "kernel_shape": [3, 3], "pads": [1, 0, 1, 2], "strides": [stride, stride]}
+    attrs |= {"activation": "Clip", "activation_attrs": {"min": -1.0, "max": 2.0}}
+    want = vec.conv_depthwise_jit_vec([x, w, b], attrs)[0]
+    residual = rng.standard_normal(want.shape).astype(np.float32)
+    want = vec.conv_depthwise_jit_vec([x, w, b, residual], attrs)[0]
+    shared = team.shared()
+    tag = shared._state[shared._kernels.TAG]
+    with shared.running(), jit.pool_closed(), jit.thread_limit(2):
+        got = vec.conv_depthwise_jit_vec([x, w, b, residual], attrs)[0]
+    assert shared._state[shared._kernels.TAG] == tag + 1
+    assert np.array_equal(got, want)
+
+
 def _pointwise_model(seed: int):
     """x -> 1x1 conv (64 -> 96) + Relu -> depthwise 3x3 -> 1x1 conv (96 -> 64) + x -> 1x1 conv: a
     MobileNet block and the next one's first conv (the depthwise conv brings the JIT tier in,
