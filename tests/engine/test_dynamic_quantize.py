@@ -69,7 +69,9 @@ def test_edge_values_match_the_onnx_reference(name):
     hnp.arrays(
         np.float32,
         hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=9),
-        elements=st.floats(-1e4, 1e4, width=32, allow_nan=False, allow_infinity=False),
+        # no subnormals: a range of a few of them makes the float32 scale 0, and the zero point
+        # -low / 0 a NaN, whose cast to uint8 onnx.reference leaves to the platform
+        elements=st.floats(-1e4, 1e4, width=32, allow_nan=False, allow_infinity=False, allow_subnormal=False),
     )
 )
 def test_dynamic_quantize_linear_matches_the_onnx_reference(x):
