@@ -45,6 +45,8 @@ POOL_MIN_MACS = 2_000_000
 CONVS, PRODUCTS = ("Conv", "FusedConv"), ("MatMul", "FusedMatMul")
 MIN_SHARED = 4  # shared products (``shares``) that make a run the team's (``wanted``)
 MIN_ROWS = 48  # a product's rows from which its GEMM is shared (fewer: a decode step's GEMVs)
+# the JIT modules whose kernels share convs' and products' GEMMs with the team
+CONV_KERNELS, PRODUCT_KERNELS = "engine.ops.conv.gemm8_jit", "engine.ops.matmul_jit"
 
 
 class Team:
@@ -137,33 +139,39 @@ def active() -> Team | None:
 def wanted(threads: int, steps: Iterable[Any], record: Any) -> bool:
     """Whether a run on ``threads`` of ``steps``, as their first run recorded them (a
     planner.Record, or None), goes to the team: one with MIN_SHARED or more products the team
-    shares (``shares``), where the JIT tier has loaded the GEMM it shares.  The rest of a run's
-    BLAS work runs on one thread under the team, so a decode step (GEMVs only) keeps OpenBLAS's
-    threads: its 2-thread runs took 1.1x longer with the team."""
-    if record is None or threads < 2 or not jit.enabled() or "engine.ops.conv.gemm8_jit" not in sys.modules:
+    shares (``shares``).  The rest of a run's BLAS work runs on one thread under the team, so a
+    decode step (GEMVs only) keeps OpenBLAS's threads: its 2-thread runs took 1.1x longer with
+    the team."""
+    if record is None or threads < 2 or not jit.enabled():
         return False
     return sum(1 for step in steps if shares(step, record.info, record.static)) >= MIN_SHARED
 
 
 def shares(step: Any, info: Mapping[str, Any], fixed: Container[str]) -> bool:
-    """Whether ``step``'s product is a GEMM the team shares: a conv's, or a matrix product by
-    fixed 2-D weights over MIN_ROWS rows or more (matmul_jit's: BERT's 2-thread runs took 0.7x
-    the time they took on OpenBLAS's two threads, ViT-Tiny's 0.9x).  ``info``: the values'
-    recorded shapes (``.shape``); ``fixed``: the values known for the plan."""
+    """Whether ``step``'s product is a GEMM the team shares, its JIT kernels loaded: a conv's, or
+    a matrix product by fixed 2-D weights over MIN_ROWS rows or more (matmul_jit's: BERT's
+    2-thread runs took 0.7-0.8x their time on OpenBLAS's two threads, ViT-Tiny's 0.9-0.95x).
+    ``info``: the values' recorded shapes (``.shape``); ``fixed``: the values known for the plan."""
     if step.op in CONVS:
-        return True
+        return CONV_KERNELS in sys.modules
     if step.op not in PRODUCTS or len(step.inputs) < 2 or step.inputs[1] not in fixed:
         return False
     a, w = info.get(step.inputs[0]), info.get(step.inputs[1])
-    if a is None or w is None:
+    if a is None or w is None or PRODUCT_KERNELS not in sys.modules:
         return False
     return len(a.shape) >= 2 and len(w.shape) == 2 and math.prod(a.shape[:-1]) >= MIN_ROWS
 
 
 def possible(threads: int, steps: Iterable[Any]) -> bool:
     """Whether any run of ``steps`` on ``threads`` could go to the team (``wanted``), before
-    shapes are known: a session then loads the team's kernels with its own."""
-    return threads > 1 and jit.enabled() and any(step.op in CONVS + PRODUCTS for step in steps)
+    shapes are known, with the JIT modules loaded so far: a session then loads the team's
+    kernels with its own (not where it loads no JIT kernels at all: a decode step's numpy-only
+    session stays without numba's ~120 MB)."""
+    if threads < 2 or not jit.enabled():
+        return False
+    return any(step.op in CONVS and CONV_KERNELS in sys.modules for step in steps) or any(
+        step.op in PRODUCTS and PRODUCT_KERNELS in sys.modules for step in steps
+    )
 
 
 def prepare() -> None:

@@ -295,6 +295,8 @@ def test_a_run_is_the_teams_with_four_shared_products():
     computed in the run (attention's), or over fewer rows (a decode step), is not."""
     from types import SimpleNamespace  # noqa: PLC0415
 
+    jit.module("engine.ops.matmul_jit")  # the products' GEMM kernels, as a transformer loads them
+
     def step(op: str, *inputs: str) -> SimpleNamespace:
         return SimpleNamespace(op=op, inputs=list(inputs))
 
