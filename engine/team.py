@@ -43,6 +43,8 @@ MIN_MACS = 1 << 18
 # 2-core host far more (MobileNetV2's 7x7 layers took twice their one-thread time on two)
 POOL_MIN_MACS = 2_000_000
 CONVS, PRODUCTS = ("Conv", "FusedConv"), ("MatMul", "FusedMatMul")
+ITEM_BITS = 20  # a job's items are counted in 20 bits of team_jit's claim word
+MAX_ITEMS = 1 << ITEM_BITS
 MIN_SHARED = 4  # shared products (``shares``) that make a run the team's (``wanted``)
 MIN_ROWS = 48  # a product's rows from which its GEMM is shared (fewer: a decode step's GEMVs)
 # the JIT modules whose kernels share convs' and products' GEMMs with the team
@@ -117,9 +119,9 @@ def run(kind: int, serial: Any, parallel: Any, *args: Any) -> None:
     """A job's work items (``serial``'s arguments) on several threads: shared with the team's
     worker during a team run, else on numba's pool (``jit.run``)."""
     running = active()
-    if running is not None:
+    if running is not None and args[-1] < MAX_ITEMS:
         running.share(kind, *args)
-    else:
+    else:  # (under the team numba's pool is closed: serial)
         jit.run(serial, parallel, *args)
 
 

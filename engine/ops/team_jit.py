@@ -46,7 +46,7 @@ from engine.ops.conv.depthwise_vec_jit import _ROWS
 from engine.ops.conv.depthwise_vec_jit import _rows as _depthwise_rows
 from engine.ops.conv.gemm8_jit import _ITEMS, _items16
 from engine.ops.conv.gemm_jit import _gemm_items
-from engine.team import DEPTHWISE, GEMM8, SOFTMAX
+from engine.team import DEPTHWISE, GEMM8, ITEM_BITS, SOFTMAX
 
 # int64 slots of ``state``, each on its own cache line: the last job's tag (the caller's), the
 # claim word, items done, whether a run is on (the worker spins) and the worker's exit flag
@@ -56,7 +56,7 @@ STATE_SLOTS = 40
 # team.GEMM8, GEMM32, SOFTMAX or DEPTHWISE), then its integer arguments two a row from row INTS
 FLAGS, INTS = 6, 7
 TABLE_ROWS = 12
-_BITS = 20  # items and item counts: up to 2^20 (a job's blocks x panels)
+_BITS = ITEM_BITS  # items and item counts: below 2^20 (team.run shares no larger job)
 _MASK = (1 << _BITS) - 1
 _TAGS = (1 << 22) - 1  # job tags wrap: a worker would have to stall through 4 M jobs to mistake one
 SPINS = 256  # pauses between two yields of an idle worker's core

@@ -122,6 +122,19 @@ def test_a_shared_depthwise_conv_is_the_serial_kernel_bit_for_bit(stride):
     assert np.array_equal(got, want)
 
 
+def test_a_job_too_large_for_the_claim_word_runs_serially():
+    """A job's items are counted in team.ITEM_BITS bits: a larger one runs on the caller alone."""
+    attention_jit = jit.module("engine.ops.attention_jit")
+    rows = np.random.default_rng(5).standard_normal((team.MAX_ITEMS, 2)).astype(np.float32)
+    want = attention_jit.softmax_rows_into(rows.copy(), 1.0)
+    shared = team.shared()
+    tag = shared._state[shared._kernels.TAG]
+    with shared.running(), jit.pool_closed(), jit.thread_limit(2):
+        got = attention_jit.softmax_rows_into(rows.copy(), 1.0)
+    assert shared._state[shared._kernels.TAG] == tag
+    assert np.array_equal(got, want)
+
+
 def _pointwise_model(seed: int):
     """x -> 1x1 conv (64 -> 96) + Relu -> depthwise 3x3 -> 1x1 conv (96 -> 64) + x -> 1x1 conv: a
     MobileNet block and the next one's first conv (the depthwise conv brings the JIT tier in,
