@@ -109,7 +109,7 @@ def attention_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
         return fused_attention(inputs, attrs)
     scores = np.matmul(q, np.swapaxes(keys, -1, -2))  # [..., S, T], fresh and C-contiguous
     if mask is not None:
-        if np.broadcast_shapes(scores.shape, mask.shape) != scores.shape or mask.dtype != np.float32:
+        if not _adds_to(mask, scores.shape):
             return fused_attention(inputs, attrs)
         scores += mask
     # q carries log2(e) already (base 2) unless a mask keeps the scores in natural units

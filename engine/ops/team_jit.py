@@ -85,18 +85,18 @@ def _run(table, floats, first, last):  # noqa: ANN001, ANN202
         _softmax_rows(rows, floats[0], first, last)
         return
     flags = table[FLAGS, 0]
+    has_res, has_clip, lo, hi = (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1]
     if table[FLAGS, 1] == DEPTHWISE:
         _depthwise_rows(
             array_at(table, 0, f32), array_at(table, 1, f32), array_at(table, 2, f32),
             array_at(table, 3, f32), array_at(table, 4, f32), array_at(table, 5, f32),
-            (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1],
+            has_res, has_clip, lo, hi,
             _int(table, 0), _int(table, 1), _int(table, 2), _int(table, 3), _int(table, 4),
             _int(table, 5), _int(table, 6), _int(table, 7), _int(table, 8), first, last,
         )  # fmt: skip
         return
     x, packed, out = array_at(table, 0, f32), array_at(table, 1, f32), array_at(table, 2, f32)
     bias, res = array_at(table, 3, f32), array_at(table, 4, f32)
-    has_res, has_clip, lo, hi = (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1]
     rows, depth, m, rstride, block = (
         _int(table, 0),
         _int(table, 1),

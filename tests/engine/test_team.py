@@ -74,17 +74,32 @@ def test_a_shared_gemm_is_the_serial_kernel_bit_for_bit(kind, rows, depth, m, re
     want = arrays[2].copy()
     serial(*arrays[:2], want, *arrays[3:], *geometry)
     shared = team.shared()
-    tag = shared._state[shared._kernels.TAG]
+    before = _jobs()
     with shared.running() as running:
         assert running
         for _ in range(20):  # many jobs: the worker joins some, at whatever point it gets there
             arrays[2][:] = np.nan
             shared.share(kind, *arrays, *geometry)
             assert np.array_equal(arrays[2], want)
-    assert shared._state[shared._kernels.TAG] == tag + 20
+    assert _jobs() - before == 20
     arrays[2][:] = np.nan  # no run: the worker sleeps, and the caller takes every item alone
     shared.share(kind, *arrays, *geometry)
     assert np.array_equal(arrays[2], want)
+
+
+def _jobs() -> int:
+    """The jobs the process's team has opened so far (its tag counts them)."""
+    shared = team.shared()
+    return int(shared._state[shared._kernels.TAG])
+
+
+def _in_a_team_run(call):  # noqa: ANN001, ANN202
+    """``call()`` as a 2-thread session's team run makes it (the worker spinning, numba's pool
+    closed): its result and the jobs it opened."""
+    before = _jobs()
+    with team.shared().running(), jit.pool_closed(), jit.thread_limit(2):
+        result = call()
+    return result, _jobs() - before
 
 
 def test_a_shared_softmax_is_the_serial_kernel_bit_for_bit():
@@ -92,11 +107,8 @@ def test_a_shared_softmax_is_the_serial_kernel_bit_for_bit():
     attention_jit = jit.module("engine.ops.attention_jit")
     rows = np.random.default_rng(4).standard_normal((3 * 197, 197)).astype(np.float32) * 8
     want = attention_jit.softmax_rows_into(rows.copy(), 1.0)
-    shared = team.shared()
-    tag = shared._state[shared._kernels.TAG]
-    with shared.running(), jit.thread_limit(2):
-        got = attention_jit.softmax_rows_into(rows.copy(), 1.0)
-    assert shared._state[shared._kernels.TAG] == tag + 1  # one job
+    got, jobs = _in_a_team_run(lambda: attention_jit.softmax_rows_into(rows.copy(), 1.0))
+    assert jobs == 1
     assert np.array_equal(got, want)
 
 
@@ -114,11 +126,8 @@ def test_a_shared_depthwise_conv_is_the_serial_kernel_bit_for_bit(stride):
     want = vec.conv_depthwise_jit_vec([x, w, b], attrs)[0]
     residual = rng.standard_normal(want.shape).astype(np.float32)
     want = vec.conv_depthwise_jit_vec([x, w, b, residual], attrs)[0]
-    shared = team.shared()
-    tag = shared._state[shared._kernels.TAG]
-    with shared.running(), jit.pool_closed(), jit.thread_limit(2):
-        got = vec.conv_depthwise_jit_vec([x, w, b, residual], attrs)[0]
-    assert shared._state[shared._kernels.TAG] == tag + 1
+    got, jobs = _in_a_team_run(lambda: vec.conv_depthwise_jit_vec([x, w, b, residual], attrs)[0])
+    assert jobs == 1
     assert np.array_equal(got, want)
 
 
@@ -127,11 +136,8 @@ def test_a_job_too_large_for_the_claim_word_runs_serially():
     attention_jit = jit.module("engine.ops.attention_jit")
     rows = np.random.default_rng(5).standard_normal((team.MAX_ITEMS, 2)).astype(np.float32)
     want = attention_jit.softmax_rows_into(rows.copy(), 1.0)
-    shared = team.shared()
-    tag = shared._state[shared._kernels.TAG]
-    with shared.running(), jit.pool_closed(), jit.thread_limit(2):
-        got = attention_jit.softmax_rows_into(rows.copy(), 1.0)
-    assert shared._state[shared._kernels.TAG] == tag
+    got, jobs = _in_a_team_run(lambda: attention_jit.softmax_rows_into(rows.copy(), 1.0))
+    assert jobs == 0
     assert np.array_equal(got, want)
 
 
@@ -186,14 +192,13 @@ def test_a_two_thread_session_runs_its_conv_gemms_with_the_team(tmp_path, team_k
     one = Session(package, threads=1)
     want = [one.run(feeds)["y"].copy() for _ in range(3)][-1]  # the planned run's
     session = Session(package, threads=2)
-    shared = team.shared()
-    tag = shared._state[shared._kernels.TAG]
+    before = _jobs()
     for _ in range(2 + 2 * pt.FIRST_SAMPLES + 2):  # record, plan, then both thread counts sampled
         # the first run (recorded, before any plan) is on numpy's kernels: the same to rounding
         np.testing.assert_allclose(session.run(feeds)["y"], want, rtol=1e-5, atol=1e-5)
     (choice,) = session._thread_choices.values()
     assert len(choice.times[2]) >= pt.FIRST_SAMPLES
-    assert shared._state[shared._kernels.TAG] >= tag + 3 * pt.FIRST_SAMPLES  # three GEMMs a run
+    assert _jobs() - before >= 3 * pt.FIRST_SAMPLES  # three GEMMs a run
     assert [plan.team for plan in session._plans._plans.values()] == [True]
 
 
@@ -237,12 +242,11 @@ def test_a_transformers_products_share_with_the_team_and_a_decode_steps_do_not(
     package = write_model_package(model, tmp_path / "products.ferry", feeds)
     want = [Session(package, threads=1).run(feeds)["y"] for _ in range(3)][-1]
     session = Session(package, threads=2)
-    shared = team.shared()
-    tag = shared._state[shared._kernels.TAG]
+    before = _jobs()
     for _ in range(2 + 2 * pt.FIRST_SAMPLES + 2):
         np.testing.assert_allclose(session.run(feeds)["y"], want, rtol=1e-5, atol=1e-5)
     assert [plan.team for plan in session._plans._plans.values()] == [with_team]
-    jobs = shared._state[shared._kernels.TAG] - tag
+    jobs = _jobs() - before
     assert jobs >= 4 * pt.FIRST_SAMPLES if with_team else jobs == 0
 
 
