@@ -10,7 +10,8 @@ from engine.errors import (
 )
 from engine.ops import supported_operators
 from engine.program import unsupported_nodes
-from engine.session import NodeTiming, SelfTestResult, Session, TensorSpec
+from engine.session import NodeTiming, SelfTestResult, Session
+from engine.tensor_specs import TensorSpec
 
 __all__ = [
     "EngineError",

@@ -49,7 +49,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.conv.pointwise_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.im2col_jit": ("Conv", "FusedConv"),
     # the conv GEMM; rides along where a UNet's norms bring numba in (its convs are ungrouped)
-    "engine.ops.conv.gemm_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
+    "engine.ops.conv.gemm_conv_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.conv.winograd_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.rows_jit": ("FusedMatMul", "Gelu", "FusedGeglu", "LayerNormalization"),
     # projections with fixed weights on the conv GEMM; rides along with a UNet's norms too

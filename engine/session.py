@@ -18,7 +18,7 @@ from threadpoolctl import ThreadpoolController
 from engine import batch_split, debug, planner, selftest, team
 from engine import jit as jit_tier
 from engine.allocator import tune_malloc
-from engine.errors import EngineError, InputError, NodeExecutionError, PackageError
+from engine.errors import EngineError, NodeExecutionError, PackageError
 from engine.format import read_package, release_pages
 from engine.jit_needs import jit_ops, jit_unused
 from engine.ops.registry import kernel_name
@@ -27,6 +27,7 @@ from engine.plan_threads import ThreadChoice
 from engine.planner import PlannedStep, Record, Recorder
 from engine.program import Program, Step, compile_program
 from engine.search import KernelSearch
+from engine.tensor_specs import check_feeds, read_specs
 
 _controller: ThreadpoolController | None = None
 
@@ -37,15 +38,6 @@ def _threadpools() -> ThreadpoolController:
     if _controller is None:
         _controller = ThreadpoolController()
     return _controller
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A model input or output: numpy dtype name, and dims as ints or symbolic names."""
-
-    name: str
-    dtype: str
-    shape: list[int | str] | None
 
 
 @dataclass(frozen=True)
@@ -97,8 +89,8 @@ class Session:
         self.threads = threads
         try:
             package = read_package(self.path, verify=verify)
-            self.inputs = _specs(package.manifest.get("inputs"), "inputs", self.path)
-            self.outputs = _specs(package.manifest.get("outputs"), "outputs", self.path)
+            self.inputs = read_specs(package.manifest.get("inputs"), "inputs", self.path)
+            self.outputs = read_specs(package.manifest.get("outputs"), "outputs", self.path)
             self._program = compile_program(package.graph, package.tensors, str(self.path))
         except EngineError:
             raise
@@ -456,22 +448,7 @@ class Session:
     # -- validation -----------------------------------------------------------------------------
 
     def _check_feeds(self, feeds: Mapping[str, np.ndarray]) -> Signature:
-        if not isinstance(feeds, Mapping):
-            raise InputError(f"feeds must be a dict of input name -> numpy array, got {type(feeds).__name__}")
-        expected = [spec.name for spec in self.inputs]
-        problems = [
-            f"unknown input {name!r} (the model's inputs are {expected})"
-            for name in feeds
-            if name not in expected
-        ]
-        problems += [f"missing input {name!r}" for name in expected if name not in feeds]
-        bindings: dict[str, tuple[int, str]] = {}
-        for spec in self.inputs:
-            if spec.name in feeds:
-                problems += _check_one(spec, feeds[spec.name], bindings)
-        if problems:
-            raise InputError("; ".join(problems))
-        return tuple((spec.name, tuple(np.shape(feeds[spec.name]))) for spec in self.inputs)
+        return check_feeds(self.inputs, feeds)
 
     def _check_specs_match_graph(self) -> None:
         names = [spec.name for spec in self.inputs]
@@ -496,48 +473,6 @@ def _digest(manifest: dict[str, Any], graph: dict[str, Any]) -> str:
         if entry.get("path") == manifest.get("graph", "graph.json") and entry.get("sha256"):
             return str(entry["sha256"])
     return hashlib.sha256(json.dumps(graph, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _specs(raw: Any, key: str, path: Path) -> list[TensorSpec]:
-    if not isinstance(raw, list):
-        raise PackageError(f"{path}: manifest has no {key} list")
-    specs = []
-    for item in raw:
-        np.dtype(item["dtype"])  # an unknown dtype fails here, at load
-        shape = item.get("shape")
-        specs.append(TensorSpec(item["name"], item["dtype"], list(shape) if shape is not None else None))
-    return specs
-
-
-def _check_one(spec: TensorSpec, value: Any, bindings: dict[str, tuple[int, str]]) -> list[str]:
-    """What is wrong with one feed (empty if nothing); symbolic dims must agree across inputs."""
-    if not isinstance(value, np.ndarray | np.generic):
-        return [f"input {spec.name!r} must be a numpy.ndarray, got {type(value).__name__}"]
-    problems = []
-    if value.dtype != np.dtype(spec.dtype):
-        problems.append(f"input {spec.name!r} has dtype {value.dtype.name}, expected {spec.dtype}")
-    if spec.shape is None:
-        return problems
-    if value.ndim != len(spec.shape):
-        problems.append(
-            f"input {spec.name!r} has shape {tuple(value.shape)} (rank {value.ndim}), "
-            f"expected rank {len(spec.shape)}: {spec.shape}"
-        )
-        return problems
-    for axis, (got, want) in enumerate(zip(value.shape, spec.shape, strict=True)):
-        if isinstance(want, int) and got != want:
-            problems.append(
-                f"input {spec.name!r} has shape {tuple(value.shape)}, expected {spec.shape} "
-                f"(dim {axis} must be {want})"
-            )
-        elif isinstance(want, str):
-            seen = bindings.setdefault(want, (got, spec.name))
-            if seen[0] != got:
-                problems.append(
-                    f"input {spec.name!r} dim {axis} ({want!r}) is {got}, but input {seen[1]!r} set {want!r} "
-                    f"to {seen[0]}"
-                )
-    return problems
 
 
 def _execute_plan(

@@ -28,7 +28,7 @@ from tests.engine.test_conv_jit_chain import (  # noqa: E402
 if not jit.enabled():
     pytest.skip("the JIT tier is turned off (FERRY_JIT=0)", allow_module_level=True)
 
-jit.module("engine.ops.conv.gemm_jit")
+jit.module("engine.ops.conv.gemm_conv_jit")
 from engine.ops.conv import gemm8_jit  # noqa: E402
 
 SETTINGS = settings(max_examples=40, deadline=None)

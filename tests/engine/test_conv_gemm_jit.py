@@ -1,7 +1,8 @@
 """Hypothesis: the register-tiled JIT GEMM (engine/ops/conv/gemm_jit.py) against numpy, and the
-Conv kernels on it (1x1, and channels-last im2col for any kernel size) against the numpy kernels
-and onnx's ReferenceEvaluator: shapes across the 6 x 32 tile edges, strides, pads, dilations,
-layouts, packed and unpacked weights, bias, residual and Relu / Clip, one and two threads.
+Conv kernels on it (gemm_conv_jit.py: 1x1, and channels-last im2col for any kernel size) against
+the numpy kernels and onnx's ReferenceEvaluator: shapes across the 6 x 32 tile edges, strides,
+pads, dilations, layouts, packed and unpacked weights, bias, residual and Relu / Clip, one and two
+threads.
 Skipped as a whole without numba or with FERRY_JIT=0."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ if not jit.enabled():
     pytest.skip("the JIT tier is turned off (FERRY_JIT=0)", allow_module_level=True)
 
 gemm_jit = jit.module("engine.ops.conv.gemm_jit")
+gemm_conv_jit = jit.module("engine.ops.conv.gemm_conv_jit")
 from engine.ops.conv import gemm8_jit  # noqa: E402 - loaded with gemm_jit (its 8-lane twin)
 
 winograd_jit = jit.module("engine.ops.conv.winograd_jit")
@@ -139,8 +141,8 @@ def test_1x1_gemm_matches_numpy_and_the_reference(case, activation, layout, resi
     laid = [laid_out(x, layout), w, b]
     if residual is not None:
         laid.append(laid_out(residual, residual_layout))
-    kernel = fused.with_activation(gemm_jit.conv_1x1_gemm)
-    for weights in (w, gemm_jit.pack_pointwise(w)):
+    kernel = fused.with_activation(gemm_conv_jit.conv_1x1_gemm)
+    for weights in (w, gemm_conv_jit.pack_pointwise(w)):
         for threads in (1, 2):
             with jit.thread_limit(threads):
                 got = kernel([laid[0], weights, *laid[2:]], attrs)[0]
@@ -181,7 +183,7 @@ def test_im2col_gemm_matches_numpy_and_the_reference(case, activation, layout, p
     want = _fused_expected(inputs, attrs, activation)
     numpy_result = fused.with_activation(conv_im2col)(inputs, attrs)[0]
     inner, pack = {
-        "32": (gemm_jit.conv_im2col_gemm, gemm_jit.pack_columns),
+        "32": (gemm_conv_jit.conv_im2col_gemm, gemm_conv_jit.pack_columns),
         "16": (gemm8_jit.conv_im2col_gemm8, gemm8_jit.pack_columns16),
     }[panels]
     kernel = fused.with_activation(inner)
@@ -209,8 +211,8 @@ def test_gemm_kernels_fall_back_to_numpy(x_shape, w_shape, attrs, dtype):
     attrs = {"kernel_shape": list(w_shape[2:]), **attrs}
     want = conv_im2col([x, w], attrs)[0]
     for kernel in (
-        gemm_jit.conv_1x1_gemm,
-        gemm_jit.conv_im2col_gemm,
+        gemm_conv_jit.conv_1x1_gemm,
+        gemm_conv_jit.conv_im2col_gemm,
         gemm8_jit.conv_1x1_gemm8,
         gemm8_jit.conv_im2col_gemm8,
     ):
@@ -224,12 +226,12 @@ def test_packed_weights_for_other_shapes_are_unpacked_for_the_fallback():
     x = rng.standard_normal((1, 4, 6, 6)).astype(np.float64)  # float64: the GEMM does not run it
     w = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
     attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
-    got = gemm_jit.conv_im2col_gemm([x, gemm_jit.pack_columns(w)], attrs)[0]
+    got = gemm_conv_jit.conv_im2col_gemm([x, gemm_conv_jit.pack_columns(w)], attrs)[0]
     np.testing.assert_allclose(got, conv_im2col([x, w], attrs)[0], rtol=1e-5, atol=1e-5)
     got = gemm8_jit.conv_im2col_gemm8([x, gemm8_jit.pack_columns16(w)], attrs)[0]
     np.testing.assert_allclose(got, conv_im2col([x, w], attrs)[0], rtol=1e-5, atol=1e-5)
     one = rng.standard_normal((5, 4, 1, 1)).astype(np.float32)
-    got = gemm_jit.conv_1x1_gemm([x, gemm_jit.pack_pointwise(one)], {"kernel_shape": [1, 1]})[0]
+    got = gemm_conv_jit.conv_1x1_gemm([x, gemm_conv_jit.pack_pointwise(one)], {"kernel_shape": [1, 1]})[0]
     np.testing.assert_allclose(got, conv_1x1([x, one], {})[0], rtol=1e-5, atol=1e-5)
 
 
@@ -307,10 +309,10 @@ def test_1x1_gemm_on_two_threads_matches_one():
     b = rng.standard_normal(96).astype(np.float32)
     residual = laid_out(rng.standard_normal((1, 96, 40, 40)).astype(np.float32), "channels_last")
     attrs = _with_activation({"group": 1, "kernel_shape": [1, 1]}, "Clip")
-    kernel = fused.with_activation(gemm_jit.conv_1x1_gemm)
-    serial = kernel([x, gemm_jit.pack_pointwise(w), b, residual], attrs)[0]
+    kernel = fused.with_activation(gemm_conv_jit.conv_1x1_gemm)
+    serial = kernel([x, gemm_conv_jit.pack_pointwise(w), b, residual], attrs)[0]
     with jit.thread_limit(2):
-        parallel = kernel([x, gemm_jit.pack_pointwise(w), b, residual], attrs)[0]
+        parallel = kernel([x, gemm_conv_jit.pack_pointwise(w), b, residual], attrs)[0]
     np.testing.assert_array_equal(parallel, serial)
     want = fused.with_activation(conv_1x1)(
         [np.ascontiguousarray(x), w, b, np.ascontiguousarray(residual)], attrs

@@ -10,7 +10,7 @@ lies.  Two layouts:
 - ``conv_direct_jit``: NCHW padded copy, K in the weights' own (channel, i, j) order -- for few
   input channels (a stem), where a channels-last copy would be runs of 3 floats;
 - ``conv_direct_jit_hwc``: channels-last padded copy, K tap-major (i, j, channel), the order
-  of gemm_jit.pack_columns.  Not a search candidate: on ResNet18's 3x3 layers it took twice
+  of gemm_conv_jit.pack_columns.  Not a search candidate: on ResNet18's 3x3 layers it took twice
   im2col_gemm's time (whose GEMM reads each tile's inputs as contiguous rows); kept, tested,
   for the next try (blocks of K did not change that).
 
@@ -34,6 +34,7 @@ from numba.extending import intrinsic
 from engine import jit
 from engine.ops import window
 from engine.ops.conv.common import PONG, _clipped_fallback, aligned_empty, fused_bounds, residual_of
+from engine.ops.conv.gemm_conv_jit import pack_columns
 from engine.ops.conv.gemm_jit import (
     LANES,
     MR,
@@ -42,7 +43,6 @@ from engine.ops.conv.gemm_jit import (
     _plain,
     _unpacked,
     address,
-    pack_columns,
     pack_panels,
     packed_shape,
 )
@@ -428,7 +428,7 @@ def conv_direct_jit8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> 
 
 def conv_direct_jit_hwc(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """The same over a channels-last padded copy, K tap-major (many channels); input 1 may be
-    pre-packed by gemm_jit.pack_columns."""
+    pre-packed by gemm_conv_jit.pack_columns."""
     return _direct(inputs, attrs, channels_last=True)
 
 

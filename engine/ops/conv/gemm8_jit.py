@@ -24,13 +24,13 @@ from numba import prange, types
 from engine import jit, team
 from engine.ops.conv.common import NodeMemo, _clipped_fallback, aligned_empty, fused_bounds, residual_of
 from engine.ops.conv.direct import conv_1x1
+from engine.ops.conv.gemm_conv_jit import conv_im2col_gemm
 from engine.ops.conv.gemm_jit import (
     _flat,
     _micro,
     _plain,
     address,
     balanced_block,
-    conv_im2col_gemm,
 )
 from engine.ops.conv.im2col import hwc_ok, pack_im2col_hwc
 from engine.ops.conv.pointwise_jit import _pixels, _strides, pointwise_ok, residual_rows
@@ -306,12 +306,12 @@ conv_1x1_gemm8.pack = lambda inputs, attrs: (  # type: ignore[attr-defined]
 
 def pack_columns16(w: np.ndarray) -> np.ndarray:
     """(M, C, kh, kw) weights -> 16-wide panels of the (kh*kw*C, M) right-hand side, tap-major
-    rows (gemm_jit.pack_columns' order)."""
+    rows (gemm_conv_jit.pack_columns' order)."""
     return pack_panels16(pack_im2col_hwc(w).T)
 
 
 def conv_im2col_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """gemm_jit.conv_im2col_gemm on 6 x 16 tiles: its GEMM takes 16-wide panels to gemm16; input
+    """gemm_conv_jit.conv_im2col_gemm on 6 x 16 tiles: its GEMM takes 16-wide panels to gemm16; input
     1 may be pre-packed by ``pack_columns16`` (then ``kernel_shape`` must be given)."""
     w = inputs[1]
     if w is not None and w.ndim == 4 and hwc_ok(inputs[0].shape, w.shape, attrs):
