@@ -318,3 +318,22 @@ def test_1x1_gemm_on_two_threads_matches_one():
         [np.ascontiguousarray(x), w, b, np.ascontiguousarray(residual)], attrs
     )[0]
     np.testing.assert_allclose(serial, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["gemm_jit", "gemm_conv_jit", "gemm8_jit", "direct_jit", "winograd_jit"],
+)
+def test_each_module_of_the_conv_gemm_imports_first(module):
+    """These modules import each other (the 16-wide GEMM's convs fall back to the 32-wide ones,
+    which dispatch 16-wide panels back): whichever a process imports first must load."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    done = subprocess.run(
+        [sys.executable, "-c", f"import engine.ops.conv.{module}; from engine.ops.conv import gemm8_jit"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
