@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from engine.fuse_expand import fuse_expand
 from engine.fuse_qdq import fuse_qdq
 from engine.ops import inplace, raster
 from engine.ops.registry import REGISTRY, Kernel, kernel_name
@@ -203,15 +202,13 @@ def build(
     after_node: Callable[[], None] | None = None,
     use_jit: bool = False,
     shared: dict[str, np.ndarray] | None = None,
-    with_team: bool = False,
 ) -> Built:
     """The planned steps for one signature; ``choose(step, index, record)`` picks a node's kernel.
 
     ``after_node()`` is called after each node whose kernel was measured or whose weights
     were packed (the session drops weight pages from memory there, to keep the peak low);
     ``use_jit``: the session's JIT tier is on (fused nodes get JIT kernels); ``shared``: another
-    plan's constants, whose packed weights this plan uses where it packs the same ones;
-    ``with_team``: the plan's runs share their convs with the team (no band fusion then)."""
+    plan's constants, whose packed weights this plan uses where it packs the same ones."""
     outputs = set(program.outputs)
     static = record.static
     steps: list[PlannedStep] = []
@@ -226,7 +223,6 @@ def build(
         steps.append(PlannedStep(step.name, step.op, kernel, step.attrs, inputs, step.outputs, note=note))
     steps = _fuse_gelu(steps, static, outputs)
     steps = fuse_qdq(steps, static, outputs, packed, use_jit, program)
-    steps = fuse_expand(steps, record, outputs, packed, with_team)
     steps, shared = _write_parts_in_place(steps, record, outputs)
     used = {name for s in steps for name in s.inputs if name} | outputs
     constants = {name: _frozen(value) for name, value in {**static, **packed}.items() if name in used}

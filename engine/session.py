@@ -260,7 +260,6 @@ class Session:
                 after_node=lambda: release_pages(self._weights),
                 use_jit=self.jit,
                 shared=shared,
-                with_team=with_team,
             )
         except Exception:  # noqa: BLE001 - planning is an optimisation: never fail a run over it
             built = planner.unoptimized(self._program, record)
