@@ -2,7 +2,7 @@
 
 A ``Team`` owns one daemon thread, which lives in ``team_jit.serve`` (GIL released) from its
 start to the process's exit.  ``Team.running()`` wakes it for the length of one planned run: it
-spins, taking a share of each job the run publishes (a GEMM, a depthwise conv, a softmax),
+spins, taking a share of each job the run publishes (a GEMM, a depthwise conv, a softmax, a GELU),
 until the run ends; then it sleeps on a futex until the next run opens.  The wake (30-75 us on
 the 2-core hosts) is paid once a run, and no run waits for it: the caller claims work too, so a
 worker that wakes late joins late.
@@ -34,8 +34,8 @@ from engine import jit
 
 MODULE = "engine.ops.team_jit"
 # the jobs a team shares: gemm8_jit's GEMM (6 x 16 tiles, AVX2), gemm_jit's (6 x 32, AVX-512),
-# attention_jit's row softmax and depthwise_vec_jit's 3x3 depthwise conv
-GEMM8, GEMM32, SOFTMAX, DEPTHWISE = 0, 1, 2, 3
+# attention_jit's row softmax, depthwise_vec_jit's 3x3 depthwise conv and rows_jit's exact GELU
+GEMM8, GEMM32, SOFTMAX, DEPTHWISE, GELU = 0, 1, 2, 3, 4
 # multiply-adds from which a kernel shares its work with a spinning worker: ~10 us of work,
 # against a few us to open the job and meet the worker at its end
 MIN_MACS = 1 << 18
@@ -96,6 +96,8 @@ class Team:
             self._kernels.softmax_shared(self._state, self._table, self._floats, *args)
         elif kind == DEPTHWISE:
             self._kernels.depthwise_shared(self._state, self._table, self._floats, *args)
+        elif kind == GELU:
+            self._kernels.gelu_shared(self._state, self._table, self._floats, *args)
         else:
             self._kernels.gemm_shared(self._state, self._table, self._floats, kind, *args)
 

@@ -21,7 +21,9 @@ succeeded, while the job is still unfinished (so not yet overwritten).  Nothing 
 worker that has not started: the caller claims too and, alone, takes every item; it then waits
 only for items the worker claimed.  Each chunk is the serial kernel's own body over a range of
 items (``_items16``, ``_gemm_items``), so results are the serial kernel's, bit for bit.
-Attention's row softmax (attention_jit.py) is shared the same way, by rows.
+Attention's row softmax (attention_jit.py) and an exact GELU (rows_jit.py: a transformer's
+feed-forward activation, which the caller had run alone after the shared GEMM) are shared the
+same way, by rows.
 """
 
 from __future__ import annotations
@@ -46,14 +48,15 @@ from engine.ops.conv.depthwise_vec_jit import _ROWS
 from engine.ops.conv.depthwise_vec_jit import _rows as _depthwise_rows
 from engine.ops.conv.gemm8_jit import _ITEMS, _items16
 from engine.ops.conv.gemm_jit import _gemm_items
-from engine.team import DEPTHWISE, GEMM8, ITEM_BITS, SOFTMAX
+from engine.ops.rows_jit import _gelu_row
+from engine.team import DEPTHWISE, GELU, GEMM8, ITEM_BITS, SOFTMAX
 
 # int64 slots of ``state``, each on its own cache line: the last job's tag (the caller's), the
 # claim word, items done, whether a run is on (the worker spins) and the worker's exit flag
 TAG, NEXT, DONE, RUN, STOP = 0, 8, 16, 24, 32
 STATE_SLOTS = 40
 # the job table: rows 0-5 (address, size) of the job's arrays, row FLAGS (flags, the job's kind:
-# team.GEMM8, GEMM32, SOFTMAX or DEPTHWISE), then its integer arguments two a row from row INTS
+# team.GEMM8, GEMM32, SOFTMAX, DEPTHWISE or GELU), then its integer arguments two a row from row INTS
 FLAGS, INTS = 6, 7
 TABLE_ROWS = 12
 _BITS = ITEM_BITS  # items and item counts: below 2^20 (team.run shares no larger job)
@@ -77,12 +80,18 @@ def _int(table, i):  # noqa: ANN001, ANN202
 def _run(table, floats, first, last):  # noqa: ANN001, ANN202
     """Items [first, last) of the job the table describes: a GEMM (x, packed, out, bias,
     residual; rows, depth, m, the residual's row stride, rows per block: gemm8_jit's kernel or,
-    GEMM32, gemm_jit's, which take the same arguments), or SOFTMAX's rows (rows; their length,
-    count; the scale)."""
+    GEMM32, gemm_jit's, which take the same arguments), SOFTMAX's rows (rows; their length,
+    count; the scale), a depthwise conv's output rows, or GELU's rows (rows, bias; their length)."""
     f32 = np.float32
     if table[FLAGS, 1] == SOFTMAX:
         rows = array_at(table, 0, f32).reshape((_int(table, 1), _int(table, 0)))
         _softmax_rows(rows, floats[0], first, last)
+        return
+    if table[FLAGS, 1] == GELU:
+        y, bias, length = array_at(table, 0, f32), array_at(table, 1, f32), _int(table, 0)
+        mantissa, bits = np.empty(length, f32), np.empty(length, np.int32)
+        for r in range(first, last):
+            _gelu_row(y[r * length : (r + 1) * length], bias, mantissa, bits)
         return
     flags = table[FLAGS, 0]
     has_res, has_clip, lo, hi = (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1]
@@ -219,4 +228,19 @@ def depthwise_shared(state, table, floats, x, w, bias, out, res, zero, has_res, 
     table[INTS + 3, 0], table[INTS + 3, 1] = sw, pt
     table[INTS + 4, 0] = pl
     floats[0], floats[1] = lo, hi
+    _share(state, table, floats, last)
+
+
+_GELU_ROWS = jit.array(types.float32, 2, "C")
+_BIAS = jit.array(types.float32, 1, "C", readonly=True)
+
+
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS, _GELU_ROWS, _BIAS, _I64, _I64)])
+def gelu_shared(state, table, floats, rows, bias, first, last):  # noqa: ANN001, ANN202
+    """rows_jit's exact GELU of rows [first, last) in place, plus ``bias`` over each row, with the
+    worker taking a share; first must be 0."""
+    table[0, 0], table[0, 1] = rows.ctypes.data, rows.size
+    table[1, 0], table[1, 1] = bias.ctypes.data, bias.size
+    table[FLAGS, 0], table[FLAGS, 1] = 0, GELU
+    table[INTS, 0] = rows.shape[1]
     _share(state, table, floats, last)

@@ -1,5 +1,6 @@
 """The team (engine/team.py, engine/ops/team_jit.py): a worker thread spinning through a
-2-thread run and taking a share of each conv GEMM.  Shared GEMMs must equal the serial kernel
+2-thread run and taking a share of each conv GEMM (and of a transformer's GEMMs, row softmax
+and GELU).  Shared GEMMs must equal the serial kernel
 bit for bit whether or not the worker joins; a 2-thread session must run its GEMMs with the
 team and give its 1-thread results; two sessions at once must both stay right; and a process
 that used the team must exit (and fork) cleanly.  Skipped without numba or with FERRY_JIT=0."""
@@ -110,6 +111,26 @@ def test_a_shared_softmax_is_the_serial_kernel_bit_for_bit():
     got, jobs = _in_a_team_run(lambda: attention_jit.softmax_rows_into(rows.copy(), 1.0))
     assert jobs == 1
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_shared_gelu_is_the_serial_kernel_bit_for_bit(with_bias):
+    """A feed-forward's exact GELU (a plain one, and FusedMatMul's after its shared GEMM) is a
+    team job by rows: the serial kernel's results, edge values included; a small one stays on
+    the caller."""
+    rows_jit = jit.module("engine.ops.rows_jit")
+    rng = np.random.default_rng(7)
+    y = (rng.standard_normal((197, 768)) * 4).astype(np.float32)
+    y[0, :4] = [np.inf, -np.inf, np.nan, 0.0]
+    bias = rng.standard_normal(768).astype(np.float32) if with_bias else None
+    want = rows_jit.gelu_rows_into(y.copy(), bias)
+    got, jobs = _in_a_team_run(lambda: rows_jit.gelu_rows_into(y.copy(), bias))
+    assert jobs == 1
+    np.testing.assert_array_equal(got, want)
+    small = y[:8, :64].copy()
+    got, jobs = _in_a_team_run(lambda: rows_jit.gelu_rows_into(small.copy(), None))
+    assert jobs == 0
+    np.testing.assert_array_equal(got, rows_jit.gelu_rows_into(small.copy(), None))
 
 
 @pytest.mark.parametrize("stride", [1, 2])
