@@ -20,7 +20,7 @@ import numpy as np
 from numba import prange, types
 
 from engine import jit, team
-from engine.ops.conv.gemm_jit import gemm, gemm_batched, pack_panels
+from engine.ops.conv.gemm_jit import gemm, gemm_batched, pack_panels, pack_slots
 from engine.ops.exp_jit import exp2_row
 from engine.ops.fused import LOG2_E, _attention_inputs, _attention_output, _base2, fused_attention
 from engine.ops.registry import Kernel
@@ -187,18 +187,20 @@ def attention_gemm_heads(inputs: list[np.ndarray | None], attrs: dict[str, Any])
         return fused_attention(inputs, attrs)
     heads = math.prod(lead)
 
-    def stacked(a: np.ndarray) -> np.ndarray:  # [..., R, C] broadcast to the heads, one copy
-        return np.ascontiguousarray(np.broadcast_to(a, (*lead, *a.shape[-2:]))).reshape(heads, *a.shape[-2:])
+    def by_head(a: np.ndarray) -> np.ndarray:  # [..., R, C] broadcast to the heads: a view
+        return np.broadcast_to(a, (*lead, *a.shape[-2:])).reshape(heads, *a.shape[-2:])
 
     scores = np.empty((heads, queries, keys_count), np.float32)
-    gemm_batched(stacked(q), pack_panels(np.swapaxes(stacked(keys), -1, -2)), scores)
+    # k^T and v packed straight from their views (pack_slots: one pass, ~40 us a ViT-Tiny layer
+    # less than copying them contiguous and packing the copies)
+    gemm_batched(np.ascontiguousarray(by_head(q)), pack_slots(np.swapaxes(by_head(keys), -1, -2)), scores)
     if mask is not None:
         scores.reshape(scores_shape)[...] += mask
     # q carries log2(e) already (base 2) unless a mask keeps the scores in natural units
     softmax_rows_into(scores.reshape(-1, keys_count), 1.0 if _base2(q, mask) else LOG2_E)
     result, out = _attention_output(attrs, (*lead, queries, width), np.float32)
     products = np.empty((heads, queries, width), np.float32)
-    gemm_batched(scores, pack_panels(stacked(v)), products)
+    gemm_batched(scores, pack_slots(by_head(v)), products)
     out[...] = products.reshape(out.shape)
     return [result]
 

@@ -320,6 +320,29 @@ def test_1x1_gemm_on_two_threads_matches_one():
     np.testing.assert_allclose(serial, want, rtol=1e-5, atol=1e-4)
 
 
+@SETTINGS
+@given(
+    st.integers(1, 4),
+    st.integers(1, 70),
+    st.integers(1, 80),
+    st.sampled_from(["c", "transposed", "broadcast", "strided"]),
+    st.integers(0, 2**32 - 1),
+)
+def test_packing_a_view_in_one_pass_is_pack_panels(slots, depth, m, view, seed):
+    """pack_slots reads (S, K, M) views of any strides (attention's k^T and v per head) into the
+    panels pack_panels makes from a contiguous copy."""
+    rng = np.random.default_rng(seed)
+    if view == "transposed":  # k^T: (S, M, K) memory read as (S, K, M)
+        src = np.swapaxes(rng.standard_normal((slots, m, depth)).astype(np.float32), -1, -2)
+    elif view == "broadcast":  # one matrix shared by every slot (strides 0)
+        src = np.broadcast_to(rng.standard_normal((1, depth, m)).astype(np.float32), (slots, depth, m))
+    elif view == "strided":
+        src = rng.standard_normal((slots, depth, 2 * m)).astype(np.float32)[..., ::2]
+    else:
+        src = rng.standard_normal((slots, depth, m)).astype(np.float32)
+    np.testing.assert_array_equal(gemm_jit.pack_slots(src), gemm_jit.pack_panels(np.ascontiguousarray(src)))
+
+
 @pytest.mark.parametrize(
     "module",
     ["gemm_jit", "gemm_conv_jit", "gemm8_jit", "direct_jit", "winograd_jit"],

@@ -291,7 +291,10 @@ def test_fused_attention_one_query_matches_reference(case, k_transposed):
         calls = _spy(mp, fused, "_attention_one_query")
         got = fused.fused_attention(inputs, attrs)[0]
     assert got.shape == want.shape and got.dtype == np.float32
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # float32 scores of |q.k| up to ~100 (d 40, entries of scale 2) carry ~1e-5 of absolute
+    # rounding, which the softmax turns into relative errors of that size: 1e-5 failed a draw
+    # (1.3e-5 at an output of 0.25) on the numpy kernel as on every earlier tree
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert bool(calls) == (q.shape[-2] == 1)
     if mask is None:  # and the per-head kernel agrees
         np.testing.assert_allclose(fused.attention_per_head(inputs, attrs)[0], want, rtol=1e-5, atol=1e-5)

@@ -154,6 +154,43 @@ def pack_panels(wt: np.ndarray) -> np.ndarray:
     return packed
 
 
+@jit.njit([types.void(jit.array(types.float32, 3, "A", readonly=True), jit.array(types.float32, 4, "C"))])
+def _pack_into(src, packed):  # noqa: ANN001, ANN202
+    """``pack_panels`` of src (S, K, M), any strides, in one pass: per panel the K rows of 32
+    columns (zero past M), the zero row and the row holding M.  Along K when src's rows are
+    contiguous, along the panel's columns otherwise (keys^T: a column of keys is one row of K)."""
+    slots, depth, m = src.shape
+    panels = packed.shape[1]
+    for s in range(slots):
+        for p in range(panels):
+            j0 = p * NR
+            cols = min(NR, m - j0)
+            if src.strides[2] <= src.strides[1]:  # rows of src contiguous: read them in order
+                for k in range(depth):
+                    for j in range(cols):
+                        packed[s, p, k, j] = src[s, k, j0 + j]
+            else:
+                for j in range(cols):
+                    for k in range(depth):
+                        packed[s, p, k, j] = src[s, k, j0 + j]
+            for k in range(depth):
+                for j in range(cols, NR):
+                    packed[s, p, k, j] = 0
+            for j in range(NR):
+                packed[s, p, depth, j] = 0
+                packed[s, p, depth + 1, j] = 0
+            packed[s, p, depth + 1, 0] = m
+
+
+def pack_slots(src: np.ndarray) -> np.ndarray:
+    """``pack_panels`` of a float32 (S, K, M) view of any strides (attention's keys^T and values
+    per head) with one pass over it, where ``pack_panels`` made four over zeroed copies."""
+    slots, depth, m = src.shape
+    packed = np.empty((slots, -(-m // NR), depth + 2, NR), np.float32)
+    _pack_into(src, packed)
+    return packed
+
+
 def packed_shape(packed: np.ndarray) -> tuple[int, int]:
     """(K, M) of ``pack_panels``'s result."""
     return packed.shape[1] - 2, int(packed[0, -1, 0])
