@@ -239,5 +239,5 @@ def _conv_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | N
 
 CANDIDATES = {"Conv": _conv_candidates}
 
-# the 16-wide (AVX2) forms: gemm8_jit imports conv_im2col_gemm from here, hence last
+# the 16-wide (AVX2) forms; gemm8_jit imports this module back (a module reference), hence last
 from engine.ops.conv import gemm8_jit  # noqa: E402
