@@ -163,6 +163,14 @@ def fused_bounds(attrs: dict[str, Any]) -> tuple[Any, Any] | None:
     return None
 
 
+def clip_floats(bounds: tuple[Any, Any] | None) -> tuple[bool, np.float32, np.float32]:
+    """``fused_bounds``'s result as the JIT epilogues take it: (whether to clip, low, high), an
+    open side as -inf / inf."""
+    low, high = (None, None) if bounds is None else bounds
+    lo = np.float32(-np.inf if low is None else low)
+    return bounds is not None, lo, np.float32(np.inf if high is None else high)
+
+
 def _clipped_fallback(
     fallback: Kernel, inputs: list[np.ndarray | None], attrs: dict[str, Any]
 ) -> list[np.ndarray]:

@@ -18,7 +18,14 @@ import numpy as np
 from numba import prange, types
 
 from engine import jit
-from engine.ops.conv.common import _check_residual, _clipped_fallback, _prepare, fused_bounds, residual_of
+from engine.ops.conv.common import (
+    _check_residual,
+    _clipped_fallback,
+    _prepare,
+    clip_floats,
+    fused_bounds,
+    residual_of,
+)
 from engine.ops.conv.depthwise import conv_depthwise
 from engine.ops.registry import Kernel
 
@@ -340,14 +347,10 @@ def _arguments(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> tuple 
     n, c = x.shape[:2]
     if residual is not None:
         _check_residual(residual, (n, c, *win.out))
-    bounds = fused_bounds(attrs)
-    low, high = (None, None) if bounds is None else bounds
     bias = np.zeros(c, np.float32) if b is None else np.ascontiguousarray(b)
     flags = (
         residual is not None,
-        bounds is not None,
-        np.float32(-np.inf if low is None else low),
-        np.float32(np.inf if high is None else high),
+        *clip_floats(fused_bounds(attrs)),
         *win.strides,
         *win.dilations,
         *win.pads_begin,

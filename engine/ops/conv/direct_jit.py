@@ -33,7 +33,14 @@ from numba.extending import intrinsic
 
 from engine import jit
 from engine.ops import window
-from engine.ops.conv.common import PONG, _clipped_fallback, aligned_empty, fused_bounds, residual_of
+from engine.ops.conv.common import (
+    PONG,
+    _clipped_fallback,
+    aligned_empty,
+    clip_floats,
+    fused_bounds,
+    residual_of,
+)
 from engine.ops.conv.gemm_conv_jit import pack_columns
 from engine.ops.conv.gemm_jit import (
     LANES,
@@ -399,15 +406,7 @@ def _direct(
     if b is not None:
         bias[:m] = b
     res = _NO_RESIDUAL if residual is None else residual_rows(residual, (n, m, ho, wo)).reshape(-1)
-    bounds = fused_bounds(attrs)
-    low, high = (None, None) if bounds is None else bounds
-    flags = (
-        residual is not None,
-        bounds is not None,
-        np.float32(-np.inf if low is None else low),
-        np.float32(np.inf if high is None else high),
-        split,
-    )
+    flags = (residual is not None, *clip_floats(fused_bounds(attrs)), split)
     geometry = (ho, wo, m, offs.size, image, line, step)
     args = (xp, offs.astype(np.int64), weights.reshape(-1), out.reshape(-1), bias, res, *flags, *geometry)
     jit.run(_rows, _rows_parallel, *args, 0, n * ho)

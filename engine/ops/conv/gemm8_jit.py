@@ -23,17 +23,16 @@ from numba import prange, types
 
 from engine import jit, team
 from engine.ops.conv import gemm_conv_jit  # a module reference: it imports this one back
-from engine.ops.conv.common import NodeMemo, _clipped_fallback, aligned_empty, fused_bounds, residual_of
+from engine.ops.conv.common import NodeMemo, _clipped_fallback, aligned_empty, residual_of
 from engine.ops.conv.direct import conv_1x1
 from engine.ops.conv.gemm_jit import (
     _flat,
     _micro,
-    _plain,
     address,
     balanced_block,
 )
 from engine.ops.conv.im2col import hwc_ok, pack_im2col_hwc
-from engine.ops.conv.pointwise_jit import _pixels, _strides, pointwise_ok, residual_rows
+from engine.ops.conv.pointwise_jit import Panels, _pixels, gemm_setup, pointwise_ok, residual_rows
 from engine.ops.registry import Kernel
 
 LANES = 8  # float32 lanes of one ymm register
@@ -224,35 +223,8 @@ def gemm_batched16(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
         _items16(*args, *geometry)
 
 
-def _setup(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict[str, Any]) -> tuple | None:
-    """What conv_1x1_gemm8 derives from the node's constants: packed weights, the bias over
-    whole panels, clip flags, strides, output shape, rows per block and work items (one thread,
-    several); None when the node is not for the kernel."""
-    packed = w.ndim == 3
-    shape_w = (packed_shape16(w)[1], packed_shape16(w)[0], 1, 1) if packed else w.shape
-    if not (_plain(x, w, b, None) and pointwise_ok(x.shape, shape_w, attrs)):
-        return None
-    weights = w if packed else pack_pointwise16(w)
-    n, c, height, width = x.shape
-    (sh, sw), m = _strides(attrs), shape_w[0]
-    vector = np.zeros(weights.shape[0] * NR, np.float32)  # whole panels: the tiles read 16 lanes
-    if b is not None:
-        vector[:m] = b
-    bounds = fused_bounds(attrs)
-    low, high = (None, None) if bounds is None else bounds
-    clip = (
-        bounds is not None,
-        np.float32(-np.inf if low is None else low),
-        np.float32(np.inf if high is None else high),
-    )
-    ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
-    rows = n * ho * wo
-    blocks = (block_rows16(rows, c, False), block_rows16(rows, c, True))
-    items = tuple(-(-rows // block) * weights.shape[0] for block in blocks)
-    return weights.reshape(-1), vector, clip, (sh, sw), (n, ho, wo, m), blocks, items, rows * c * m
-
-
 _MEMO = NodeMemo()
+_PANELS = Panels(NR, packed_shape16, pack_pointwise16, block_rows16)
 
 
 def _unpacked16(packed: np.ndarray) -> np.ndarray:
@@ -269,7 +241,7 @@ def conv_1x1_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = residual_of(inputs)
-    found = _MEMO.get(attrs, (w, b), x, lambda: _setup(x, w, b, attrs))
+    found = _MEMO.get(attrs, (w, b), x, lambda: gemm_setup(x, w, b, attrs, _PANELS))
     if found is None or (residual is not None and residual.dtype != np.float32):
         if w.ndim == 3:  # a plan's packed weights with shapes it was not packed for: unpack them
             inputs = [x, _unpacked16(w), *inputs[2:]]

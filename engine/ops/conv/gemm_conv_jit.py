@@ -42,7 +42,7 @@ from engine.ops.conv.gemm_jit import (
     packed_shape,
 )
 from engine.ops.conv.im2col import HWC_MIN_CHANNELS, conv_im2col, hwc_ok, pack_im2col_hwc
-from engine.ops.conv.pointwise_jit import _pixels, _strides, pointwise_ok, residual_rows
+from engine.ops.conv.pointwise_jit import Panels, _pixels, gemm_setup, pointwise_ok, residual_rows
 from engine.ops.registry import Kernel
 from engine.ops.scratch import scratch
 
@@ -52,36 +52,8 @@ def pack_pointwise(w: np.ndarray) -> np.ndarray:
     return pack_panels(w.reshape(w.shape[0], w.shape[1]).T)
 
 
-def _pointwise_setup(
-    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict[str, Any]
-) -> tuple | None:
-    """What conv_1x1_gemm derives from the node's constants: packed weights, the bias over whole
-    panels, clip flags, strides and output shape; None when the node is not for the kernel."""
-    packed = w.ndim == 3
-    shape_w = (packed_shape(w)[1], packed_shape(w)[0], 1, 1) if packed else w.shape
-    if not (_plain(x, w, b, None) and pointwise_ok(x.shape, shape_w, attrs)):
-        return None
-    weights = w if packed else pack_pointwise(w)
-    n, c, height, width = x.shape
-    (sh, sw), m = _strides(attrs), shape_w[0]
-    vector = np.zeros(weights.shape[0] * NR, np.float32)  # whole panels: the tiles read 16 lanes
-    if b is not None:
-        vector[:m] = b
-    bounds = fused_bounds(attrs)
-    low, high = (None, None) if bounds is None else bounds
-    clip = (
-        bounds is not None,
-        np.float32(-np.inf if low is None else low),
-        np.float32(np.inf if high is None else high),
-    )
-    ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
-    rows = n * ho * wo
-    blocks = (block_rows_for(rows, c, False), block_rows_for(rows, c, True))  # one thread, several
-    items = tuple(-(-rows // block) * weights.shape[0] for block in blocks)
-    return weights.reshape(-1), vector, clip, (sh, sw), (n, ho, wo, m), blocks, items, rows * c * m
-
-
 _POINTWISE = NodeMemo()
+_PANELS = Panels(NR, packed_shape, pack_pointwise, block_rows_for)
 
 
 def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -91,7 +63,7 @@ def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = residual_of(inputs)
-    found = _POINTWISE.get(attrs, (w, b), x, lambda: _pointwise_setup(x, w, b, attrs))
+    found = _POINTWISE.get(attrs, (w, b), x, lambda: gemm_setup(x, w, b, attrs, _PANELS))
     if found is None or (residual is not None and residual.dtype != np.float32):
         if w.ndim == 3:  # a plan's packed weights with shapes it was not packed for: unpack them
             inputs = [x, _unpacked(w, (1, 1)), *inputs[2:]]

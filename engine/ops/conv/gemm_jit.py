@@ -25,6 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine import jit, team
+from engine.ops.conv.common import clip_floats
 from engine.ops.loop_ir import unrolled_range
 
 LANES = 16  # float32 lanes of one LLVM vector (a zmm register, or two ymm where LLVM prefers)
@@ -382,13 +383,7 @@ def gemm(
     x, out and residual C-contiguous float32, bias (M,)."""
     if packed.shape[-1] != NR:  # gemm8_jit's 16-wide panels (conv_im2col_gemm8's)
         return gemm8_jit.gemm16(x, packed, out, bias, residual, bounds)
-    low, high = (None, None) if bounds is None else bounds
-    flags = (
-        residual is not None,
-        bounds is not None,
-        np.float32(-np.inf if low is None else low),
-        np.float32(np.inf if high is None else high),
-    )
+    flags = (residual is not None, *clip_floats(bounds))
     res = NO_RESIDUAL if residual is None else residual
     m = out.shape[1]
     vector = np.zeros(packed.shape[0] * NR, np.float32)  # whole panels: the tiles read 16 lanes

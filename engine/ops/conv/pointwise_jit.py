@@ -11,7 +11,8 @@ right-hand side.  Sums run bias, then residual, as the numpy kernels add them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from engine.ops.conv.common import (
     _check_residual,
     _clipped_fallback,
     aligned_empty,
+    clip_floats,
     fused_bounds,
     residual_of,
 )
@@ -134,6 +136,43 @@ def residual_rows(residual: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return rows.reshape(n * height * width, m)
 
 
+@dataclass(frozen=True)
+class Panels:
+    """A register-tiled GEMM's weight layout, as its 1x1 conv kernel packs and blocks for it
+    (gemm_conv_jit's 32-wide panels, gemm8_jit's 16-wide ones)."""
+
+    width: int  # output channels per panel
+    shape_of: Callable[[np.ndarray], tuple[int, int]]  # (K, M) of packed weights
+    pack: Callable[[np.ndarray], np.ndarray]  # (M, C, 1, 1) weights -> panels
+    block_rows: Callable[[int, int, bool], int]  # rows per block: (rows, depth, several threads)
+
+
+def gemm_setup(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict[str, Any], panels: Panels
+) -> tuple | None:
+    """What a 1x1 conv on a register-tiled GEMM derives from the node's constants: the packed
+    weights (flat), the bias over whole panels, clip flags, strides, the output's channels-last
+    shape, rows per block and work items (one thread, several) and its multiply-adds; None when
+    the node is not for the kernel (float32 only: the micro-kernels' one type)."""
+    packed = w.ndim == 3
+    shape_w = (panels.shape_of(w)[1], panels.shape_of(w)[0], 1, 1) if packed else w.shape
+    plain = x.dtype == w.dtype == np.float32 and (b is None or b.dtype == np.float32)
+    if not (plain and pointwise_ok(x.shape, shape_w, attrs)):
+        return None
+    weights = w if packed else panels.pack(w)
+    n, c, height, width = x.shape
+    (sh, sw), m = _strides(attrs), shape_w[0]
+    vector = np.zeros(weights.shape[0] * panels.width, np.float32)  # whole panels: tiles read them
+    if b is not None:
+        vector[:m] = b
+    clip = clip_floats(fused_bounds(attrs))
+    ho, wo = (height - 1) // sh + 1, (width - 1) // sw + 1
+    rows = n * ho * wo
+    blocks = (panels.block_rows(rows, c, False), panels.block_rows(rows, c, True))
+    items = tuple(-(-rows // block) * weights.shape[0] for block in blocks)
+    return weights.reshape(-1), vector, clip, (sh, sw), (n, ho, wo, m), blocks, items, rows * c * m
+
+
 def conv_1x1_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """1x1 conv of float32 input as (pixels, C) @ (C, M) into a channels-last result, then bias,
     residual and a fused Relu / Clip (``fuses_clip``) in one JIT pass per block of rows; input 1
@@ -181,15 +220,7 @@ def epilogue_flags(
     attrs: dict[str, Any], b: np.ndarray | None, residual: np.ndarray | None, m: int
 ) -> tuple[tuple[Any, ...], np.ndarray]:
     """The epilogue's (has_bias, has_residual, has_clip, low, high) and its bias vector."""
-    bounds = fused_bounds(attrs)
-    low, high = (None, None) if bounds is None else bounds
-    flags = (
-        b is not None,
-        residual is not None,
-        bounds is not None,
-        np.float32(-np.inf if low is None else low),
-        np.float32(np.inf if high is None else high),
-    )
+    flags = (b is not None, residual is not None, *clip_floats(fused_bounds(attrs)))
     bias = np.zeros(m, np.float32) if b is None else np.ascontiguousarray(b, dtype=np.float32)
     return flags, bias
 

@@ -28,6 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine import jit
+from engine.ops.conv.common import clip_floats
 from engine.ops.conv.winograd import _WINO4_AT, _WINO4_BT, _WINO_AT, _WINO_BT
 from engine.ops.int_dot_ir import splat
 
@@ -265,9 +266,8 @@ def transform_output(
 ) -> None:
     """out (Ho, Wo, M) = A^T p A + bias (+ residual (Ho, Wo, M), clipped to ``bounds``) for the
     slot products prod (size^2, th * tw, M); all C-contiguous float32, bias (M,)."""
-    low, high = (None, None) if bounds is None else bounds
     flags = (1 if residual is not None else 0) | (2 if bounds is not None else 0)
-    lo, hi = np.float32(-np.inf if low is None else low), np.float32(np.inf if high is None else high)
+    _, lo, hi = clip_floats(bounds)
     res = _NO_RESIDUAL if residual is None else residual.reshape(-1)
     ho, wo, m = out.shape
     args = (prod.reshape(-1), out.reshape(-1), bias, res, flags, lo, hi, step, m, th, tw, ho, wo, 0, th)
