@@ -39,6 +39,8 @@ GEMM8, GEMM32, SOFTMAX, DEPTHWISE, GELU = 0, 1, 2, 3, 4
 # multiply-adds from which a kernel shares its work with a spinning worker: ~10 us of work,
 # against a few us to open the job and meet the worker at its end
 MIN_MACS = 1 << 18
+# elements from which a row job (a softmax, a GELU) is shared: ~10-25 us of work
+MIN_ROW_ELEMENTS = 1 << 14
 # ... and with numba's pool (~20 us on one core): its launch costs 5-10 us idle, and on a loaded
 # 2-core host far more (MobileNetV2's 7x7 layers took twice their one-thread time on two)
 POOL_MIN_MACS = 2_000_000

@@ -89,16 +89,13 @@ def _softmax_parallel(rows, scale, first, last):  # noqa: ANN001, ANN202
 
 def softmax_rows_into(rows: np.ndarray, scale: float) -> np.ndarray:
     """Row-wise softmax of ``rows * scale`` in base 2, in place (C-contiguous float32 [R, T]):
-    shared by rows with engine/team.py's worker during a team run, from SHARED_ELEMENTS."""
+    shared by rows with engine/team.py's worker during a team run, from team.MIN_ROW_ELEMENTS."""
     args = (rows, np.float32(scale), 0, rows.shape[0])
-    if team.active() is not None and rows.size >= SHARED_ELEMENTS:
+    if team.active() is not None and rows.size >= team.MIN_ROW_ELEMENTS:
         team.run(team.SOFTMAX, _softmax_rows, _softmax_parallel, *args)
     else:
         jit.run(_softmax_rows, _softmax_parallel, *args)
     return rows
-
-
-SHARED_ELEMENTS = 1 << 14  # ~10 us of exponentials, against a few to meet the worker
 
 
 def attention_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:

@@ -118,20 +118,15 @@ def _zeros(n: int) -> np.ndarray:
 
 def gelu_rows_into(y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """y = gelu(y + bias) in place, for a C-contiguous float32 y (bias over its last axis); shared
-    by rows with engine/team.py's worker during a team run, from SHARED_ELEMENTS."""
+    by rows with engine/team.py's worker during a team run, from team.MIN_ROW_ELEMENTS."""
     rows = y.reshape(-1, y.shape[-1])
     bias = _zeros(rows.shape[1]) if bias is None else np.ascontiguousarray(bias)
     running = team.active()
-    if running is not None and rows.size >= SHARED_ELEMENTS and 1 < rows.shape[0] < team.MAX_ITEMS:
+    if running is not None and rows.size >= team.MIN_ROW_ELEMENTS and 1 < rows.shape[0] < team.MAX_ITEMS:
         running.share(team.GELU, rows, bias, 0, rows.shape[0])
     else:
         jit.run(_gelu_serial, _gelu_parallel, rows, bias)
     return y
-
-
-# elements from which a team run shares a GELU by rows (~25 us of work, against a few to meet the
-# worker): ViT-Tiny's and BERT's feed-forward activations are 150-200 K
-SHARED_ELEMENTS = 1 << 14
 
 
 def exact_gelu(attrs: dict[str, Any]) -> bool:
