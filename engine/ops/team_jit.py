@@ -46,17 +46,20 @@ from engine.ops.atomic_jit import (
 from engine.ops.attention_jit import _softmax_rows
 from engine.ops.conv.depthwise_vec_jit import _ROWS
 from engine.ops.conv.depthwise_vec_jit import _rows as _depthwise_rows
+from engine.ops.conv.direct_jit import _ROWS as _DIRECT_ROWS
+from engine.ops.conv.direct_jit import _rows as _direct_rows
 from engine.ops.conv.gemm8_jit import _ITEMS, _items16
 from engine.ops.conv.gemm_jit import _gemm_items
 from engine.ops.rows_jit import _gelu_row
-from engine.team import DEPTHWISE, GELU, GEMM8, ITEM_BITS, SOFTMAX
+from engine.team import DEPTHWISE, DIRECT, GELU, GEMM8, ITEM_BITS, SOFTMAX
 
 # int64 slots of ``state``, each on its own cache line: the last job's tag (the caller's), the
 # claim word, items done, whether a run is on (the worker spins) and the worker's exit flag
 TAG, NEXT, DONE, RUN, STOP = 0, 8, 16, 24, 32
 STATE_SLOTS = 40
 # the job table: rows 0-5 (address, size) of the job's arrays, row FLAGS (flags, the job's kind:
-# team.GEMM8, GEMM32, SOFTMAX, DEPTHWISE or GELU), then its integer arguments two a row from row INTS
+# team.GEMM8, GEMM32, SOFTMAX, DEPTHWISE, GELU or DIRECT), then its integer arguments two a row
+# from row INTS
 FLAGS, INTS = 6, 7
 TABLE_ROWS = 12
 _BITS = ITEM_BITS  # items and item counts: below 2^20 (team.run shares no larger job)
@@ -81,7 +84,8 @@ def _run(table, floats, first, last):  # noqa: ANN001, ANN202
     """Items [first, last) of the job the table describes: a GEMM (x, packed, out, bias,
     residual; rows, depth, m, the residual's row stride, rows per block: gemm8_jit's kernel or,
     GEMM32, gemm_jit's, which take the same arguments), SOFTMAX's rows (rows; their length,
-    count; the scale), a depthwise conv's output rows, or GELU's rows (rows, bias; their length)."""
+    count; the scale), a depthwise or direct conv's output rows, or GELU's rows (rows, bias;
+    their length)."""
     f32 = np.float32
     if table[FLAGS, 1] == SOFTMAX:
         rows = array_at(table, 0, f32).reshape((_int(table, 1), _int(table, 0)))
@@ -95,6 +99,15 @@ def _run(table, floats, first, last):  # noqa: ANN001, ANN202
         return
     flags = table[FLAGS, 0]
     has_res, has_clip, lo, hi = (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1]
+    if table[FLAGS, 1] == DIRECT:
+        _direct_rows(
+            array_at(table, 0, f32), array_at(table, 1, np.int64), array_at(table, 2, f32),
+            array_at(table, 3, f32), array_at(table, 4, f32), array_at(table, 5, f32),
+            has_res, has_clip, lo, hi, (flags & 4) != 0,
+            _int(table, 0), _int(table, 1), _int(table, 2), _int(table, 3), _int(table, 4),
+            _int(table, 5), _int(table, 6), first, last,
+        )  # fmt: skip
+        return
     if table[FLAGS, 1] == DEPTHWISE:
         _depthwise_rows(
             array_at(table, 0, f32), array_at(table, 1, f32), array_at(table, 2, f32),
@@ -227,6 +240,26 @@ def depthwise_shared(state, table, floats, x, w, bias, out, res, zero, has_res, 
     table[INTS + 2, 0], table[INTS + 2, 1] = wo, sh
     table[INTS + 3, 0], table[INTS + 3, 1] = sw, pt
     table[INTS + 4, 0] = pl
+    floats[0], floats[1] = lo, hi
+    _share(state, table, floats, last)
+
+
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS, *_DIRECT_ROWS.args)])
+def direct_shared(state, table, floats, x, offs, packed, out, bias, res, has_res, has_clip, lo, hi, split,
+                  ho, wo, m, depth, image, line, step, first, last):  # noqa: ANN001, ANN202  # fmt: skip
+    """direct_jit's output rows [first, last) with the worker taking a share; first 0."""
+    table[0, 0], table[0, 1] = x.ctypes.data, x.size
+    table[1, 0], table[1, 1] = offs.ctypes.data, offs.size
+    table[2, 0], table[2, 1] = packed.ctypes.data, packed.size
+    table[3, 0], table[3, 1] = out.ctypes.data, out.size
+    table[4, 0], table[4, 1] = bias.ctypes.data, bias.size
+    table[5, 0], table[5, 1] = res.ctypes.data, res.size
+    flags = (1 if has_res else 0) | (2 if has_clip else 0) | (4 if split else 0)
+    table[FLAGS, 0], table[FLAGS, 1] = flags, DIRECT
+    table[INTS, 0], table[INTS, 1] = ho, wo
+    table[INTS + 1, 0], table[INTS + 1, 1] = m, depth
+    table[INTS + 2, 0], table[INTS + 2, 1] = image, line
+    table[INTS + 3, 0] = step
     floats[0], floats[1] = lo, hi
     _share(state, table, floats, last)
 

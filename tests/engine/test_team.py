@@ -152,6 +152,30 @@ def test_a_shared_depthwise_conv_is_the_serial_kernel_bit_for_bit(stride):
     assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_a_shared_direct_conv_is_the_serial_kernel_bit_for_bit(split):
+    """A stem's implicit-GEMM conv (6 x 32 tiles, or 6 x 16 when ``split``) is a team job by
+    output rows, with its residual and Clip, rows and channels not whole tiles: the serial
+    kernel's results, in one job; a small one stays on the caller."""
+    direct = jit.module("engine.ops.conv.direct_jit")
+    conv = direct.conv_direct_jit8 if split else direct.conv_direct_jit
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 3, 61, 47)).astype(np.float32)
+    w = rng.standard_normal((40, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 0, 1, 2], "strides": [2, 2]}
+    attrs |= {"activation": "Clip", "activation_attrs": {"min": -1.0, "max": 2.0}}
+    residual = rng.standard_normal(conv([x, w, b], attrs)[0].shape).astype(np.float32)
+    want = conv([x, w, b, residual], attrs)[0]
+    got, jobs = _in_a_team_run(lambda: conv([x, w, b, residual], attrs)[0])
+    assert jobs == 1
+    assert np.array_equal(got, want)
+    small = x[:1, :, :9, :9]
+    got, jobs = _in_a_team_run(lambda: conv([small, w, b], attrs)[0])
+    assert jobs == 0
+    assert np.array_equal(got, conv([small, w, b], attrs)[0])
+
+
 def test_a_job_too_large_for_the_claim_word_runs_serially():
     """A job's items are counted in team.ITEM_BITS bits: a larger one runs on the caller alone."""
     attention_jit = jit.module("engine.ops.attention_jit")

@@ -31,7 +31,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from engine import jit
+from engine import jit, team
 from engine.ops import window
 from engine.ops.conv.common import (
     PONG,
@@ -409,7 +409,10 @@ def _direct(
     flags = (residual is not None, *clip_floats(fused_bounds(attrs)), split)
     geometry = (ho, wo, m, offs.size, image, line, step)
     args = (xp, offs.astype(np.int64), weights.reshape(-1), out.reshape(-1), bias, res, *flags, *geometry)
-    jit.run(_rows, _rows_parallel, *args, 0, n * ho)
+    if team.worth_sharing(n * ho * wo * m * offs.size):  # by output rows, as the depthwise conv
+        team.run(team.DIRECT, _rows, _rows_parallel, *args, 0, n * ho)
+    else:
+        _rows(*args, 0, n * ho)
     return [out.transpose(0, 3, 1, 2)]
 
 
