@@ -2,11 +2,12 @@
 and what each of Ferry's math forms (engine.ops.fastmath) costs in the whole model here.
 
     .venv/bin/python bench/engine_breakdown.py [--models vit_tiny,bert_encoder] [--runs 20]
-        [--tiers numpy,jit] [--nodes]
+        [--tiers numpy,jit] [--nodes] [--threads 1]
 
 For each benchmark model (bench/models.py) this converts the ONNX file to a Ferry package,
-then, at one thread, sums ``Session.profile`` times per (op, kernel) for Ferry (numpy-only, and
-with its JIT tier where numba is installed: JIT kernels are named ``*_jit*``) and
+then, at one thread (``--threads``: more, both runtimes alike), sums ``Session.profile``
+times per (op, kernel) for Ferry (numpy-only, and with its JIT tier where numba is
+installed: JIT kernels are named ``*_jit*``) and
 onnxruntime's own profiler (``enable_profiling``) per op type, over the same number of runs
 of the same feeds, and prints the two lists side by side with their totals.  The op names
 differ (Ferry's FusedMatMul is a GEMM, its bias and activation; onnxruntime fuses its own
@@ -49,10 +50,12 @@ from engine.ops import fastmath  # noqa: E402
 TOP = 10  # rows per runtime
 
 
-def ferry_breakdown(package: Path, feeds: dict, runs: int, jit: bool = True) -> dict[str, float]:
+def ferry_breakdown(
+    package: Path, feeds: dict, runs: int, jit: bool = True, threads: int = 1
+) -> dict[str, float]:
     """Median ms per run of each (op, kernel), summed over the nodes that ran it; ``jit=False``:
     Ferry numpy-only."""
-    session = Session(package, threads=1, jit=jit)
+    session = Session(package, threads=threads, jit=jit)
     for _ in range(3):  # record, plan, search: the profile shows what later runs do
         session.run(feeds)
     profiles = [session.profile(feeds) for _ in range(runs)]
@@ -63,9 +66,9 @@ def ferry_breakdown(package: Path, feeds: dict, runs: int, jit: bool = True) -> 
     return totals
 
 
-def ferry_nodes(package: Path, feeds: dict, runs: int) -> list[tuple[str, str, float]]:
+def ferry_nodes(package: Path, feeds: dict, runs: int, threads: int = 1) -> list[tuple[str, str, float]]:
     """(node, kernel, median ms) of each Conv / FusedConv node with the JIT tier, graph order."""
-    session = Session(package, threads=1)
+    session = Session(package, threads=threads)
     for _ in range(3):
         session.run(feeds)
     profiles = [session.profile(feeds) for _ in range(runs)]
@@ -76,12 +79,12 @@ def ferry_nodes(package: Path, feeds: dict, runs: int) -> list[tuple[str, str, f
     ]
 
 
-def ort_nodes(onnx_path: Path, feeds: dict, runs: int) -> list[tuple[str, float]]:
+def ort_nodes(onnx_path: Path, feeds: dict, runs: int, threads: int = 1) -> list[tuple[str, float]]:
     """(node, median ms) of each onnxruntime Conv node (its fused ones included), run order."""
     import onnxruntime as ort  # noqa: PLC0415
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.enable_profiling = True
     with tempfile.TemporaryDirectory(prefix="ferry-breakdown-") as tmp:
         options.profile_file_prefix = str(Path(tmp) / "ort")
@@ -100,9 +103,11 @@ def ort_nodes(onnx_path: Path, feeds: dict, runs: int) -> list[tuple[str, float]
     return [(name, statistics.median(durations)) for name, durations in per_node.items()]
 
 
-def print_nodes(name: str, ferry: list[tuple[str, str, float]], ort: list[tuple[str, float]]) -> None:
+def print_nodes(
+    name: str, ferry: list[tuple[str, str, float]], ort: list[tuple[str, float]], threads: int = 1
+) -> None:
     """Ferry's conv nodes beside onnxruntime's, paired in order (both keep one node per conv)."""
-    print(f"\n{name}: conv nodes, Ferry JIT beside onnxruntime (1 thread, median ms)")
+    print(f"\n{name}: conv nodes, Ferry JIT beside onnxruntime ({_threads(threads)}, median ms)")
     if len(ferry) != len(ort):
         print(f"  ({len(ferry)} Ferry and {len(ort)} onnxruntime conv nodes: pairs may not match)")
     for (node, kernel, f_ms), (_, o_ms) in zip(ferry, ort, strict=False):
@@ -111,7 +116,7 @@ def print_nodes(name: str, ferry: list[tuple[str, str, float]], ort: list[tuple[
     print(f"  {'all conv nodes':<69} {f_total:7.3f} {o_total:7.3f} {f_total / o_total:6.2f}x")
 
 
-def ort_breakdown(onnx_path: Path, feeds: dict, runs: int) -> dict[str, float]:
+def ort_breakdown(onnx_path: Path, feeds: dict, runs: int, threads: int = 1) -> dict[str, float]:
     """Median ms per run of each node, from onnxruntime's profiler (kernel time only), over the
     last ``runs`` of ``runs + 3`` runs, summed per op type: the median as Ferry's side takes it
     (a mean on a busy machine counted every preemption: 44.8 ms of Conv per MobileNetV2 run,
@@ -119,7 +124,7 @@ def ort_breakdown(onnx_path: Path, feeds: dict, runs: int) -> dict[str, float]:
     import onnxruntime as ort  # noqa: PLC0415
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.enable_profiling = True
     with tempfile.TemporaryDirectory(prefix="ferry-breakdown-") as tmp:
         options.profile_file_prefix = str(Path(tmp) / "ort")
@@ -139,10 +144,15 @@ def ort_breakdown(onnx_path: Path, feeds: dict, runs: int) -> dict[str, float]:
     return totals
 
 
-def print_side_by_side(name: str, ferry: dict[str, float], ort: dict[str, float]) -> None:
+def _threads(threads: int) -> str:
+    return "1 thread" if threads == 1 else f"{threads} threads"
+
+
+def print_side_by_side(name: str, ferry: dict[str, float], ort: dict[str, float], threads: int = 1) -> None:
     left = sorted(ferry.items(), key=lambda item: -item[1])[:TOP]
     right = sorted(ort.items(), key=lambda item: -item[1])[:TOP]
-    print(f"\n{name}: Ferry {sum(ferry.values()):.2f} ms, onnxruntime {sum(ort.values()):.2f} ms (1 thread)")
+    total = f"Ferry {sum(ferry.values()):.2f} ms, onnxruntime {sum(ort.values()):.2f} ms"
+    print(f"\n{name}: {total} ({_threads(threads)})")
     print(f"{'Ferry op (kernel)':<44}{'ms':>8}    {'onnxruntime op':<28}{'ms':>8}")
     for row in range(max(len(left), len(right))):
         f_name, f_ms = left[row] if row < len(left) else ("", None)
@@ -267,6 +277,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--tiers", default="numpy,jit", help="Ferry's kernel tiers to profile (numpy, jit)")
     parser.add_argument("--nodes", action="store_true", help="each conv node beside onnxruntime's")
+    parser.add_argument("--threads", type=int, default=1, help="each runtime's intra-op threads")
     args = parser.parse_args()
     helpers = _engine_bench()
     forms = []
@@ -275,14 +286,14 @@ def main() -> None:
             onnx_path = models.ALL[name]()
             feeds = helpers.feeds_for(onnx_path)
             package = helpers.convert_package(onnx_path, Path(tmp))
-            ort = ort_breakdown(onnx_path, feeds, args.runs)
+            threads = args.threads
+            ort = ort_breakdown(onnx_path, feeds, args.runs, threads)
             for tier in args.tiers.split(","):
-                ferry = ferry_breakdown(package, feeds, args.runs, jit=tier == "jit")
-                print_side_by_side(f"{name} [Ferry {tier}]", ferry, ort)
+                ferry = ferry_breakdown(package, feeds, args.runs, jit=tier == "jit", threads=threads)
+                print_side_by_side(f"{name} [Ferry {tier}]", ferry, ort, threads)
             if args.nodes:
-                print_nodes(
-                    name, ferry_nodes(package, feeds, args.runs), ort_nodes(onnx_path, feeds, args.runs)
-                )
+                ferry_convs = ferry_nodes(package, feeds, args.runs, threads)
+                print_nodes(name, ferry_convs, ort_nodes(onnx_path, feeds, args.runs, threads), threads)
             if _uses_math_forms(package):
                 forms.append((name, forms_ab(package, feeds, 2 * args.runs)))
         print()
