@@ -16,6 +16,10 @@ serial, so a pool thread parked by a busy machine delays one chunk, not the node
 prange and OpenBLAS split statically and wait for it: on the loaded 2-core host BERT's
 [128, 384] by [384, 1152] took 0.63 ms by prange, 0.57 shared, OpenBLAS's median 4.1 ms against
 its best 0.52).
+Each kernel comes in two widths, as the convs' GEMMs do: gemm_jit's 6 x 32 tiles (AVX-512's
+32 registers) and gemm8_jit's 6 x 16 ones (``*_gemm8_jit``: an AVX2 core's 16 registers, where
+the 6 x 32 tile spills: ViT-Tiny's [197, 192] by [192, 576] took 2.1x OpenBLAS's time on
+it); the search keeps the device's fastest.  The packed weights say which width they are for.
 Offered only where the weights are fixed for the plan (the search's ``_packable``); the sums
 run over K in order with fused multiply-adds, so results differ from OpenBLAS's by float32
 rounding only.
@@ -31,8 +35,9 @@ import numpy as np
 
 from engine import jit, team
 from engine.batch_split import share_out
+from engine.ops.conv import gemm8_jit
 from engine.ops.conv.common import fused_bounds
-from engine.ops.conv.gemm_jit import MR, gemm, pack_panels, packed_shape
+from engine.ops.conv.gemm_jit import MR, NR, gemm, pack_panels, packed_shape
 from engine.ops.fused import apply_activation, fused_matmul
 from engine.ops.registry import REGISTRY, Kernel
 from engine.ops.rows_jit import exact_gelu, gelu_rows_into
@@ -40,25 +45,34 @@ from engine.ops.rows_jit import exact_gelu, gelu_rows_into
 MIN_ROWS = 16  # fewer rows (a decode step): the GEMV paths win, and a tile is 6 rows
 
 
-def _weights(w: np.ndarray) -> tuple[np.ndarray, int] | None:
-    """(packed panels, M) from the plan's packed weights or raw (K, M) float32 ones."""
-    if w.dtype != np.float32:
+def _weights(w: np.ndarray, width: int) -> tuple[np.ndarray, int, Any] | None:
+    """(packed panels, M, the GEMM for them) from the plan's packed weights (of either width)
+    or raw (K, M) float32 ones, packed ``width`` wide."""
+    if w.dtype != np.float32 or w.ndim not in (2, 3):
         return None
-    if w.ndim == 3:
-        return w, packed_shape(w)[1]
-    return (pack_panels(w), w.shape[1]) if w.ndim == 2 else None
+    if w.ndim == 2:
+        w = pack_panels(w) if width == NR else gemm8_jit.pack_panels16(w)
+    if w.shape[2] == NR:
+        return w, packed_shape(w)[1], gemm
+    return (w, gemm8_jit.packed_shape16(w)[1], gemm8_jit.gemm16) if w.shape[2] == gemm8_jit.NR else None
 
 
 def _product(
-    a: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any], shared: bool = False
+    a: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    attrs: dict[str, Any],
+    shared: bool = False,
+    width: int = NR,
 ) -> np.ndarray | None:
     """a @ W (+ bias, Relu / Clip in the tiles, other activations after); None: not this
     kernel's inputs (the caller falls back).  ``shared``: in row chunks the calling thread and
-    a pool thread take in turn (``_shared_rows``), when the session allows two threads."""
-    weights = _weights(w)
+    a pool thread take in turn (``_shared_rows``), when the session allows two threads.
+    ``width``: the panels' width, where W comes unpacked."""
+    weights = _weights(w, width)
     if weights is None or a.dtype != np.float32 or a.ndim < 2 or a.size == 0:
         return None
-    packed, m = weights
+    packed, m, product = weights
     depth = packed.shape[1] - 2
     if a.shape[-1] != depth or (bias is not None and (bias.dtype != np.float32 or bias.ndim != 1)):
         return None
@@ -72,7 +86,7 @@ def _product(
     vector = None if bias is None else bias[:m]  # a tiled bias: one copy
 
     def chunk(first: int, last: int) -> None:
-        gemm(rows[first:last], packed, out[first:last], vector, bounds=bounds)
+        product(rows[first:last], packed, out[first:last], vector, bounds=bounds)
         if gelu:
             gelu_rows_into(out[first:last], None)  # out is fresh, C-contiguous float32
 
@@ -132,24 +146,54 @@ def matmul_gemm_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     return [y] if y is not None else REGISTRY["MatMul"](_unpacked(inputs), attrs)
 
 
+def fused_matmul_gemm8_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """``fused_matmul_gemm_jit`` on 6 x 16 tiles (AVX2), W packed for them."""
+    bias = inputs[2] if len(inputs) > 2 else None
+    y = _product(inputs[0], inputs[1], bias, attrs, width=gemm8_jit.NR)
+    return [y] if y is not None else fused_matmul(_unpacked(inputs), attrs)
+
+
+def fused_matmul_shared8_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """``fused_matmul_shared_jit`` on 6 x 16 tiles (AVX2), W packed for them."""
+    bias = inputs[2] if len(inputs) > 2 else None
+    y = _product(inputs[0], inputs[1], bias, attrs, shared=True, width=gemm8_jit.NR)
+    return [y] if y is not None else fused_matmul(_unpacked(inputs), attrs)
+
+
+def matmul_gemm8_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """``matmul_gemm_jit`` on 6 x 16 tiles (AVX2), W packed for them."""
+    y = _product(inputs[0], inputs[1], None, {}, width=gemm8_jit.NR)
+    return [y] if y is not None else REGISTRY["MatMul"](_unpacked(inputs), attrs)
+
+
 def _unpacked(inputs: list[np.ndarray | None]) -> list[np.ndarray | None]:
-    """The inputs with packed weights turned back into (K, M) (a fallback's rare path)."""
+    """The inputs with packed weights (either width) turned back into (K, M) (a fallback's
+    rare path)."""
     w = inputs[1]
     if w is None or w.ndim != 3:
         return inputs
-    depth, m = packed_shape(w)
+    depth, m = packed_shape(w) if w.shape[2] == NR else gemm8_jit.packed_shape16(w)
     matrix = w[:, :depth].transpose(1, 0, 2).reshape(depth, -1)[:, :m]
     return [inputs[0], np.ascontiguousarray(matrix), *inputs[2:]]
 
 
-def _pack(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> dict[int, np.ndarray]:
-    w = inputs[1]
-    return {1: pack_panels(np.asarray(w))} if w is not None and w.ndim == 2 and w.dtype == np.float32 else {}
+def _packer(pack: Any) -> Any:
+    """A kernel's ``pack``: its panels of fixed float32 (K, M) weights."""
+
+    def packed(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> dict[int, np.ndarray]:
+        w = inputs[1]
+        return {1: pack(np.asarray(w))} if w is not None and w.ndim == 2 and w.dtype == np.float32 else {}
+
+    return packed
 
 
-for _kernel in (fused_matmul_gemm_jit, fused_matmul_shared_jit, matmul_gemm_jit):
-    _kernel.jit = True  # type: ignore[attr-defined]
-    _kernel.pack = _pack  # type: ignore[attr-defined]
+for _kernels, _pack in (
+    ((fused_matmul_gemm_jit, fused_matmul_shared_jit, matmul_gemm_jit), pack_panels),
+    ((fused_matmul_gemm8_jit, fused_matmul_shared8_jit, matmul_gemm8_jit), gemm8_jit.pack_panels16),
+):
+    for _kernel in _kernels:
+        _kernel.jit = True  # type: ignore[attr-defined]
+        _kernel.pack = _packer(_pack)  # type: ignore[attr-defined]
 
 
 def _offered(shapes: Sequence[tuple[int, ...] | None]) -> bool:
@@ -168,11 +212,12 @@ def _fused_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | 
         return []
     rows = math.prod(shapes[0][:-1]) if shapes[0] else 0
     shared = jit.threads() > 1 and rows >= SHARED_MIN_ROWS and team.active() is None
-    return [fused_matmul_gemm_jit, fused_matmul_shared_jit] if shared else [fused_matmul_gemm_jit]
+    tiled = [fused_matmul_gemm_jit, fused_matmul_gemm8_jit]
+    return [*tiled, fused_matmul_shared_jit, fused_matmul_shared8_jit] if shared else tiled
 
 
 def _matmul_candidates(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) -> list[Kernel]:
-    return [matmul_gemm_jit] if _offered(shapes) else []
+    return [matmul_gemm_jit, matmul_gemm8_jit] if _offered(shapes) else []
 
 
 CANDIDATES = {"FusedMatMul": _fused_candidates, "MatMul": _matmul_candidates}
