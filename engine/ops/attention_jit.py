@@ -20,7 +20,8 @@ import numpy as np
 from numba import prange, types
 
 from engine import jit, team
-from engine.ops.conv.gemm_jit import gemm, gemm_batched, pack_panels, pack_slots
+from engine.ops.conv import gemm8_jit
+from engine.ops.conv.gemm_jit import NR, gemm, gemm_batched, pack_panels, pack_slots
 from engine.ops.exp_jit import exp2_row
 from engine.ops.fused import LOG2_E, _attention_inputs, _attention_output, _base2, fused_attention
 from engine.ops.registry import Kernel
@@ -174,6 +175,19 @@ def attention_gemm_heads(inputs: list[np.ndarray | None], attrs: dict[str, Any])
     made two a head, and under engine/team.py's worker two shared jobs (ViT-Tiny's three
     heads' products had been too small to gain from sharing one by one).  A mask is added to
     the scores between them.  float32 only."""
+    return _gemm_heads(inputs, attrs, gemm_batched, NR)
+
+
+def attention_gemm_heads8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """``attention_gemm_heads`` on gemm8_jit's 6 x 16 tiles (AVX2, where the 6 x 32 tile spills):
+    under the team, products, softmax and all are shared."""
+    return _gemm_heads(inputs, attrs, gemm8_jit.gemm_batched16, gemm8_jit.NR)
+
+
+def _gemm_heads(
+    inputs: list[np.ndarray | None], attrs: dict[str, Any], batched: Any, panel: int
+) -> list[np.ndarray]:
+    """attention_gemm_heads on the GEMM ``batched`` over panels ``panel`` columns wide."""
     q, keys, v, mask = _attention_inputs(inputs, attrs)
     if not (q.dtype == keys.dtype == v.dtype == np.float32) or 0 in q.shape + keys.shape + v.shape:
         return fused_attention(inputs, attrs)
@@ -190,14 +204,15 @@ def attention_gemm_heads(inputs: list[np.ndarray | None], attrs: dict[str, Any])
     scores = np.empty((heads, queries, keys_count), np.float32)
     # k^T and v packed straight from their views (pack_slots: one pass, ~40 us a ViT-Tiny layer
     # less than copying them contiguous and packing the copies)
-    gemm_batched(np.ascontiguousarray(by_head(q)), pack_slots(np.swapaxes(by_head(keys), -1, -2)), scores)
+    keys_t = pack_slots(np.swapaxes(by_head(keys), -1, -2), panel)
+    batched(np.ascontiguousarray(by_head(q)), keys_t, scores)
     if mask is not None:
         scores.reshape(scores_shape)[...] += mask
     # q carries log2(e) already (base 2) unless a mask keeps the scores in natural units
     softmax_rows_into(scores.reshape(-1, keys_count), 1.0 if _base2(q, mask) else LOG2_E)
     result, out = _attention_output(attrs, (*lead, queries, width), np.float32)
     products = np.empty((heads, queries, width), np.float32)
-    gemm_batched(scores, pack_slots(by_head(v)), products)
+    batched(scores, pack_slots(by_head(v), panel), products)
     out[...] = products.reshape(out.shape)
     return [result]
 
@@ -210,7 +225,13 @@ def _adds_to(mask: np.ndarray, shape: tuple[int, ...]) -> bool:
         return False
 
 
-for _kernel in (attention_jit, attention_jit_per_head, attention_gemm_per_head, attention_gemm_heads):
+for _kernel in (
+    attention_jit,
+    attention_jit_per_head,
+    attention_gemm_per_head,
+    attention_gemm_heads,
+    attention_gemm_heads8,
+):
     _kernel.jit = True  # type: ignore[attr-defined]
 
 
@@ -222,9 +243,10 @@ def _attention(attrs: dict[str, Any], shapes: Sequence[tuple[int, ...] | None]) 
     # 17 batched)
     many = q_shape[-2] >= GEMM_MIN_QUERIES
     masked = len(shapes) > 3 and shapes[3] is not None
+    heads = [attention_gemm_heads, attention_gemm_heads8] if many else []
     if masked:
-        return [attention_jit, *([attention_gemm_heads] if many else [])]
-    gemms = [attention_gemm_per_head, attention_gemm_heads] if many else []
+        return [attention_jit, *heads]
+    gemms = [attention_gemm_per_head, *heads] if many else []
     return [attention_jit, attention_jit_per_head, *gemms]
 
 

@@ -330,7 +330,7 @@ def test_1x1_gemm_on_two_threads_matches_one():
 )
 def test_packing_a_view_in_one_pass_is_pack_panels(slots, depth, m, view, seed):
     """pack_slots reads (S, K, M) views of any strides (attention's k^T and v per head) into the
-    panels pack_panels makes from a contiguous copy."""
+    panels pack_panels makes from a contiguous copy (and, 16 wide, pack_panels16's)."""
     rng = np.random.default_rng(seed)
     if view == "transposed":  # k^T: (S, M, K) memory read as (S, K, M)
         src = np.swapaxes(rng.standard_normal((slots, m, depth)).astype(np.float32), -1, -2)
@@ -341,6 +341,8 @@ def test_packing_a_view_in_one_pass_is_pack_panels(slots, depth, m, view, seed):
     else:
         src = rng.standard_normal((slots, depth, m)).astype(np.float32)
     np.testing.assert_array_equal(gemm_jit.pack_slots(src), gemm_jit.pack_panels(np.ascontiguousarray(src)))
+    sixteen = np.stack([gemm8_jit.pack_panels16(np.ascontiguousarray(part)) for part in src])
+    np.testing.assert_array_equal(gemm_jit.pack_slots(src, gemm8_jit.NR), sixteen)
 
 
 @pytest.mark.parametrize(

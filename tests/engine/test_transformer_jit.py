@@ -32,6 +32,7 @@ JIT_ATTENTION = (
     attention_jit.attention_jit_per_head,
     attention_jit.attention_gemm_per_head,
     attention_jit.attention_gemm_heads,
+    attention_jit.attention_gemm_heads8,
 )
 
 
@@ -85,6 +86,7 @@ def test_jit_attention_matches_numpy_and_the_reference(case, k_transposed, natur
     many = q.shape[-2] >= attention_jit.GEMM_MIN_QUERIES
     assert (attention_jit.attention_gemm_per_head in offered) == (mask is None and many)
     assert (attention_jit.attention_gemm_heads in offered) == many
+    assert (attention_jit.attention_gemm_heads8 in offered) == many
     with forced_forms(natural_exp, table_gelu=False):
         numpy_result = fused.fused_attention(inputs, attrs)[0]
         for kernel in JIT_ATTENTION:
@@ -136,7 +138,11 @@ def test_jit_attention_masked_keys_and_a_fully_masked_query():
     mask[2, :3] = -np.inf
     model, feeds = _attention_model(q, k, v, mask, 0.5)
     want = run_reference(model, feeds)[0]
-    masked = (attention_jit.attention_jit, attention_jit.attention_gemm_heads)
+    masked = (
+        attention_jit.attention_jit,
+        attention_jit.attention_gemm_heads,
+        attention_jit.attention_gemm_heads8,
+    )
     for kernel in masked:
         got = kernel([q, k, v, mask], {"scale": 0.5})[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=kernel.__name__)

@@ -157,15 +157,16 @@ def pack_panels(wt: np.ndarray) -> np.ndarray:
 
 @jit.njit([types.void(jit.array(types.float32, 3, "A", readonly=True), jit.array(types.float32, 4, "C"))])
 def _pack_into(src, packed):  # noqa: ANN001, ANN202
-    """``pack_panels`` of src (S, K, M), any strides, in one pass: per panel the K rows of 32
-    columns (zero past M), the zero row and the row holding M.  Along K when src's rows are
-    contiguous, along the panel's columns otherwise (keys^T: a column of keys is one row of K)."""
+    """``pack_panels`` of src (S, K, M), any strides, in one pass: per panel the K rows of its
+    columns (packed's last axis: 32, or gemm8_jit's 16; zero past M), the zero row and the row
+    holding M.  Along K when src's rows are contiguous, along the panel's columns otherwise
+    (keys^T: a column of keys is one row of K)."""
     slots, depth, m = src.shape
-    panels = packed.shape[1]
+    panels, width = packed.shape[1], packed.shape[3]
     for s in range(slots):
         for p in range(panels):
-            j0 = p * NR
-            cols = min(NR, m - j0)
+            j0 = p * width
+            cols = min(width, m - j0)
             if src.strides[2] <= src.strides[1]:  # rows of src contiguous: read them in order
                 for k in range(depth):
                     for j in range(cols):
@@ -175,19 +176,20 @@ def _pack_into(src, packed):  # noqa: ANN001, ANN202
                     for k in range(depth):
                         packed[s, p, k, j] = src[s, k, j0 + j]
             for k in range(depth):
-                for j in range(cols, NR):
+                for j in range(cols, width):
                     packed[s, p, k, j] = 0
-            for j in range(NR):
+            for j in range(width):
                 packed[s, p, depth, j] = 0
                 packed[s, p, depth + 1, j] = 0
             packed[s, p, depth + 1, 0] = m
 
 
-def pack_slots(src: np.ndarray) -> np.ndarray:
+def pack_slots(src: np.ndarray, width: int = NR) -> np.ndarray:
     """``pack_panels`` of a float32 (S, K, M) view of any strides (attention's keys^T and values
-    per head) with one pass over it, where ``pack_panels`` made four over zeroed copies."""
+    per head) with one pass over it, where ``pack_panels`` made four over zeroed copies; ``width``
+    16: gemm8_jit's ``pack_panels16``."""
     slots, depth, m = src.shape
-    packed = np.empty((slots, -(-m // NR), depth + 2, NR), np.float32)
+    packed = np.empty((slots, -(-m // width), depth + 2, width), np.float32)
     _pack_into(src, packed)
     return packed
 
