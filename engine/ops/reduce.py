@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,18 @@ def _reduce(fn: Callable[..., np.ndarray], name: str):
     return kernel
 
 
+def _mean(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """np.mean's sum and division without its bookkeeping: a CNN's global pool of a 1280 x 7 x 7
+    channels-last map took 30-60 us in np.mean, 10 in the sum (the same bits: np.mean adds with
+    np.add.reduce, then divides by the count).  float16 and integers keep np.mean (it sums those
+    in float32 / float64)."""
+    if x.dtype not in (np.float32, np.float64):
+        return np.mean(x, axis=axis, keepdims=keepdims)
+    total = np.add.reduce(x, axis=axis, keepdims=keepdims)
+    with np.errstate(invalid="ignore", divide="ignore"):  # an empty mean is NaN, as np.mean's
+        return np.true_divide(total, math.prod(x.shape[a] for a in axis))
+
+
 def _sum_square(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
     return np.sum(x * x, axis=axis, keepdims=keepdims)
 
@@ -38,7 +51,7 @@ def _l2(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
     return np.sqrt(_sum_square(x, axis, keepdims))
 
 
-register("ReduceMean")(_reduce(np.mean, "reduce_mean"))
+register("ReduceMean")(_reduce(_mean, "reduce_mean"))
 register("ReduceSum")(_reduce(np.sum, "reduce_sum"))
 register("ReduceMax")(_reduce(np.max, "reduce_max"))
 register("ReduceMin")(_reduce(np.min, "reduce_min"))

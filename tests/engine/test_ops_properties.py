@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -149,6 +151,29 @@ def test_softmax(data):
     scale = data.draw(st.sampled_from([1.0, 30.0] if op == "Softmax" else [1.0, 5.0]))
     x = _array(data.draw, tuple(shape), scale=scale)
     check_op(op, [x], {"axis": axis}, opset=13, rtol=1e-5, atol=1e-6)
+
+
+@SETTINGS
+@given(st.data())
+def test_reduce_mean_is_np_mean_bit_for_bit(data):
+    """ReduceMean's float path (a sum, then the division) gives np.mean's bits, over views of
+    any layout (a conv's channels-last result), empty axes' NaN included; and the reference's."""
+    from engine.ops.registry import REGISTRY  # noqa: PLC0415
+
+    shape = data.draw(st.lists(st.integers(0, 5), min_size=1, max_size=4))
+    dtype = data.draw(st.sampled_from([np.float32, np.float64, np.float16]))
+    x = (_array(data.draw, tuple(shape)) * 10).astype(dtype)
+    if x.ndim > 1 and data.draw(st.booleans()):  # axis 1 contiguous: a channels-last conv's result
+        x = np.moveaxis(np.ascontiguousarray(np.moveaxis(x, 1, -1)), -1, 1)
+    axes = data.draw(st.lists(st.integers(0, x.ndim - 1), min_size=1, max_size=x.ndim, unique=True))
+    keepdims = data.draw(st.sampled_from([0, 1]))
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # np.mean's "Mean of empty slice"
+        got = REGISTRY["ReduceMean"]([x], {"axes": axes, "keepdims": keepdims})[0]
+        want = np.mean(x, axis=tuple(axes), keepdims=bool(keepdims))
+    assert got.dtype == x.dtype and np.array_equal(got, want.astype(x.dtype), equal_nan=True)
+    if x.size and dtype == np.float32:
+        check_op("ReduceMean", [x], {"axes": axes, "keepdims": keepdims}, opset=13, rtol=1e-5, atol=1e-6)
 
 
 @SETTINGS
