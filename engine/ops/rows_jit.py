@@ -46,7 +46,7 @@ _ROWS = jit.array(_F32, 2, "C")
 _VECTOR_IN = jit.array(_F32, 1, "C", readonly=True)
 _ROW = jit.array(_F32, 1, "C")
 _BITS = jit.array(types.int32, 1, "C")
-_GELU = types.void(_ROWS, _VECTOR_IN)
+_GELU = types.void(_ROWS, _VECTOR_IN, types.int64, types.int64)  # rows [first, last)
 # the exponent of 2 in gelu(x) = x / (1 + 2^(x Q(x^2))): fastmath's fit, in powers of x^2
 _Q0, _Q1, _Q2, _Q3, _Q4, _Q5, _Q6 = (float(c) for c in fastmath._EXP2_COEFFS)
 _E0, _E1, _E2, _E3, _E4, _E5, _E6 = (
@@ -92,20 +92,21 @@ def _gelu_row(row, bias, mantissa, bits):  # noqa: ANN001, ANN202
 
 
 @jit.njit([_GELU], error_model="numpy")
-def _gelu_serial(y, bias):  # noqa: ANN001, ANN202
+def _gelu_rows(y, bias, first, last):  # noqa: ANN001, ANN202
+    """y[r] = gelu(y[r] + bias) for r in [first, last): called for all rows (one thread), per
+    chunk by ``_gelu_parallel``, or per claimed chunk by team_jit's worker."""
     mantissa, bits = np.empty(y.shape[1], np.float32), np.empty(y.shape[1], np.int32)
-    for r in range(y.shape[0]):
+    for r in range(first, last):
         _gelu_row(y[r], bias, mantissa, bits)
 
 
 @jit.njit([_GELU], parallel=True, error_model="numpy")
-def _gelu_parallel(y, bias):  # noqa: ANN001, ANN202
+def _gelu_parallel(y, bias, first, last):  # noqa: ANN001, ANN202
     chunks = 8
-    per = (y.shape[0] + chunks - 1) // chunks
+    per = (last - first + chunks - 1) // chunks
     for c in prange(chunks):
-        mantissa, bits = np.empty(y.shape[1], np.float32), np.empty(y.shape[1], np.int32)
-        for r in range(c * per, min((c + 1) * per, y.shape[0])):
-            _gelu_row(y[r], bias, mantissa, bits)
+        start = min(last, first + c * per)
+        _gelu_rows(y, bias, start, min(last, start + per))
 
 
 @functools.lru_cache(maxsize=32)
@@ -121,11 +122,11 @@ def gelu_rows_into(y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     by rows with engine/team.py's worker during a team run, from team.MIN_ROW_ELEMENTS."""
     rows = y.reshape(-1, y.shape[-1])
     bias = _zeros(rows.shape[1]) if bias is None else np.ascontiguousarray(bias)
-    running = team.active()
-    if running is not None and rows.size >= team.MIN_ROW_ELEMENTS and 1 < rows.shape[0] < team.MAX_ITEMS:
-        running.share(team.GELU, rows, bias, 0, rows.shape[0])
+    args = (rows, bias, 0, rows.shape[0])
+    if team.active() is not None and rows.size >= team.MIN_ROW_ELEMENTS and rows.shape[0] > 1:
+        team.run(team.GELU, _gelu_rows, _gelu_parallel, *args)
     else:
-        jit.run(_gelu_serial, _gelu_parallel, rows, bias)
+        jit.run(_gelu_rows, _gelu_parallel, *args)
     return y
 
 

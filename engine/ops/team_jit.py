@@ -50,7 +50,7 @@ from engine.ops.conv.direct_jit import _ROWS as _DIRECT_ROWS
 from engine.ops.conv.direct_jit import _rows as _direct_rows
 from engine.ops.conv.gemm8_jit import _ITEMS, _items16
 from engine.ops.conv.gemm_jit import _gemm_items
-from engine.ops.rows_jit import _gelu_row
+from engine.ops.rows_jit import _gelu_rows
 from engine.team import DEPTHWISE, DIRECT, GELU, GEMM8, ITEM_BITS, SOFTMAX
 
 # int64 slots of ``state``, each on its own cache line: the last job's tag (the caller's), the
@@ -85,17 +85,15 @@ def _run(table, floats, first, last):  # noqa: ANN001, ANN202
     residual; rows, depth, m, the residual's row stride, rows per block: gemm8_jit's kernel or,
     GEMM32, gemm_jit's, which take the same arguments), SOFTMAX's rows (rows; their length,
     count; the scale), a depthwise or direct conv's output rows, or GELU's rows (rows, bias;
-    their length)."""
+    their length, count)."""
     f32 = np.float32
     if table[FLAGS, 1] == SOFTMAX:
         rows = array_at(table, 0, f32).reshape((_int(table, 1), _int(table, 0)))
         _softmax_rows(rows, floats[0], first, last)
         return
     if table[FLAGS, 1] == GELU:
-        y, bias, length = array_at(table, 0, f32), array_at(table, 1, f32), _int(table, 0)
-        mantissa, bits = np.empty(length, f32), np.empty(length, np.int32)
-        for r in range(first, last):
-            _gelu_row(y[r * length : (r + 1) * length], bias, mantissa, bits)
+        rows = array_at(table, 0, f32).reshape((_int(table, 1), _int(table, 0)))
+        _gelu_rows(rows, array_at(table, 1, f32), first, last)
         return
     flags = table[FLAGS, 0]
     has_res, has_clip, lo, hi = (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1]
@@ -275,5 +273,5 @@ def gelu_shared(state, table, floats, rows, bias, first, last):  # noqa: ANN001,
     table[0, 0], table[0, 1] = rows.ctypes.data, rows.size
     table[1, 0], table[1, 1] = bias.ctypes.data, bias.size
     table[FLAGS, 0], table[FLAGS, 1] = 0, GELU
-    table[INTS, 0] = rows.shape[1]
+    table[INTS, 0], table[INTS, 1] = rows.shape[1], rows.shape[0]
     _share(state, table, floats, last)
