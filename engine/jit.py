@@ -48,6 +48,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.conv.direct_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.pointwise_jit": ("Conv", "FusedConv"),
     "engine.ops.conv.im2col_jit": ("Conv", "FusedConv"),
+    # a CNN's classifier (Gemm); rides along with the convs (a model of Gemms alone stays numpy)
+    "engine.ops.gemv_jit": ("Conv", "FusedConv"),
     # the conv GEMM; rides along where a UNet's norms bring numba in (its convs are ungrouped)
     "engine.ops.conv.gemm_conv_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.conv.winograd_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),

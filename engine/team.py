@@ -34,9 +34,9 @@ from engine import jit
 
 MODULE = "engine.ops.team_jit"
 # the jobs a team shares: gemm8_jit's GEMM (6 x 16 tiles, AVX2), gemm_jit's (6 x 32, AVX-512),
-# attention_jit's row softmax, depthwise_vec_jit's 3x3 depthwise conv, rows_jit's exact GELU and
-# direct_jit's implicit-GEMM conv (a CNN's stem)
-GEMM8, GEMM32, SOFTMAX, DEPTHWISE, GELU, DIRECT = 0, 1, 2, 3, 4, 5
+# attention_jit's row softmax, depthwise_vec_jit's 3x3 depthwise conv, rows_jit's exact GELU,
+# direct_jit's implicit-GEMM conv (a CNN's stem) and gemv_jit's dot products (its classifier)
+GEMM8, GEMM32, SOFTMAX, DEPTHWISE, GELU, DIRECT, GEMV = 0, 1, 2, 3, 4, 5, 6
 # multiply-adds from which a kernel shares its work with a spinning worker: ~10 us of work,
 # against a few us to open the job and meet the worker at its end
 MIN_MACS = 1 << 18
@@ -103,6 +103,8 @@ class Team:
             self._kernels.gelu_shared(self._state, self._table, self._floats, *args)
         elif kind == DIRECT:
             self._kernels.direct_shared(self._state, self._table, self._floats, *args)
+        elif kind == GEMV:
+            self._kernels.gemv_shared(self._state, self._table, self._floats, *args)
         else:
             self._kernels.gemm_shared(self._state, self._table, self._floats, kind, *args)
 

@@ -50,15 +50,16 @@ from engine.ops.conv.direct_jit import _ROWS as _DIRECT_ROWS
 from engine.ops.conv.direct_jit import _rows as _direct_rows
 from engine.ops.conv.gemm8_jit import _ITEMS, _items16
 from engine.ops.conv.gemm_jit import _gemm_items
+from engine.ops.gemv_jit import _DOTS, _dots
 from engine.ops.rows_jit import _gelu_rows
-from engine.team import DEPTHWISE, DIRECT, GELU, GEMM8, ITEM_BITS, SOFTMAX
+from engine.team import DEPTHWISE, DIRECT, GELU, GEMM8, GEMV, ITEM_BITS, SOFTMAX
 
 # int64 slots of ``state``, each on its own cache line: the last job's tag (the caller's), the
 # claim word, items done, whether a run is on (the worker spins) and the worker's exit flag
 TAG, NEXT, DONE, RUN, STOP = 0, 8, 16, 24, 32
 STATE_SLOTS = 40
 # the job table: rows 0-5 (address, size) of the job's arrays, row FLAGS (flags, the job's kind:
-# team.GEMM8, GEMM32, SOFTMAX, DEPTHWISE, GELU or DIRECT), then its integer arguments two a row
+# team.GEMM8, GEMM32, SOFTMAX, DEPTHWISE, GELU, DIRECT or GEMV), then its integer arguments two a row
 # from row INTS
 FLAGS, INTS = 6, 7
 TABLE_ROWS = 12
@@ -84,12 +85,17 @@ def _run(table, floats, first, last):  # noqa: ANN001, ANN202
     """Items [first, last) of the job the table describes: a GEMM (x, packed, out, bias,
     residual; rows, depth, m, the residual's row stride, rows per block: gemm8_jit's kernel or,
     GEMM32, gemm_jit's, which take the same arguments), SOFTMAX's rows (rows; their length,
-    count; the scale), a depthwise or direct conv's output rows, or GELU's rows (rows, bias;
-    their length, count)."""
+    count; the scale), a depthwise or direct conv's output rows, GELU's rows (rows, bias;
+    their length, count) or a GEMV's blocks of outputs (x, B, bias, out; K, N)."""
     f32 = np.float32
     if table[FLAGS, 1] == SOFTMAX:
         rows = array_at(table, 0, f32).reshape((_int(table, 1), _int(table, 0)))
         _softmax_rows(rows, floats[0], first, last)
+        return
+    if table[FLAGS, 1] == GEMV:
+        depth, n = _int(table, 0), _int(table, 1)
+        x, b = array_at(table, 0, f32), array_at(table, 1, f32).reshape((n, depth))
+        _dots(x, b, array_at(table, 2, f32), array_at(table, 3, f32), depth, n, first, last)
         return
     if table[FLAGS, 1] == GELU:
         rows = array_at(table, 0, f32).reshape((_int(table, 1), _int(table, 0)))
@@ -259,6 +265,18 @@ def direct_shared(state, table, floats, x, offs, packed, out, bias, res, has_res
     table[INTS + 2, 0], table[INTS + 2, 1] = image, line
     table[INTS + 3, 0] = step
     floats[0], floats[1] = lo, hi
+    _share(state, table, floats, last)
+
+
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS, *_DOTS.args)])
+def gemv_shared(state, table, floats, x, b, bias, out, depth, n, first, last):  # noqa: ANN001, ANN202
+    """gemv_jit's blocks of outputs [first, last) with the worker taking a share; first 0."""
+    table[0, 0], table[0, 1] = x.ctypes.data, x.size
+    table[1, 0], table[1, 1] = b.ctypes.data, b.size
+    table[2, 0], table[2, 1] = bias.ctypes.data, bias.size
+    table[3, 0], table[3, 1] = out.ctypes.data, out.size
+    table[FLAGS, 0], table[FLAGS, 1] = 0, GEMV
+    table[INTS, 0], table[INTS, 1] = depth, n
     _share(state, table, floats, last)
 
 

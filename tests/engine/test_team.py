@@ -176,6 +176,22 @@ def test_a_shared_direct_conv_is_the_serial_kernel_bit_for_bit(split):
     assert np.array_equal(got, conv([small, w, b], attrs)[0])
 
 
+def test_a_shared_classifier_gemv_is_the_serial_kernel_bit_for_bit():
+    """A CNN's classifier (a one-row Gemm by B^T, gemv_jit) is a team job by blocks of outputs:
+    the serial kernel's results, in one job; a small one stays on the caller."""
+    gemv = jit.module("engine.ops.gemv_jit")
+    rng = np.random.default_rng(9)
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((1, 1280), (1001, 1280), (1001,)))
+    with jit.thread_limit(1):
+        want = gemv.gemv_jit([a, b, c], {"transB": 1})[0]
+    got, jobs = _in_a_team_run(lambda: gemv.gemv_jit([a, b, c], {"transB": 1})[0])
+    assert jobs == 1
+    assert np.array_equal(got, want)
+    got, jobs = _in_a_team_run(lambda: gemv.gemv_jit([a[:, :64], b[:50, :64]], {"transB": 1})[0])
+    assert jobs == 0
+    assert np.array_equal(got, gemv.gemv_jit([a[:, :64], b[:50, :64]], {"transB": 1})[0])
+
+
 def test_a_job_too_large_for_the_claim_word_runs_serially():
     """A job's items are counted in team.ITEM_BITS bits: a larger one runs on the caller alone."""
     attention_jit = jit.module("engine.ops.attention_jit")
