@@ -23,7 +23,8 @@ only for items the worker claimed.  Each chunk is the serial kernel's own body o
 items (``_items16``, ``_gemm_items``), so results are the serial kernel's, bit for bit.
 Attention's row softmax (attention_jit.py) and an exact GELU (rows_jit.py: a transformer's
 feed-forward activation, which the caller had run alone after the shared GEMM) are shared the
-same way, by rows.
+same way, by rows; so are a CNN's stem (direct_jit.py, by output rows) and its classifier's GEMV
+(gemv_jit.py, by blocks of outputs), which a 2-thread run had left on the caller alone.
 """
 
 from __future__ import annotations
