@@ -50,17 +50,16 @@ def _row_max(row, n):  # noqa: ANN001, ANN202
     return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
 
 
-@jit.njit([_F32(_ROW, types.int64)], error_model="numpy")
+@jit.njit([_F32(_ROW, types.int64)], error_model="numpy", fastmath={"reassoc"})
 def _row_sum(row, n):  # noqa: ANN001, ANN202
-    """sum(row[:n]) over eight interleaved partial sums (as _row_max: latency, not bandwidth)."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0)
-    whole = n - n % 8
-    for k in range(0, whole, 8):
-        s0, s1, s2, s3 = s0 + row[k], s1 + row[k + 1], s2 + row[k + 2], s3 + row[k + 3]
-        s4, s5, s6, s7 = s4 + row[k + 4], s5 + row[k + 5], s6 + row[k + 6], s7 + row[k + 7]
-    for k in range(whole, n):
-        s0 += row[k]
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    """sum(row[:n]), reassociated: LLVM keeps partial sums in vector lanes (0.09 ns an element
+    at ViT-Tiny's 197-wide rows on Zen 3, where eight scalar partial sums took 0.29: a third of
+    the softmax's time besides its exponential).  The order differs from a plain sum's by
+    float32 rounding, ~1e-7 relative."""
+    total = np.float32(0)
+    for k in range(n):
+        total += row[k]
+    return total
 
 
 @jit.njit([_SOFTMAX], error_model="numpy")
