@@ -169,6 +169,12 @@ def pointer(typingctx, address, like):  # noqa: ANN001, ANN201, ARG001
 
 
 @numba.njit(inline="always", cache=True)
+def put_array(table, i, array):  # noqa: ANN001, ANN202
+    """Row ``i`` of ``table`` = (address, length) of ``array``: what ``array_at`` reads back."""
+    table[i, 0], table[i, 1] = array.ctypes.data, array.size
+
+
+@numba.njit(inline="always", cache=True)
 def array_at(table, i, like):  # noqa: ANN001, ANN202
     """Array ``i`` of ``table`` (rows of address, length) as ``like``'s dtype: the arrays
     the table lists, which its caller keeps alive."""

@@ -40,6 +40,7 @@ from engine.ops.atomic_jit import (
     atomic_load,
     atomic_store,
     pause,
+    put_array,
     wait_while,
     wake,
     yield_core,
@@ -205,11 +206,11 @@ def gemm_shared(state, table, floats, kind, x, packed, out, bias, res, has_res, 
                 m, rstride, block_rows, first, last):  # noqa: ANN001, ANN202  # fmt: skip
     """The GEMM kernel of ``kind`` over items [first, last) with the worker taking a share;
     first must be 0 (a job's items are numbered from 0)."""
-    table[0, 0], table[0, 1] = x.ctypes.data, x.size
-    table[1, 0], table[1, 1] = packed.ctypes.data, packed.size
-    table[2, 0], table[2, 1] = out.ctypes.data, out.size
-    table[3, 0], table[3, 1] = bias.ctypes.data, bias.size
-    table[4, 0], table[4, 1] = res.ctypes.data, res.size
+    put_array(table, 0, x)
+    put_array(table, 1, packed)
+    put_array(table, 2, out)
+    put_array(table, 3, bias)
+    put_array(table, 4, res)
     table[FLAGS, 0], table[FLAGS, 1] = (1 if has_res else 0) | (2 if has_clip else 0), kind
     table[INTS, 0], table[INTS, 1] = rows, depth
     table[INTS + 1, 0], table[INTS + 1, 1] = m, rstride
@@ -222,7 +223,7 @@ def gemm_shared(state, table, floats, kind, x, packed, out, bias, res, has_res, 
 def softmax_shared(state, table, floats, rows, scale, first, last):  # noqa: ANN001, ANN202
     """attention_jit's row softmax over rows [first, last) with the worker taking a share;
     first must be 0."""
-    table[0, 0], table[0, 1] = rows.ctypes.data, rows.size
+    put_array(table, 0, rows)
     table[FLAGS, 0], table[FLAGS, 1] = 0, SOFTMAX
     table[INTS, 0], table[INTS, 1] = rows.shape[1], rows.shape[0]
     floats[0] = scale
@@ -233,12 +234,12 @@ def softmax_shared(state, table, floats, rows, scale, first, last):  # noqa: ANN
 def depthwise_shared(state, table, floats, x, w, bias, out, res, zero, has_res, has_clip, lo, hi, height,
                      width, channels, ho, wo, sh, sw, pt, pl, first, last):  # noqa: ANN001, ANN202  # fmt: skip
     """depthwise_vec_jit's output rows [first, last) with the worker taking a share; first 0."""
-    table[0, 0], table[0, 1] = x.ctypes.data, x.size
-    table[1, 0], table[1, 1] = w.ctypes.data, w.size
-    table[2, 0], table[2, 1] = bias.ctypes.data, bias.size
-    table[3, 0], table[3, 1] = out.ctypes.data, out.size
-    table[4, 0], table[4, 1] = res.ctypes.data, res.size
-    table[5, 0], table[5, 1] = zero.ctypes.data, zero.size
+    put_array(table, 0, x)
+    put_array(table, 1, w)
+    put_array(table, 2, bias)
+    put_array(table, 3, out)
+    put_array(table, 4, res)
+    put_array(table, 5, zero)
     table[FLAGS, 0], table[FLAGS, 1] = (1 if has_res else 0) | (2 if has_clip else 0), DEPTHWISE
     table[INTS, 0], table[INTS, 1] = height, width
     table[INTS + 1, 0], table[INTS + 1, 1] = channels, ho
@@ -253,12 +254,12 @@ def depthwise_shared(state, table, floats, x, w, bias, out, res, zero, has_res, 
 def direct_shared(state, table, floats, x, offs, packed, out, bias, res, has_res, has_clip, lo, hi, split,
                   ho, wo, m, depth, image, line, step, first, last):  # noqa: ANN001, ANN202  # fmt: skip
     """direct_jit's output rows [first, last) with the worker taking a share; first 0."""
-    table[0, 0], table[0, 1] = x.ctypes.data, x.size
-    table[1, 0], table[1, 1] = offs.ctypes.data, offs.size
-    table[2, 0], table[2, 1] = packed.ctypes.data, packed.size
-    table[3, 0], table[3, 1] = out.ctypes.data, out.size
-    table[4, 0], table[4, 1] = bias.ctypes.data, bias.size
-    table[5, 0], table[5, 1] = res.ctypes.data, res.size
+    put_array(table, 0, x)
+    put_array(table, 1, offs)
+    put_array(table, 2, packed)
+    put_array(table, 3, out)
+    put_array(table, 4, bias)
+    put_array(table, 5, res)
     flags = (1 if has_res else 0) | (2 if has_clip else 0) | (4 if split else 0)
     table[FLAGS, 0], table[FLAGS, 1] = flags, DIRECT
     table[INTS, 0], table[INTS, 1] = ho, wo
@@ -272,10 +273,10 @@ def direct_shared(state, table, floats, x, offs, packed, out, bias, res, has_res
 @jit.njit([types.void(_STATE, _TABLE, _FLOATS, *_DOTS.args)])
 def gemv_shared(state, table, floats, x, b, bias, out, depth, n, first, last):  # noqa: ANN001, ANN202
     """gemv_jit's blocks of outputs [first, last) with the worker taking a share; first 0."""
-    table[0, 0], table[0, 1] = x.ctypes.data, x.size
-    table[1, 0], table[1, 1] = b.ctypes.data, b.size
-    table[2, 0], table[2, 1] = bias.ctypes.data, bias.size
-    table[3, 0], table[3, 1] = out.ctypes.data, out.size
+    put_array(table, 0, x)
+    put_array(table, 1, b)
+    put_array(table, 2, bias)
+    put_array(table, 3, out)
     table[FLAGS, 0], table[FLAGS, 1] = 0, GEMV
     table[INTS, 0], table[INTS, 1] = depth, n
     _share(state, table, floats, last)
@@ -289,8 +290,8 @@ _BIAS = jit.array(types.float32, 1, "C", readonly=True)
 def gelu_shared(state, table, floats, rows, bias, first, last):  # noqa: ANN001, ANN202
     """rows_jit's exact GELU of rows [first, last) in place, plus ``bias`` over each row, with the
     worker taking a share; first must be 0."""
-    table[0, 0], table[0, 1] = rows.ctypes.data, rows.size
-    table[1, 0], table[1, 1] = bias.ctypes.data, bias.size
+    put_array(table, 0, rows)
+    put_array(table, 1, bias)
     table[FLAGS, 0], table[FLAGS, 1] = 0, GELU
     table[INTS, 0], table[INTS, 1] = rows.shape[1], rows.shape[0]
     _share(state, table, floats, last)
