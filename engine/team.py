@@ -64,6 +64,16 @@ class Team:
         self._table = np.zeros((kernels.TABLE_ROWS, 2), np.int64)
         self._floats = np.zeros(2, np.float32)
         self._busy = threading.Lock()
+        # each kind's job kernel, and the arguments it takes before the job's own
+        self._jobs: dict[int, tuple[Any, tuple[int, ...]]] = {
+            GEMM8: (kernels.gemm_shared, (GEMM8,)),
+            GEMM32: (kernels.gemm_shared, (GEMM32,)),
+            SOFTMAX: (kernels.softmax_shared, ()),
+            DEPTHWISE: (kernels.depthwise_shared, ()),
+            GELU: (kernels.gelu_shared, ()),
+            DIRECT: (kernels.direct_shared, ()),
+            GEMV: (kernels.gemv_shared, ()),
+        }
         arrays = (self._state, self._table, self._floats)
         self._thread = threading.Thread(target=kernels.serve, args=arrays, name="ferry-team", daemon=True)
         self._thread.start()
@@ -95,18 +105,8 @@ class Team:
     def share(self, kind: int, *args: Any) -> None:
         """The work items of a job of ``kind`` (its kernel's arguments, first item 0) shared
         with the worker."""
-        if kind == SOFTMAX:
-            self._kernels.softmax_shared(self._state, self._table, self._floats, *args)
-        elif kind == DEPTHWISE:
-            self._kernels.depthwise_shared(self._state, self._table, self._floats, *args)
-        elif kind == GELU:
-            self._kernels.gelu_shared(self._state, self._table, self._floats, *args)
-        elif kind == DIRECT:
-            self._kernels.direct_shared(self._state, self._table, self._floats, *args)
-        elif kind == GEMV:
-            self._kernels.gemv_shared(self._state, self._table, self._floats, *args)
-        else:
-            self._kernels.gemm_shared(self._state, self._table, self._floats, kind, *args)
+        kernel, lead = self._jobs[kind]
+        kernel(self._state, self._table, self._floats, *lead, *args)
 
 
 _local = threading.local()
@@ -124,9 +124,13 @@ def shared() -> Team:
         return _team
 
 
-def run(kind: int, serial: Any, parallel: Any, *args: Any) -> None:
+def run(kind: int, serial: Any, parallel: Any, *args: Any, shared: bool = True) -> None:
     """A job's work items (``serial``'s arguments) on several threads: shared with the team's
-    worker during a team run, else on numba's pool (``jit.run``)."""
+    worker during a team run, else on numba's pool (``jit.run``); on this thread alone when not
+    ``shared`` (the caller's ``worth_sharing`` said no)."""
+    if not shared:
+        serial(*args)
+        return
     running = active()
     if running is not None and args[-1] < MAX_ITEMS:
         running.share(kind, *args)

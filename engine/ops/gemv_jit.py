@@ -77,10 +77,7 @@ def gemv_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     out = np.empty(n, np.float32)
     args = (np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b), bias, out, depth, n)
     items = -(-n // BLOCK)
-    if team.worth_sharing(n * depth):
-        team.run(team.GEMV, _dots, _dots_parallel, *args, 0, items)
-    else:
-        _dots(*args, 0, items)
+    team.run(team.GEMV, _dots, _dots_parallel, *args, 0, items, shared=team.worth_sharing(n * depth))
     return [out.reshape(1, n)]
 
 

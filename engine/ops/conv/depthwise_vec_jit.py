@@ -436,10 +436,8 @@ def conv_depthwise_jit_vec(inputs: list[np.ndarray | None], attrs: dict[str, Any
         lo,
         hi,
     )
-    if team.worth_sharing(shape[0] * shape[1] * shape[2] * shape[3] * 9):  # as the GEMM's
-        team.run(team.DEPTHWISE, _rows, _rows_parallel, *args, *geometry, 0, shape[0] * shape[1])
-    else:
-        _rows(*args, *geometry, 0, shape[0] * shape[1])
+    shared = team.worth_sharing(shape[0] * shape[1] * shape[2] * shape[3] * 9)  # as the GEMM's
+    team.run(team.DEPTHWISE, _rows, _rows_parallel, *args, *geometry, 0, shape[0] * shape[1], shared=shared)
     return [out.transpose(0, 3, 1, 2)]
 
 

@@ -409,10 +409,8 @@ def _direct(
     flags = (residual is not None, *clip_floats(fused_bounds(attrs)), split)
     geometry = (ho, wo, m, offs.size, image, line, step)
     args = (xp, offs.astype(np.int64), weights.reshape(-1), out.reshape(-1), bias, res, *flags, *geometry)
-    if team.worth_sharing(n * ho * wo * m * offs.size):  # by output rows, as the depthwise conv
-        team.run(team.DIRECT, _rows, _rows_parallel, *args, 0, n * ho)
-    else:
-        _rows(*args, 0, n * ho)
+    shared = team.worth_sharing(n * ho * wo * m * offs.size)  # by output rows, as the depthwise conv
+    team.run(team.DIRECT, _rows, _rows_parallel, *args, 0, n * ho, shared=shared)
     return [out.transpose(0, 3, 1, 2)]
 
 

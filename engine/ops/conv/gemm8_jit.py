@@ -198,10 +198,7 @@ def gemm16(
     items = -(-rows // block) * packed.shape[0]
     args = (_flat(x), _flat(packed), _flat(out), vector, _flat(res), residual is not None, bounds is not None)
     geometry = (np.float32(low), np.float32(high), rows, depth, m, res.shape[1], block, 0, items)
-    if parallel:
-        team.run(team.GEMM8, _items16, _items16_parallel, *args, *geometry)
-    else:
-        _items16(*args, *geometry)
+    team.run(team.GEMM8, _items16, _items16_parallel, *args, *geometry, shared=parallel)
 
 
 def gemm_batched16(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
@@ -217,10 +214,7 @@ def gemm_batched16(x: np.ndarray, packed: np.ndarray, out: np.ndarray) -> None:
     free = np.float32(0)
     args = (_flat(x), _flat(packed), _flat(out), bias, _NO_RESIDUAL.reshape(-1), False, False, free, free)
     geometry = (rows, depth, m, 0, block, 0, items)
-    if parallel:
-        team.run(team.GEMM8, _items16, _items16_parallel, *args, *geometry)
-    else:
-        _items16(*args, *geometry)
+    team.run(team.GEMM8, _items16, _items16_parallel, *args, *geometry, shared=parallel)
 
 
 _MEMO = NodeMemo()
@@ -262,10 +256,7 @@ def conv_1x1_gemm8(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
         has_clip,
     )
     geometry = (lo, hi, n * ho * wo, pixels.shape[3], m, res.shape[-1], blocks[parallel], 0, items[parallel])
-    if parallel:
-        team.run(team.GEMM8, _items16, _items16_parallel, *args, *geometry)
-    else:
-        _items16(*args, *geometry)
+    team.run(team.GEMM8, _items16, _items16_parallel, *args, *geometry, shared=parallel)
     return [out.transpose(0, 3, 1, 2)]
 
 

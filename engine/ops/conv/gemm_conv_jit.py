@@ -86,10 +86,7 @@ def conv_1x1_gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
     )
     rows, block = n * ho * wo, blocks[parallel]
     geometry = (lo, hi, rows, pixels.shape[3], m, res.shape[-1], block, 0, items[parallel])
-    if parallel:
-        team.run(team.GEMM32, _gemm_items, _gemm_parallel, *args, *geometry)
-    else:
-        _gemm_items(*args, *geometry)
+    team.run(team.GEMM32, _gemm_items, _gemm_parallel, *args, *geometry, shared=parallel)
     return [out.transpose(0, 3, 1, 2)]
 
 

@@ -348,10 +348,8 @@ def _run_gemm(
     m = out.shape[2]
     items = slots * -(-rows // block) * packed.shape[1]
     args = (_flat(x), _flat(packed), _flat(out), bias, _flat(res), *flags, rows, depth, m, rstride, block)
-    if not team.worth_sharing(slots * rows * depth * m):
-        _gemm_items(*args, 0, items)
-        return
-    team.run(team.GEMM32, _gemm_items, _gemm_parallel, *args, 0, items)
+    shared = team.worth_sharing(slots * rows * depth * m)
+    team.run(team.GEMM32, _gemm_items, _gemm_parallel, *args, 0, items, shared=shared)
 
 
 def block_rows_for(rows: int, depth: int, parallel: bool) -> int:
