@@ -40,7 +40,7 @@ SETTINGS = settings(max_examples=40, deadline=None)
 
 @SETTINGS
 @given(
-    st.integers(1, 40),
+    st.integers(1, 80),
     st.integers(1, 50),
     st.integers(1, 80),
     st.booleans(),
@@ -85,6 +85,29 @@ def test_gemm_narrow_panels_take_tall_tiles_and_match_numpy(m, rows):
         out = np.full((rows, m), np.nan, np.float32)
         gemm_jit.gemm(x, gemm_jit.pack_panels(w), out, b, extra, bounds)
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(37))
+
+
+@pytest.mark.parametrize("rows", [29, 34, 35, 37, 38, 39, 40, 41, 49, 196])
+def test_gemm_covers_a_block_with_7_and_6_row_tiles_and_matches_numpy(rows):
+    """A block of n rows (n >= 7 * (n % 6)) runs n % 6 tiles of 7 rows, then 6-row ones: every
+    remainder, with bias, residual and clip, full panels and a ragged last one, and in place."""
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 23)).astype(np.float32)
+    w = rng.standard_normal((23, 80)).astype(np.float32)
+    b = rng.standard_normal(80).astype(np.float32)
+    residual = rng.standard_normal((rows, 80)).astype(np.float32)
+    packed = gemm_jit.pack_panels(w)
+    for bounds, extra in ((None, None), ((-0.5, 0.75), residual)):
+        want = x.astype(np.float64) @ w + b + (0 if extra is None else extra)
+        if bounds is not None:
+            want = np.clip(want, *bounds)
+        out = np.full((rows, 80), np.nan, np.float32)
+        gemm_jit.gemm(x, packed, out, b, extra, bounds)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(23))
+    separate = np.full((rows, 80), np.nan, np.float32)
+    gemm_jit.gemm(x, packed, separate, None, residual, None)
+    gemm_jit.gemm(x, packed, residual, None, residual, None)  # in place: each row added once
+    np.testing.assert_array_equal(residual, separate)
 
 
 @pytest.mark.parametrize("rows", [7, 49, 100])

@@ -129,6 +129,10 @@ def _micro(widths: tuple[int, ...], rows: int = MR, unroll: int | None = None) -
 
 
 _micro_full = _micro((LANES, LANES))  # 6 x 32
+# 7 x 32 (14 accumulators of AVX-512's 32 registers): a block of n >= 35 rows is n % 6 of these
+# and 6-row tiles for the rest, exactly; 49 pixels (7x7 layers) had cost as much as 54
+SEVEN = MR + 1
+_micro_full7 = _micro((LANES, LANES), SEVEN)
 _micro_half = _micro((LANES,))  # 6 x 16: a panel's last 16 or fewer channels
 # A panel of 8, 16 or 24 channels (MobileNetV2's 16- and 24-channel projections): twice the rows, so
 # twelve accumulators keep both of a Zen 5 core's 512-bit FMA pipes busy where six did not
@@ -269,6 +273,15 @@ def _gemm_items(
                         flags, lo, hi,
                     )  # fmt: skip
                 start += TALL
+        sevens = (p1 - start) % MR
+        if cols == NR and sevens and p1 - start >= SEVEN * sevens:
+            for _ in range(sevens):  # then 6-row tiles end exactly at p1
+                at, ro, xo = os + start * m + j0, start * rstride + j0, xs + start * depth
+                _micro_full7(
+                    x, xo, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
+                    flags, lo, hi,
+                )  # fmt: skip
+                start += SEVEN
         for t0 in range(start, p1, MR):
             count = min(MR, p1 - t0)
             if count < MR and p1 - MR >= p0 and not in_place:
