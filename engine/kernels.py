@@ -50,8 +50,20 @@ def _llm_gemv(op: str) -> Provider:
     return provider
 
 
+def _one_row_products() -> dict[str, Provider]:
+    """MatMul / FusedMatMul of one row (a decode step's): BLAS's gemv, or W streamed row by row
+    (engine/ops/streamed.py)."""
+    from engine.ops import streamed  # noqa: PLC0415 - imports fused, the converter's module
+
+    return {
+        "MatMul": streamed.candidates(REGISTRY["MatMul"], streamed.matmul_streamed),
+        "FusedMatMul": streamed.candidates(REGISTRY["FusedMatMul"], streamed.fused_matmul_streamed),
+    }
+
+
 # Ops with several numpy kernels; their first candidate is the selector's pick.
 NUMPY: dict[str, Provider] = {
+    **_one_row_products(),
     "Conv": conv.conv_candidates,
     "FusedConv": _fused_conv,
     "FusedAttention": _attention,

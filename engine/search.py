@@ -18,6 +18,7 @@ engine's code re-measures every node once (a kernel rewritten under its old name
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -126,13 +127,16 @@ class KernelSearch:
         static: list[bool],
         make_inputs: Callable[[], list[np.ndarray | None]],
         default: Kernel | None = None,
+        evict: Callable[[], None] | None = None,
     ) -> tuple[Kernel, str]:
         """The kernel this node should run and a note saying how it was chosen.
 
         ``make_inputs()`` gives the node's inputs to measure on (real for weights, any values
         of the right shape and dtype otherwise), called only if nothing is cached;
         ``static[i]`` says whether input i is fixed for the plan (only those may be pre-packed);
-        ``default`` is the kernel the node runs unsearched (the first run's).
+        ``default`` is the kernel the node runs unsearched (the first run's); ``evict``, when
+        given, is called before each timed call (``weights_evictor``: the node's weights leave
+        the cache between runs).
         """
         candidates = [
             k for k in kernels.candidates(op, attrs, shapes, default, self.use_jit) if _packable(k, static)
@@ -146,7 +150,7 @@ class KernelSearch:
         for kernel in candidates:
             if kernel_name(kernel) == cached and self.choices.get(key + AMONG) == among:
                 return kernel, "searched, cached"
-        best, note = self._measure(candidates, attrs, make_inputs(), node)
+        best, note = self._measure(candidates, attrs, make_inputs(), node, evict)
         self.choices[key], self.choices[key + AMONG] = kernel_name(best), among
         self._dirty = True
         return best, note
@@ -171,7 +175,12 @@ class KernelSearch:
         return None
 
     def _measure(
-        self, candidates: list[Kernel], attrs: dict[str, Any], inputs: list[np.ndarray | None], node: str
+        self,
+        candidates: list[Kernel],
+        attrs: dict[str, Any],
+        inputs: list[np.ndarray | None],
+        node: str,
+        evict: Callable[[], None] | None = None,
     ) -> tuple[Kernel, str]:
         orders: dict[Kernel, tuple[int, ...] | None] = {}
         out_bytes: list[int] = []
@@ -183,7 +192,7 @@ class KernelSearch:
         # (MobileNetV2's stem, a near tie) stays NCHW for layers.
         prefer = {k for k, order in orders.items() if order == CHANNELS_LAST} if self.use_jit else set()
         allowance = sum(out_bytes) * transpose_seconds_per_byte() if prefer else 0.0
-        best, note = self._fastest(candidates, attrs, inputs, runnable, prefer, allowance)
+        best, note = self._fastest(candidates, attrs, inputs, runnable, prefer, allowance, evict)
         self.output_orders[node] = orders.get(best)
         return best, note
 
@@ -195,13 +204,14 @@ class KernelSearch:
         runnable: list[tuple[Kernel, list[np.ndarray | None]]],
         prefer: set[Kernel],
         allowance: float,
+        evict: Callable[[], None] | None = None,
     ) -> tuple[Kernel, str]:
         best = {kernel: float("inf") for kernel, _ in runnable}
         clock = kernel_clock(self.threads)
-        _time_rounds(runnable, attrs, best, clock)
+        _time_rounds(runnable, attrs, best, clock, evict)
         close = sorted(runnable, key=lambda item: best[item[0]])[:2]
         if len(close) == 2 and best[close[1][0]] <= CLOSE_CALL * best[close[0][0]]:
-            _time_rounds(close, attrs, best, clock)  # a close call: more rounds for the two in it
+            _time_rounds(close, attrs, best, clock, evict)  # a close call: more rounds for the two
         timings = [(best[k], k, _extra_bytes(args, inputs)) for k, args in runnable]
         timings.sort(key=lambda item: item[0])
         default = best.get(candidates[0], float("inf"))
@@ -247,14 +257,66 @@ def _time_rounds(
     attrs: dict[str, Any],
     best: dict[Kernel, float],
     clock: Callable[[], float] = time.perf_counter,
+    evict: Callable[[], None] | None = None,
 ) -> None:
     """Each kernel's best time over RUNS rounds, taken in turn so a burst of machine noise
-    hits every candidate alike."""
+    hits every candidate alike; ``evict()`` (untimed) before each call when given."""
     for _ in range(RUNS):
         for kernel, args in runnable:
+            if evict is not None:
+                evict()
             start = clock()
             kernel(args, attrs)
             best[kernel] = min(best[kernel], clock() - start)
+
+
+# a node's fixed inputs from which its weights count as streamed (a decode step's smallest
+# projection is 1 MB; a conv's few KB of taps stay cached between runs whatever the model)
+MIN_STREAMED_BYTES = 256 << 10
+LINE = 64  # bytes of a cache line: ``weights_evictor`` reads one byte of each
+
+
+@functools.cache
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache's size (Linux sysfs; 32 MB where it cannot be read)."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (entry / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        digits = text.rstrip("KMB")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=32 << 20)
+
+
+def weights_evictor(static: dict[str, np.ndarray], own: Sequence[str]) -> Callable[[], None] | None:
+    """For a node whose fixed inputs ``own`` (names in ``static``, the plan's fixed values) are
+    at least MIN_STREAMED_BYTES: a call reading the plan's other fixed values (up to twice
+    the last-level cache's size), as a run does between two calls of the node, so the search
+    times its kernels with the weights out of cache, where the run will find them.  None when
+    the node's weights are small or the plan's others fit in the cache."""
+    mine = {name for name in own if name in static}
+    if sum(static[name].nbytes for name in mine) < MIN_STREAMED_BYTES:
+        return None
+    others, total, cache = [], 0, last_level_cache_bytes()
+    for name, value in static.items():
+        if name in mine or not isinstance(value, np.ndarray) or not value.flags.c_contiguous:
+            continue
+        others.append(value.reshape(-1).view(np.uint8))
+        total += value.nbytes
+        if total >= 2 * cache:
+            break
+    if total < cache:  # the plan's weights (mostly) stay cached between runs
+        return None
+
+    def evict() -> None:
+        for flat in others:
+            np.bitwise_or.reduce(flat[::LINE])
+
+    return evict
 
 
 def _key(node: str, shapes: Sequence[tuple[int, ...] | None]) -> str:

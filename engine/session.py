@@ -26,7 +26,7 @@ from engine.plan import Plan, PlanCache, Signature
 from engine.plan_threads import ThreadChoice
 from engine.planner import PlannedStep, Record, Recorder
 from engine.program import Program, Step, compile_program
-from engine.search import KernelSearch
+from engine.search import KernelSearch, weights_evictor
 from engine.tensor_specs import check_feeds, read_specs
 
 _controller: ThreadpoolController | None = None
@@ -441,7 +441,9 @@ class Session:
             return inputs
 
         default = record.kernels[index]
-        chosen = search.choose(step.op, step.name, step.attrs, shapes, static, make_inputs, default)
+        fixed = [name for name, known in zip(step.inputs, static, strict=True) if known]
+        evict = weights_evictor(record.static, fixed)
+        chosen = search.choose(step.op, step.name, step.attrs, shapes, static, make_inputs, default, evict)
         _note_output_order(record, step, search.output_orders)
         return chosen
 

@@ -277,7 +277,7 @@ def test_a_channels_last_kernel_wins_a_close_call_with_the_jit_tier(tmp_path, mo
     nchw, last, slow = _kernel("nchw", False), _kernel("last", True), _kernel("slow", True)
     seconds = {nchw: 0.0020, last: 0.0021, slow: 0.0040}
 
-    def fixed_rounds(runnable, attrs, best, clock=None):
+    def fixed_rounds(runnable, attrs, best, clock=None, evict=None):
         for kernel, _ in runnable:
             best[kernel] = seconds[kernel]
 
@@ -312,7 +312,7 @@ def test_a_channels_last_kernel_wins_when_it_saves_the_next_conv_a_transposing_c
     nchw, last = _kernel("nchw", False, shape), _kernel("last", True, shape)
     seconds = {nchw: 0.0020, last: 0.0030}
 
-    def fixed_rounds(runnable, attrs, best, clock=None):
+    def fixed_rounds(runnable, attrs, best, clock=None, evict=None):
         for kernel, _ in runnable:
             best[kernel] = seconds[kernel]
 

@@ -240,7 +240,7 @@ def team_kernels(monkeypatch, tmp_path):
     about."""
     monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path / "kernels"))
 
-    def measure(self, candidates, attrs, inputs, node):  # noqa: ANN001, ANN202, ARG001
+    def measure(self, candidates, attrs, inputs, node, evict=None):  # noqa: ANN001, ANN202, ARG001
         shared = ("conv_1x1_gemm8", "fused_matmul_gemm_jit", "matmul_gemm_jit")
         return next((k for k in candidates if k.__name__.endswith(shared)), candidates[0]), "test"
 
