@@ -1,9 +1,9 @@
 """The kernel layer: for each operator, every correct kernel this process can run, numpy first.
 
 numpy providers live beside their ops (``conv.conv_candidates``: im2col, direct GEMMs, Winograd,
-depthwise; ``fused.attention_candidates``); JIT providers live in the modules of ``engine.jit``
-(each beside its numpy twin, e.g. ``engine/ops/conv/depthwise_jit.py``) and are consulted only
-when numba is installed and enabled.  The kernel search (engine/search.py) measures what this
+depthwise; ``fused.attention_candidates``; ``streamed.candidates``: one-row products); JIT
+providers live in the modules of ``engine.jit`` (each beside its numpy twin, e.g.
+``engine/ops/conv/depthwise_jit.py``) and are consulted only when numba is installed and enabled.  The kernel search (engine/search.py) measures what this
 returns; without numba the same calls return numpy kernels only.
 
 The first candidate is always the one the engine would run unsearched (the selector's pick, or
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine import jit
-from engine.ops import conv
+from engine.ops import conv, streamed
 from engine.ops.registry import REGISTRY, Kernel
 
 Shapes = Sequence[tuple[int, ...] | None]
@@ -50,20 +50,11 @@ def _llm_gemv(op: str) -> Provider:
     return provider
 
 
-def _one_row_products() -> dict[str, Provider]:
-    """MatMul / FusedMatMul of one row (a decode step's): BLAS's gemv, or W streamed row by row
-    (engine/ops/streamed.py)."""
-    from engine.ops import streamed  # noqa: PLC0415 - imports fused, the converter's module
-
-    return {
-        "MatMul": streamed.candidates(REGISTRY["MatMul"], streamed.matmul_streamed),
-        "FusedMatMul": streamed.candidates(REGISTRY["FusedMatMul"], streamed.fused_matmul_streamed),
-    }
-
-
 # Ops with several numpy kernels; their first candidate is the selector's pick.
 NUMPY: dict[str, Provider] = {
-    **_one_row_products(),
+    # a decode step's one-row products: BLAS's gemv, or W streamed row by row
+    "MatMul": streamed.candidates("MatMul"),
+    "FusedMatMul": streamed.candidates("FusedMatMul"),
     "Conv": conv.conv_candidates,
     "FusedConv": _fused_conv,
     "FusedAttention": _attention,

@@ -15,14 +15,14 @@ are larger than the cache (engine/search.py).  Sums run over k in order, in the 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from engine.ops.fused import _row_bias, apply_activation, fused_matmul
 from engine.ops.gemm import matmul
-from engine.ops.registry import Kernel
+from engine.ops.registry import REGISTRY, Kernel
 
 Shapes = Sequence[tuple[int, ...] | None]
 
@@ -65,14 +65,17 @@ def fused_matmul_streamed(inputs: list[np.ndarray | None], attrs: dict[str, Any]
     return [apply_activation(y, attrs).reshape((*a.shape[:-1], w.shape[1]))]
 
 
-def candidates(default: Kernel, streamed: Kernel) -> Any:
-    """A provider for engine.kernels.NUMPY: ``default`` and, for one input row by a 2-D matrix,
-    ``streamed`` beside it."""
+STREAMED: dict[str, Kernel] = {"MatMul": matmul_streamed, "FusedMatMul": fused_matmul_streamed}
+
+
+def candidates(op: str) -> Callable[[dict[str, Any], Shapes], list[Kernel]]:
+    """A provider for engine.kernels.NUMPY: ``op``'s registered kernel and, for one input row by
+    a 2-D matrix, its streamed twin beside it."""
 
     def provider(attrs: dict[str, Any], shapes: Shapes) -> list[Kernel]:
         a, w = (shapes[0], shapes[1]) if len(shapes) > 1 else (None, None)
         if a is None or w is None or len(a) == 0 or len(w) != 2 or math.prod(a[:-1]) != 1:
-            return [default]
-        return [default, streamed]
+            return [REGISTRY[op]]
+        return [REGISTRY[op], STREAMED[op]]
 
     return provider
