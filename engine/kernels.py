@@ -3,8 +3,9 @@
 numpy providers live beside their ops (``conv.conv_candidates``: im2col, direct GEMMs, Winograd,
 depthwise; ``fused.attention_candidates``; ``streamed.candidates``: one-row products); JIT
 providers live in the modules of ``engine.jit`` (each beside its numpy twin, e.g.
-``engine/ops/conv/depthwise_jit.py``) and are consulted only when numba is installed and enabled.  The kernel search (engine/search.py) measures what this
-returns; without numba the same calls return numpy kernels only.
+``engine/ops/conv/depthwise_jit.py``) and are consulted only when numba is installed and
+enabled.  The kernel search (engine/search.py) measures what this returns; without numba the
+same calls return numpy kernels only.
 
 The first candidate is always the one the engine would run unsearched (the selector's pick, or
 ``default``: the kernel the first run used), and JIT candidates are offered only where that
