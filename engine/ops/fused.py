@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,11 +131,16 @@ def _row_bias(bias: np.ndarray | None, n: int) -> bool:
 
 
 def _one_row_matmul(
-    a: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]
+    a: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    attrs: dict[str, Any],
+    product: Callable[[np.ndarray, np.ndarray], np.ndarray] = np.dot,
 ) -> np.ndarray:
-    """One input row (a decode step): a 1-D dot (BLAS gemv, ~1 us less than matmul) with the bias
-    and activation on the 1-D result (broadcasting over size-1 leading dims costs twice as much)."""
-    y = np.dot(a.reshape(-1), w)
+    """One input row (a decode step): a 1-D ``product`` (BLAS gemv by default, ~1 us less than
+    matmul) with the bias and activation on the 1-D result (broadcasting over size-1 leading
+    dims costs twice as much)."""
+    y = product(a.reshape(-1), w)
     if bias is not None:
         y += bias[: y.shape[0]]
     return apply_activation(y, attrs).reshape((*a.shape[:-1], w.shape[1]))

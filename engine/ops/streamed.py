@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.ops.fused import _row_bias, apply_activation, fused_matmul
+from engine.ops.fused import _one_row_matmul, _row_bias, fused_matmul
 from engine.ops.gemm import matmul
 from engine.ops.registry import REGISTRY, Kernel
 
@@ -39,9 +39,9 @@ def _one_row(a: np.ndarray, w: np.ndarray) -> bool:
     )
 
 
-def _streamed(a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x @ W for one row x, as a 1-D result."""
-    return np.einsum("k,kn->n", a.reshape(-1), w)
+def _streamed(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x @ W for a 1-D x."""
+    return np.einsum("k,kn->n", x, w)
 
 
 def matmul_streamed(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -49,7 +49,7 @@ def matmul_streamed(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     a, w = inputs[0], inputs[1]
     if a is None or w is None or not _one_row(a, w):
         return matmul(inputs, attrs)
-    return [_streamed(a, w).reshape((*a.shape[:-1], w.shape[1]))]
+    return [_streamed(a.reshape(-1), w).reshape((*a.shape[:-1], w.shape[1]))]
 
 
 def fused_matmul_streamed(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -59,10 +59,7 @@ def fused_matmul_streamed(inputs: list[np.ndarray | None], attrs: dict[str, Any]
     bias = inputs[2] if len(inputs) > 2 else None
     if a is None or w is None or not _one_row(a, w) or not _row_bias(bias, w.shape[1]):
         return fused_matmul(inputs, attrs)
-    y = _streamed(a, w)
-    if bias is not None:
-        y += bias[: y.shape[0]]
-    return [apply_activation(y, attrs).reshape((*a.shape[:-1], w.shape[1]))]
+    return [_one_row_matmul(a, w, bias, attrs, _streamed)]
 
 
 STREAMED: dict[str, Kernel] = {"MatMul": matmul_streamed, "FusedMatMul": fused_matmul_streamed}
