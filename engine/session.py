@@ -117,7 +117,8 @@ class Session:
         self._part_search: KernelSearch | None = None  # the parts' kernels, measured on one thread
         if self.jit:
             jit_tier.load(ops=jit_ops(self._program), threads=threads, skip=jit_unused(self._program))
-        if self.jit and team.possible(threads, self._program.steps):
+        self._team_possible = self.jit and team.possible(threads, self._program.steps)
+        if self._team_possible:
             team.prepare()  # its kernels compiled now, with the rest, for plans that use it
 
     def __repr__(self) -> str:
@@ -208,6 +209,12 @@ class Session:
         # whether a plan's runs share their GEMMs with the team (team.py) is decided at planning
         steps = self._program.steps
         with_team = plan.team if plan is not None else self.jit and team.wanted(threads, steps, record)
+        if plan is None and record is None and self._team_possible and not debug.enabled():
+            # A signature's first run, where later ones may go to the team, is on one thread:
+            # OpenBLAS's threads spin for ~0.1 s after a call, and took the team worker's core
+            # through MobileNetV2's first ten planned runs (8.5 against 5.3 ms at 2 threads), so
+            # the thread choice, sampling those first, kept it on one thread.
+            threads = 1
         with self._threads(threads, with_team):
             if record is not None:
                 # Second run of a signature: plan now (search, packing), so the first result
