@@ -14,13 +14,19 @@ their input in the caller's core's cache, that lost (14x14: 99 against 61 us); i
 the worker has written part of that input (the 1x1 conv before), and on the caller alone they
 ran 1.36x their 1-thread plan's time: shared, 0.60x (Zen 4, 2026-11-27 night).
 
-The counter ``state[NEXT]`` holds the job's tag, its item count and the next item in one int64,
-and a claim is a compare-and-swap on the whole word: a worker late from an earlier job can
-never take (or skip) an item of a later one, and a job's table is read only after a claim
-succeeded, while the job is still unfinished (so not yet overwritten).  Nothing waits for a
-worker that has not started: the caller claims too and, alone, takes every item; it then waits
-only for items the worker claimed.  Each chunk is the serial kernel's own body over a range of
-items (``_items16``, ``_gemm_items``), so results are the serial kernel's, bit for bit.
+The counter ``state[NEXT]`` holds the job's tag and the first and last items still unclaimed in
+one int64, and a claim is a compare-and-swap on the whole word: a worker late from an earlier
+job can never take (or skip) an item of a later one, and a job's table is read only after a
+claim succeeded, while the job is still unfinished (so not yet overwritten).  The caller claims
+from the front and the worker from the back, a quarter of what is left each time, so each
+thread keeps the same part of every job (the first or last rows of a conv) and mostly reads
+what it wrote itself: first-come chunks had sent half of each layer's input across cores, and
+where the host put the two vCPUs on different chiplets (a 350 ns round trip between them,
+against 60-80) MobileNetV2's 2-thread runs took 8.6 ms, their one-thread time, now 7.0-7.2
+(5.5 -> 5.3 ms on the near pair).  Nothing waits for a worker that has not started: the caller
+claims too and, alone, takes every item; it then waits only for items the worker claimed.
+Each chunk is the serial kernel's own body over a range of items (``_items16``,
+``_gemm_items``), so results are the serial kernel's, bit for bit.
 Attention's row softmax (attention_jit.py) and an exact GELU (rows_jit.py: a transformer's
 feed-forward activation, which the caller had run alone after the shared GEMM) are shared the
 same way, by rows; so are a CNN's stem (direct_jit.py, by output rows) and its classifier's GEMV
@@ -69,7 +75,7 @@ _BITS = ITEM_BITS  # items and item counts: below 2^20 (team.run shares no large
 _MASK = (1 << _BITS) - 1
 _TAGS = (1 << 22) - 1  # job tags wrap: a worker would have to stall through 4 M jobs to mistake one
 SPINS = 256  # pauses between two yields of an idle worker's core
-CHUNKS = 8  # claims per job: even shares on two threads, a claim being a cache line between cores
+SHARE = 4  # a claim takes this fraction of the job's items left (each is a cache line between cores)
 
 _I64 = types.int64
 _STATE = jit.array(_I64, 1, "C")
@@ -142,18 +148,23 @@ def _run(table, floats, first, last):  # noqa: ANN001, ANN202
         )
 
 
-@jit.njit([types.boolean(_STATE, _TABLE, _FLOATS)])
-def _claim(state, table, floats):  # noqa: ANN001, ANN202
-    """Claim the open job's next chunk and run it; False when there was none to claim."""
+@jit.njit([types.boolean(_STATE, _TABLE, _FLOATS, types.boolean)])
+def _claim(state, table, floats, from_back):  # noqa: ANN001, ANN202
+    """Claim a chunk of the open job, from its front (the caller) or its back (the worker), and
+    run it; False when there was none left."""
     word = atomic_load(state, NEXT)
-    item, count = word & _MASK, (word >> _BITS) & _MASK
-    if item >= count:
+    front, back = word & _MASK, (word >> _BITS) & _MASK
+    if front >= back:
         return False
-    last = min(count, item + max(1, count // CHUNKS))
-    if not atomic_cas(state, NEXT, word, word + (last - item)):
+    chunk = max(1, (back - front) // SHARE)
+    if from_back:
+        first, last, claimed = back - chunk, back, word - (chunk << _BITS)
+    else:
+        first, last, claimed = front, front + chunk, word + chunk
+    if not atomic_cas(state, NEXT, word, claimed):
         return True  # another thread claimed first: look again
-    _run(table, floats, item, last)
-    atomic_add(state, DONE, last - item)
+    _run(table, floats, first, last)
+    atomic_add(state, DONE, chunk)
     return True
 
 
@@ -170,7 +181,7 @@ def serve(state, table, floats):  # noqa: ANN001, ANN202
         if atomic_load(state, RUN) == 0:
             wait_while(state, RUN, 0)
             continue
-        if _claim(state, table, floats):
+        if _claim(state, table, floats, True):
             idle = 0
             continue
         pause()
@@ -195,7 +206,7 @@ def _share(state, table, floats, count):  # noqa: ANN001, ANN202
     state[TAG] = tag
     atomic_store(state, DONE, 0)
     atomic_store(state, NEXT, (tag << (2 * _BITS)) | (count << _BITS))
-    while _claim(state, table, floats):
+    while _claim(state, table, floats, False):
         pass
     while atomic_load(state, DONE) < count:
         pause()

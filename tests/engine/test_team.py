@@ -192,6 +192,40 @@ def test_a_shared_classifier_gemv_is_the_serial_kernel_bit_for_bit():
     assert np.array_equal(got, gemv.gemv_jit([a[:, :64], b[:50, :64]], {"transB": 1})[0])
 
 
+def test_the_caller_claims_a_job_from_its_front_and_the_worker_from_its_back():
+    """Each thread keeps the same end of every job (the rows it wrote in the layer before), a
+    quarter of what is left a claim, until the two meet: every item run once."""
+    kernels, gemv = jit.module(team.MODULE), jit.module("engine.ops.gemv_jit")
+    rng = np.random.default_rng(11)
+    depth, blocks = 64, 40
+    n = blocks * gemv.BLOCK
+    x, b = rng.standard_normal(depth).astype(np.float32), rng.standard_normal((n, depth)).astype(np.float32)
+    bias, out = np.zeros(n, np.float32), np.full(n, np.nan, np.float32)
+    state, table = np.zeros(kernels.STATE_SLOTS, np.int64), np.zeros((kernels.TABLE_ROWS, 2), np.int64)
+    for row, array in enumerate((x, b, bias, out)):
+        table[row] = array.ctypes.data, array.size
+    table[kernels.FLAGS] = 0, team.GEMV
+    table[kernels.INTS] = depth, n
+    bits, mask = team.ITEM_BITS, (1 << team.ITEM_BITS) - 1
+    state[kernels.NEXT] = (7 << (2 * bits)) | (blocks << bits)  # job 7: items [0, 40) open
+
+    def done_blocks() -> list[int]:
+        return [i for i in range(blocks) if not np.isnan(out[i * gemv.BLOCK])]
+
+    assert kernels._claim(state, table, np.zeros(2, np.float32), True)  # the worker: 40 // 4 = 10
+    assert done_blocks() == list(range(30, 40))
+    assert kernels._claim(state, table, np.zeros(2, np.float32), False)  # the caller: 30 // 4 = 7
+    assert done_blocks() == [*range(7), *range(30, 40)]
+    word = int(state[kernels.NEXT])
+    assert (word >> (2 * bits), (word >> bits) & mask, word & mask) == (7, 30, 7)
+    turn = True
+    while kernels._claim(state, table, np.zeros(2, np.float32), turn):
+        turn = not turn
+    assert done_blocks() == list(range(blocks))
+    assert state[kernels.DONE] == blocks
+    np.testing.assert_allclose(out, b @ x, rtol=1e-5, atol=1e-4)
+
+
 def test_a_job_too_large_for_the_claim_word_runs_serially():
     """A job's items are counted in team.ITEM_BITS bits: a larger one runs on the caller alone."""
     attention_jit = jit.module("engine.ops.attention_jit")
@@ -247,11 +281,15 @@ def team_kernels(monkeypatch, tmp_path):
     monkeypatch.setattr(KernelSearch, "_measure", measure)
 
 
-def test_a_two_thread_session_runs_its_conv_gemms_with_the_team(tmp_path, team_kernels):
+def test_a_two_thread_session_runs_its_conv_gemms_with_the_team(tmp_path, team_kernels, monkeypatch):
+    """...and its first run (recorded) on one thread: OpenBLAS's threads, spinning for ~0.1 s
+    after it, would take the worker's core through the first planned runs."""
     model, feeds = _pointwise_model(1)
     package = write_model_package(model, tmp_path / "block.ferry", feeds)
     one = Session(package, threads=1)
     want = [one.run(feeds)["y"].copy() for _ in range(3)][-1]  # the planned run's
+    entered, threads = [], Session._threads
+    monkeypatch.setattr(Session, "_threads", lambda *args: entered.append(args[1:]) or threads(*args))
     session = Session(package, threads=2)
     before = _jobs()
     for _ in range(2 + 2 * pt.FIRST_SAMPLES + 2):  # record, plan, then both thread counts sampled
@@ -261,6 +299,7 @@ def test_a_two_thread_session_runs_its_conv_gemms_with_the_team(tmp_path, team_k
     assert len(choice.times[2]) >= pt.FIRST_SAMPLES
     assert _jobs() - before >= 3 * pt.FIRST_SAMPLES  # three GEMMs a run
     assert [plan.team for plan in session._plans._plans.values()] == [True]
+    assert entered[:2] == [(1, False), (2, True)]  # recorded on one thread, planned with the team
 
 
 def _products_model(rows: int, seed: int):
