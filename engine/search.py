@@ -292,31 +292,47 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=32 << 20)
 
 
-def weights_evictor(static: dict[str, np.ndarray], own: Sequence[str]) -> Callable[[], None] | None:
+def weights_evictor(
+    static: dict[str, np.ndarray],
+    own: Sequence[str],
+    one_row: bool = False,
+    flush: Callable[[np.ndarray], None] | None = None,
+) -> Callable[[], None] | None:
     """For a node whose fixed inputs ``own`` (names in ``static``, the plan's fixed values) are
-    at least MIN_STREAMED_BYTES: a call reading the plan's other fixed values (up to twice
-    the last-level cache's size), as a run does between two calls of the node, so the search
-    times its kernels with the weights out of cache, where the run will find them.  None when
-    the node's weights are small or the plan's others fit in the cache."""
-    mine = {name for name in own if name in static}
-    if sum(static[name].nbytes for name in mine) < MIN_STREAMED_BYTES:
+    at least MIN_STREAMED_BYTES: a call that puts them out of cache, as a run does between two
+    calls of the node, so the search times its kernels where the run will find its weights.
+    Where the plan's other fixed values exceed the last-level cache, it reads them (up to twice
+    its size).  Where they fit, only a ``one_row`` product (a memory-bound GEMV: a classifier)
+    is timed cold, with ``flush`` (flush_jit's clflush of an array's bytes) when there is one:
+    a run's activations and the rest of the machine pass through the cache too.  None where the
+    node's weights are small, or neither applies (timed warm)."""
+    mine = [static[name] for name in dict.fromkeys(own) if name in static]
+    if sum(value.nbytes for value in mine) < MIN_STREAMED_BYTES:
         return None
     others, total, cache = [], 0, last_level_cache_bytes()
     for name, value in static.items():
-        if name in mine or not isinstance(value, np.ndarray) or not value.flags.c_contiguous:
+        if name in own or not isinstance(value, np.ndarray) or not value.flags.c_contiguous:
             continue
         others.append(value.reshape(-1).view(np.uint8))
         total += value.nbytes
         if total >= 2 * cache:
             break
-    if total < cache:  # the plan's weights (mostly) stay cached between runs
+    if total >= cache:
+
+        def evict() -> None:
+            for flat in others:
+                np.bitwise_or.reduce(flat[::LINE])
+
+        return evict
+    if not one_row or flush is None:
         return None
+    flushed = [value.reshape(-1).view(np.uint8) for value in mine if value.flags.c_contiguous]
 
-    def evict() -> None:
-        for flat in others:
-            np.bitwise_or.reduce(flat[::LINE])
+    def flush_own() -> None:
+        for flat in flushed:
+            flush(flat)
 
-    return evict
+    return flush_own
 
 
 def _key(node: str, shapes: Sequence[tuple[int, ...] | None]) -> str:

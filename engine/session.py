@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -117,6 +118,7 @@ class Session:
         self._part_search: KernelSearch | None = None  # the parts' kernels, measured on one thread
         if self.jit:
             jit_tier.load(ops=jit_ops(self._program), threads=threads, skip=jit_unused(self._program))
+        self._flush = _cache_flush() if self.jit else None  # for the kernel search
         self._team_possible = self.jit and team.possible(threads, self._program.steps)
         if self._team_possible:
             team.prepare()  # its kernels compiled now, with the rest, for plans that use it
@@ -449,7 +451,8 @@ class Session:
 
         default = record.kernels[index]
         fixed = [name for name, known in zip(step.inputs, static, strict=True) if known]
-        evict = weights_evictor(record.static, fixed)
+        one_row = bool(shapes) and shapes[0] is not None and math.prod(shapes[0][:-1]) == 1
+        evict = weights_evictor(record.static, fixed, one_row, self._flush)
         chosen = search.choose(step.op, step.name, step.attrs, shapes, static, make_inputs, default, evict)
         _note_output_order(record, step, search.output_orders)
         return chosen
@@ -507,6 +510,16 @@ def _execute_plan(
         for name in step.release:
             del env[name]
     return env
+
+
+def _cache_flush() -> Callable[[np.ndarray], None] | None:
+    """flush_jit's clflush, with which the kernel search times a one-row product's weights out of
+    cache (``weights_evictor``); loaded with the session's JIT kernels, none where it loaded
+    none (a numpy-only session stays without numba) or the CPU has no clflush."""
+    if not jit_tier.loaded():
+        return None
+    module = jit_tier.module("engine.ops.flush_jit")
+    return module.flush if module.AVAILABLE else None
 
 
 def _choose(step: Step, args: list[np.ndarray | None]) -> Callable:

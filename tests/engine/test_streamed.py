@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from engine import Session, kernels, search, session
+from engine import jit as jit_tier
 from engine.ops import streamed
 from engine.ops.fused import BIAS_ROWS, fused_matmul
 from engine.ops.gemm import matmul
@@ -91,6 +92,37 @@ def test_weights_evictor_only_for_big_weights_in_a_plan_bigger_than_the_cache(mo
     assert all(np.all(value == 1) for value in static.values())
 
 
+def test_a_one_row_products_weights_are_flushed_where_the_plan_fits_the_cache(monkeypatch):
+    """A classifier's GEMV in a plan smaller than the cache is timed with its own weights
+    flushed (the run's activations and the rest of the machine pass through the cache too);
+    a product of many rows, or a session without the flush kernel, is timed warm."""
+    monkeypatch.setattr(search, "last_level_cache_bytes", lambda: 32 << 20)
+    w, bias = np.ones((1000, 1280), np.float32), np.ones(1000, np.float32)
+    static = {"w": w, "b": bias, "other": np.ones((512, 512), np.float32)}
+    flushed: list[int] = []
+    flush = flushed.append  # records what it is given: each array's bytes, once a call
+
+    evict = search.weights_evictor(static, ["w", "b"], one_row=True, flush=lambda data: flush(data.nbytes))
+    assert evict is not None
+    evict()
+    assert flushed == [w.nbytes, bias.nbytes]
+    assert search.weights_evictor(static, ["w", "b"], one_row=False, flush=flush) is None
+    assert search.weights_evictor(static, ["w", "b"], one_row=True, flush=None) is None
+    assert search.weights_evictor(static, ["b"], one_row=True, flush=flush) is None  # 4 KB
+
+
+def test_the_flush_kernel_leaves_an_arrays_values_as_they_were():
+    if not jit_tier.enabled():
+        pytest.skip("no JIT tier (numba missing, or FERRY_JIT=0)")
+    flush_jit = jit_tier.module("engine.ops.flush_jit")
+    for size in (1, 63, 64, 4097, 1 << 20):
+        data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+        data.flags.writeable = False  # weights mapped from a package are read-only
+        want = data.copy()
+        flush_jit.flush(data)
+        assert np.array_equal(data, want)
+
+
 def test_last_level_cache_size_is_read_or_defaults():
     size = search.last_level_cache_bytes()
     assert size >= 1 << 20 and size % 1024 == 0
@@ -124,8 +156,8 @@ def test_a_decode_steps_products_are_searched_with_their_weights_out_of_cache(tm
     monkeypatch.setattr(search, "last_level_cache_bytes", lambda: 256 << 10)
     calls: list[str] = []
 
-    def counting(static: dict, own: list) -> object:
-        evict = search.weights_evictor(static, own)
+    def counting(static: dict, own: list, *more: object) -> object:
+        evict = search.weights_evictor(static, own, *more)
         if evict is None:
             return None
 
@@ -151,3 +183,53 @@ def test_a_decode_steps_products_are_searched_with_their_weights_out_of_cache(tm
         "fused_matmul_streamed",
     }
     assert len(calls) >= 2 * 2 * search.RUNS  # every timed call of both candidates, both nodes
+
+
+def _cnn_head_model() -> tuple:
+    """A 3x3 conv (it brings the JIT kernels in), a global pool and a classifier (a one-row
+    Gemm by B^T, 1.2 MB of weights)."""
+    rng = np.random.default_rng(3)
+    inits = {
+        "wc": rng.standard_normal((512, 8, 3, 3)).astype(np.float32) * 0.1,
+        "wg": rng.standard_normal((600, 512)).astype(np.float32) * 0.05,
+        "bg": rng.standard_normal(600).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "wc"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["c"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], name="classifier", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 14, 14])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 600])],
+        [numpy_helper.from_array(value, name) for name, value in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.standard_normal((1, 8, 14, 14)).astype(np.float32)}
+
+
+def test_a_jit_sessions_classifier_is_searched_with_its_weights_flushed(tmp_path, monkeypatch):
+    """In a small plan (it fits the cache), the classifier's candidates are each timed after
+    flush_jit evicted its weights; the conv's, warm.  The result is the reference's."""
+    if not jit_tier.enabled():
+        pytest.skip("no JIT tier (numba missing, or FERRY_JIT=0)")
+    monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path / "kernels"))
+    built: dict[str, bool] = {}
+
+    def spying(static: dict, own: list, one_row: bool = False, flush: object = None) -> object:
+        evict = search.weights_evictor(static, own, one_row, flush)
+        built[",".join(own)] = evict is not None
+        return evict
+
+    monkeypatch.setattr(session, "weights_evictor", spying)
+    model, feeds = _cnn_head_model()
+    path = write_model_package(model, tmp_path / "head.ferry", feeds)
+    engine_session = Session(path, threads=1)
+    for _ in range(3):
+        got = engine_session.run(feeds)["y"]
+    np.testing.assert_allclose(got, run_reference(model, feeds)[0], rtol=1e-4, atol=1e-4)
+    assert built.get("wg,bg") is True
+    assert built.get("wc") is False
