@@ -43,7 +43,8 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT), str(BENCH)]
 
-import models  # noqa: E402  (bench/ is not a package)
+import core_latency  # noqa: E402  (bench/ is not a package)
+import models  # noqa: E402
 
 
 def feeds_for(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
@@ -349,6 +350,7 @@ def bench_model(
     # and every BLAS-bound 2-thread run then paid their wake: the GPT step 6.2 -> 8.5 ms.)
     peers = [ort1, ref] + ([ort1d] if ort1d is not None else [])
     interleave([*(r for k, r in ferry.items() if k[2] == 1), *peers], rounds)
+    round_trip = core_latency.round_trip_ns()  # where the host has put the two vCPUs now
     interleave([*(r for k, r in ferry.items() if k[2] == 2 and k[1] == "jit"), ort2], rounds, settle=0.05)
     interleave([r for k, r in ferry.items() if k[2] == 2 and k[1] == "numpy"], rounds, settle=0.05)
 
@@ -386,6 +388,7 @@ def bench_model(
                 "rss_numpy": fresh_numpy["peak_rss_mb"],
                 "rss_stages": {k: v for k, v in fresh.items() if k.startswith("rss_")},
                 "rel_diff": diff,
+                "round_trip_ns": round_trip,
                 **({"ort1_own": ort1d.median_ms()} if label == "int8d" and ort1d is not None else {}),
             }
         )
@@ -423,6 +426,12 @@ def print_table(rows: list[dict]) -> None:
         for key, label in (("numpy2_min", "numpy 2t"), ("jit2_min", "JIT 2t")):
             ratios = [r[key] / r["ort2_min"] for r in fp32]
             print(f"geomean Ferry {label} / onnxruntime (minimums): {statistics.geometric_mean(ratios):.2f}")
+        trips = [f"{r['model']} {r['round_trip_ns']:.0f}" for r in fp32 if r.get("round_trip_ns")]
+        if trips:
+            print(
+                "CPU0 <-> CPU1 round trip (ns) at each model's 2-thread phase (bench/core_latency.py; "
+                "~60 neighbouring cores, ~350 different chiplets): " + ", ".join(trips)
+            )
     for note in variant_notes(rows):
         print(note)
 
