@@ -239,6 +239,10 @@ class Session:
                         self._records.pop(next(iter(self._records)))
             else:
                 env = _execute_plan(plan, self._program.constants, arrays, on_node)
+        if record is not None and threads > 1:
+            # its one-thread plan too, in this planning run: the thread choice samples one thread
+            # within a few runs, and building it there put ResNet18's 5th run at 200-280 ms
+            self._one_thread_plan(plan)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}
 
     @contextlib.contextmanager
@@ -279,8 +283,8 @@ class Session:
     def _one_thread_plan(self, plan: Plan) -> Plan:
         """The plan for a multi-thread session's runs on one thread (``ThreadChoice``): kernels
         measured on one thread, since those chosen for several can be slower alone (MobileNetV2:
-        1.16x), packed weights shared with ``plan`` where both pack them alike; built on the
-        first such run (before it is timed), ``plan`` itself once its record is gone."""
+        1.16x), packed weights shared with ``plan`` where both pack them alike; built with
+        ``plan`` (its planning run), ``plan`` itself once its record is gone."""
         found = self._plans_one.get(plan.signature)
         record = self._records_one.pop(plan.signature, None)
         if found is not None or record is None:

@@ -83,3 +83,18 @@ def test_the_runs_on_one_thread_use_kernels_measured_on_one_thread(tmp_path, mon
     for name, value in one.constants.items():  # packed for the same kernel: the very same array
         if "@" in name and name in two.constants:
             assert value is two.constants[name]
+
+
+def test_a_two_thread_sessions_planning_run_builds_its_one_thread_plan_too(tmp_path):
+    """The planning run (a signature's second) pays for both plans, so no later run (one the
+    thread choice sends to one thread) stalls on planning."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 8, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    model, feeds = single_node_model("Conv", [x, w], {"pads": [1, 1, 1, 1]})
+    session = Session(write_model_package(model, tmp_path / "m.ferry", feeds), threads=2)
+    session.run(feeds)
+    assert not session._plans_one._plans  # the first run records only
+    session.run(feeds)
+    (signature,) = session._plans._plans
+    assert session._plans_one.get(signature) is not None and not session._records_one

@@ -254,12 +254,13 @@ def test_an_unreadable_kernel_cache_is_measured_again(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("FERRY_KERNEL_CACHE", str(cache))
     model, x, path = _depthwise_package(tmp_path, 9)
-    assert Session(path).profile({"x": x})[0].note.startswith("searched: ")
+    assert Session(path, threads=1).profile({"x": x})[0].note.startswith("searched: ")
     [written] = list(cache.iterdir())
     written.write_text("{not json")
-    timings = Session(path).profile({"x": x})
+    timings = Session(path, threads=1).profile({"x": x})
     assert timings[0].note.startswith("searched: ")  # measured again, not an error
-    np.testing.assert_allclose(Session(path).run({"x": x})["y"], run_reference(model, {"x": x})[0], rtol=1e-5)
+    got = Session(path, threads=1).run({"x": x})["y"]
+    np.testing.assert_allclose(got, run_reference(model, {"x": x})[0], rtol=1e-5)
 
 
 def test_a_first_run_uses_the_kernel_this_device_chose_before(tmp_path, monkeypatch):
@@ -267,7 +268,7 @@ def test_a_first_run_uses_the_kernel_this_device_chose_before(tmp_path, monkeypa
     cache = tmp_path / "cache"
     monkeypatch.setenv("FERRY_KERNEL_CACHE", str(cache))
     model, x, path = _depthwise_package(tmp_path, 10)
-    Session(path).profile({"x": x})  # searches and caches a choice
+    Session(path, threads=1).profile({"x": x})  # searches and caches a choice
     [written] = list(cache.iterdir())
     [key] = [key for key in json.loads(written.read_text()) if not key.endswith(search.AMONG)]
     attrs = {"group": 4, "pads": [1, 1, 1, 1]}
@@ -277,7 +278,7 @@ def test_a_first_run_uses_the_kernel_this_device_chose_before(tmp_path, monkeypa
     written.write_text(json.dumps({key: kernel_name(other)}))
 
     monkeypatch.setenv("FERRY_DEBUG", "1")  # every run goes node by node, as a first run does
-    session = Session(path)
+    session = Session(path, threads=1)
     [timing] = session.profile({"x": x})
     assert timing.kernel == kernel_name(other) != kernel_name(selector)
     np.testing.assert_allclose(session.run({"x": x})["y"], run_reference(model, {"x": x})[0], rtol=1e-5)
