@@ -107,7 +107,6 @@ class Session:
         self._records: dict[Signature, Record] = {}  # first runs awaiting their plan
         # a multi-thread session's plans for its runs on one thread, and the records they need
         self._plans_one = PlanCache()
-        self._records_one: dict[Signature, Record] = {}
         self.jit = jit_tier.enabled() if jit is None else bool(jit) and jit_tier.enabled()
         self._digest = _digest(package.manifest, package.graph)
         self._search = KernelSearch(self._digest, threads, self.jit)
@@ -224,10 +223,6 @@ class Session:
                 del self._records[signature]
                 plan = self._plan(signature, record, search, with_team=with_team)
                 self._plans.put(plan)
-                if threads > 1:  # for its runs on one thread (``_one_thread_plan``)
-                    self._records_one[signature] = record
-                    while len(self._records_one) > self._plans.capacity:
-                        self._records_one.pop(next(iter(self._records_one)))
             if plan is None or debug.enabled():
                 # The first run of a signature (or a FERRY_DEBUG run) goes node by node and
                 # records what the plan needs; every later run executes the plan.
@@ -242,7 +237,7 @@ class Session:
         if record is not None and threads > 1:
             # its one-thread plan too, in this planning run: the thread choice samples one thread
             # within a few runs, and building it there put ResNet18's 5th run at 200-280 ms
-            self._one_thread_plan(plan)
+            self._plan_one_thread(plan, record)
         return {name: _owned(env[name], feeds) for name in self._program.outputs}
 
     @contextlib.contextmanager
@@ -280,21 +275,16 @@ class Session:
         release_pages(self._weights)  # weights now pre-packed are never read again
         return Plan(signature, tuple(built.steps), built.constants, with_team)
 
-    def _one_thread_plan(self, plan: Plan) -> Plan:
-        """The plan for a multi-thread session's runs on one thread (``ThreadChoice``): kernels
-        measured on one thread, since those chosen for several can be slower alone (MobileNetV2:
-        1.16x), packed weights shared with ``plan`` where both pack them alike; built with
-        ``plan`` (its planning run), ``plan`` itself once its record is gone."""
-        found = self._plans_one.get(plan.signature)
-        record = self._records_one.pop(plan.signature, None)
-        if found is not None or record is None:
-            return found or plan
+    def _plan_one_thread(self, plan: Plan, record: Record) -> None:
+        """The plan for a multi-thread session's runs on one thread (``ThreadChoice``), from
+        ``plan``'s record: kernels measured on one thread, since those chosen for several can be
+        slower alone (MobileNetV2: 1.16x), packed weights shared with ``plan`` where both pack
+        them alike.  Runs on one thread take ``plan`` itself once this one is evicted."""
         if self._part_search is None:
             self._part_search = KernelSearch(self._digest, 1, self.jit)
         with _threadpools().limit(limits=1), jit_tier.thread_limit(1):
             found = self._plan(plan.signature, record, self._part_search, shared=plan.constants)
         self._plans_one.put(found)
-        return found
 
     def _run_plan(
         self, plan: Plan, arrays: dict[str, np.ndarray], feeds: Mapping[str, np.ndarray], threads: int
@@ -303,7 +293,7 @@ class Session:
         choice = self._thread_choice(plan.signature, threads)
         threads = choice.pick()
         if threads == 1 and self.threads > 1:
-            plan = self._one_thread_plan(plan)
+            plan = self._plans_one.get(plan.signature) or plan
         start = time.perf_counter()
         with self._threads(threads, plan.team):
             env = _execute_plan(plan, self._program.constants, arrays, None)

@@ -78,7 +78,7 @@ def test_the_runs_on_one_thread_use_kernels_measured_on_one_thread(tmp_path, mon
         np.testing.assert_allclose(next(iter(session.run(feeds).values())), want, rtol=1e-4, atol=1e-4)
     (signature,) = session._thread_choices
     two, one = session._plans.get(signature), session._plans_one.get(signature)
-    assert one is not None and one is not two and not session._records_one  # built, record dropped
+    assert one is not None and one is not two and not session._records  # built, record dropped
     assert session._search.threads == 2 and session._part_search.threads == 1  # each its own search
     for name, value in one.constants.items():  # packed for the same kernel: the very same array
         if "@" in name and name in two.constants:
@@ -97,4 +97,4 @@ def test_a_two_thread_sessions_planning_run_builds_its_one_thread_plan_too(tmp_p
     assert not session._plans_one._plans  # the first run records only
     session.run(feeds)
     (signature,) = session._plans._plans
-    assert session._plans_one.get(signature) is not None and not session._records_one
+    assert session._plans_one.get(signature) is not None and not session._records
