@@ -175,7 +175,10 @@ def next_step(
 
     ``soaked_seconds`` runs from the phase's first device report, not from the phase's start
     (the control plane measures it so): a phase whose devices have not reported has not
-    soaked. A pending gate (no selected device has reported) waits.
+    soaked. A pending gate (no selected device has reported) waits. The last phase completes
+    only when no online selected device is still deciding (``devices_unsettled`` in the gate's
+    figures): once completed, the gate stops looking, so a refusal arriving later would abort
+    nothing.
     """
     if state.status != Status.ACTIVE:
         return StepDecision(Step.WAIT, f"release is {state.status.value}")
@@ -196,5 +199,12 @@ def next_step(
             Step.AWAIT_APPROVAL, f"phase {state.phase + 1} passed its gate; awaiting approval"
         )
     if state.phase + 1 >= len(phases):
+        unsettled = gate.figures.get("devices_unsettled", 0)
+        if unsettled:  # a refusal still on its way would find the release completed: wait for it
+            return StepDecision(
+                Step.WAIT,
+                f"last phase passed its gate; {unsettled} online device(s) have not installed or "
+                "refused the version yet (advance by hand to complete now)",
+            )
         return StepDecision(Step.COMPLETE, "last phase passed its gate")
     return StepDecision(Step.ADVANCE, f"phase {state.phase + 1} passed its gate")

@@ -449,6 +449,31 @@ def release_device_failures(*, release: Release, device_ids: frozenset[str] | se
     return {str(device_id): code for device_id, code in rows}
 
 
+# an answer to the release's offer: the device runs it, or said why it does not
+SETTLED_DEVICE_STATES = ("running", *FAILED_DEVICE_STATES)
+
+
+def release_unsettled_devices(
+    *, release: Release, device_ids: frozenset[str] | set[str], online_since
+) -> set[str]:
+    """These devices that are online (seen since ``online_since``) and have not answered the
+    release yet: no outcome reported (running, refused, failed, rolled back) and not running
+    its version. An offline device is not waited for: it may never come back."""
+    if not device_ids:
+        return set()
+    online = set(
+        Device.objects.filter(pk__in=device_ids, last_seen_at__gte=online_since)
+        .exclude(running_version_id=release.version_id)
+        .values_list("pk", flat=True)
+    )
+    if not online:
+        return set()
+    settled = DeviceReleaseStatus.objects.filter(
+        release=release, device_id__in=online, state__in=SETTLED_DEVICE_STATES
+    ).values_list("device_id", flat=True)
+    return {str(pk) for pk in online} - {str(pk) for pk in settled}
+
+
 def release_device_statuses(*, release: Release, state: str | None = None) -> list[dict[str, Any]]:
     """Every device the release has a say over, with its reported status. A selected device
     without a report (an agent older than UpdateStatus, or none yet) is ``running`` if its

@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from accounts.models import Organisation
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from ferry_cloud.errors import Conflict, Invalid
@@ -40,6 +41,7 @@ from releases.selectors import (
     release_device_failures,
     release_phases,
     release_selection,
+    release_unsettled_devices,
 )
 from releases.status_counts import release_split_keep
 
@@ -354,6 +356,10 @@ def release_gate_evaluate(*, release_id, now=None, versions: dict[str, set[str]]
         devices_pinned_away=len(away & selection.selected),
         phase_reporting_since=reporting_since.isoformat() if reporting_since else None,
     )
+    if result.passed and release.current_phase + 1 >= len(phases):  # completion is in sight
+        online_since = now - timedelta(seconds=settings.FERRY_DEVICE_ONLINE_SECONDS)
+        unsettled = release_unsettled_devices(release=release, device_ids=cohort, online_since=online_since)
+        result.figures["devices_unsettled"] = len(unsettled)
     soaked = (now - reporting_since).total_seconds() if reporting_since else 0.0
     state = RolloutState(Status(release.state), release.current_phase)
     decision = next_step(phases, state, soaked, result, thresholds.on_failure)

@@ -101,6 +101,18 @@ def test_two_advances_of_the_same_phase_move_one_phase():
     assert last == RolloutState(Status.COMPLETED, 3)
 
 
+def test_the_last_phase_completes_only_when_no_online_device_is_still_deciding():
+    last = RolloutState(Status.ACTIVE, 3)
+    deciding = GateResult(True, (), {"devices_reporting": 60, "devices_unsettled": 2})
+    decision = next_step(FOUR, last, 3600, deciding, "pause")
+    assert decision.step == Step.WAIT and "2 online device(s)" in decision.reason
+    settled = GateResult(True, (), {"devices_reporting": 60, "devices_unsettled": 0})
+    assert next_step(FOUR, last, 3600, settled, "pause").step == Step.COMPLETE
+    # an earlier phase advances regardless: the next phase's gate still counts those devices
+    earlier = next_step(FOUR, RolloutState(Status.ACTIVE, 1), 3600, deciding, "pause")
+    assert earlier.step == Step.ADVANCE
+
+
 def test_impossible_transitions_are_refused_with_the_reason():
     with pytest.raises(TransitionRefused, match="Cannot resume a release that is aborted"):
         transition(RolloutState(Status.ABORTED, 0), "resume", 1)

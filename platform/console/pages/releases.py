@@ -51,6 +51,7 @@ GATE_FACTS = (
     ("Devices reporting", "devices_reporting"),
     ("Devices pending", "devices_pending"),
     ("Devices refused or failed", "devices_refused"),
+    ("Online devices still installing (the last phase waits for them)", "devices_unsettled"),
     ("Error rate of the rest of the fleet", "baseline_error_rate"),
     ("p95 latency (ms)", "latency_ms_p95"),
     ("p95 latency of the rest of the fleet (ms)", "baseline_latency_ms_p95"),

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 from fleet.models import Device
-from releases.models import Release
+from releases.models import DeviceReleaseStatus, Release
 from releases.selectors import desired_package_for
 from releases.services import release_gate_evaluate, release_gates_evaluate_all
 from telemetry.selectors import fleet_rates
@@ -91,6 +91,44 @@ def test_the_soak_clock_starts_at_the_first_report(api, org, ready_version, seco
     status = release_gate_evaluate(release_id=release["id"])
     assert status["step"] == "wait" and "soaked" in status["reason"]  # reported just now
     assert Release.objects.get().phase_reporting_since is not None
+
+
+def _offline(device: Device) -> None:
+    Device.objects.filter(pk=device.pk).update(last_seen_at=timezone.now() - timedelta(days=1))
+
+
+def test_the_last_phase_waits_for_online_devices_still_deciding_and_their_refusal_aborts(
+    api, org, ready_version, second_version
+):
+    """One device installs and reports while the others' answers are on their way (a refusal
+    comes a check-in later): the release must not complete meanwhile, for once it is completed
+    the gate stops looking and their refusals would abort nothing."""
+    devices = _devices(org, 3, ready_version)
+    release = _create(api, second_version, start=True).json()
+    _install(devices[:1], second_version)
+    _metrics(devices[0], second_version)
+    status = release_gate_evaluate(release_id=release["id"])
+    assert status["step"] == "wait" and status["figures"]["devices_unsettled"] == 2, status
+    _offline(devices[2])  # an offline device is not waited for: it may never come back
+    status = release_gate_evaluate(release_id=release["id"])
+    assert status["step"] == "wait" and status["figures"]["devices_unsettled"] == 1, status
+    DeviceReleaseStatus.objects.create(
+        release_id=release["id"], device=devices[1], state="refused", reason_code="wrong_device_class"
+    )
+    status = release_gate_evaluate(release_id=release["id"])
+    assert status["step"] == "abort" and "wrong_device_class: 1" in status["reason"], status
+    assert Release.objects.get(pk=release["id"]).state == "aborted"
+
+
+def test_the_last_phase_completes_once_every_online_device_answered(api, org, ready_version, second_version):
+    devices = _devices(org, 3, ready_version)
+    release = _create(api, second_version, start=True).json()
+    _install(devices[:2], second_version)
+    _metrics(devices[0], second_version)  # the other installed device has not reported metrics yet
+    _offline(devices[2])
+    status = release_gate_evaluate(release_id=release["id"])
+    assert status["step"] == "complete" and status["figures"]["devices_unsettled"] == 0, status
+    assert Release.objects.get(pk=release["id"]).state == "completed"
 
 
 def _ingest(device: Device, version, seq: int, payload: dict) -> None:
