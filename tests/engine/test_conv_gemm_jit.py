@@ -110,6 +110,40 @@ def test_gemm_covers_a_block_with_7_and_6_row_tiles_and_matches_numpy(rows):
     np.testing.assert_array_equal(residual, separate)
 
 
+def test_gemm_prefetches_the_next_panels_weights_and_still_matches_numpy():
+    """The full tiles prefetch the next work item's weights (a line an unrolled iteration, see
+    _gemm_items): the compiled kernel holds prefetch instructions, and slot products over several
+    slots, row blocks and panels (each item's cursor ending at the next item, the last item's
+    at its own weights) give numpy's results."""
+    from numba import njit  # a fresh, uncached compile: cached code cannot be inspected
+
+    micro = gemm_jit._micro((gemm_jit.LANES, gemm_jit.LANES), prefetch=True)
+    free = np.float32(0)
+
+    @njit(cache=False)
+    def tile(x, w, out, bias, depth, pf):  # noqa: ANN001, ANN202
+        micro(x, 0, depth, w, 0, 32, depth, out, 0, 32, bias, 0, bias, 0, 0, 0, free, free, pf)
+
+    rng = np.random.default_rng(7)
+    depth = 40
+    x6 = rng.standard_normal((6, depth)).astype(np.float32)
+    w32 = rng.standard_normal((depth, 32)).astype(np.float32)
+    bias = np.zeros(32, np.float32)
+    out6 = np.empty((6, 32), np.float32)
+    packed6 = gemm_jit.pack_panels(w32).reshape(-1)
+    tile(x6.reshape(-1), packed6, out6.reshape(-1), bias, depth, depth * 32 // 2)
+    np.testing.assert_allclose(out6, x6.astype(np.float64) @ w32, rtol=1e-5, atol=1e-4)
+    assert "prefetcht0" in "\n".join(tile.inspect_asm().values())
+    slots, rows, depth, m = 3, 250, 400, 96  # 2 blocks of rows (400 K: 163 rows a block), 3 panels
+    x = rng.standard_normal((slots, rows, depth)).astype(np.float32)
+    w = rng.standard_normal((slots, depth, m)).astype(np.float32)
+    packed = np.stack([gemm_jit.pack_panels(w[s]) for s in range(slots)])
+    out = np.full((slots, rows, m), np.nan, np.float32)
+    gemm_jit.gemm_batched(x, packed, out)
+    want = np.einsum("spk,skm->spm", x.astype(np.float64), w)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(depth))
+
+
 @pytest.mark.parametrize("rows", [7, 49, 100])
 def test_gemm_adds_a_residual_it_overwrites_once(rows):
     """A block's last rows run as a tile overlapping the one before (recomputed, stored again),

@@ -37,19 +37,23 @@ BLOCK_INPUT_BYTES = 256 << 10
 MIN_BLOCK_ROWS = 16 * MR
 
 
-def _micro(widths: tuple[int, ...], rows: int = MR, unroll: int | None = None) -> Any:
+def _micro(widths: tuple[int, ...], rows: int = MR, unroll: int | None = None, prefetch: bool = False) -> Any:
     """The micro-kernel: for ``rows`` rows r (MR unless told) and columns c < sum(widths), in
     vectors of ``widths`` lanes (flat float32 arrays; element offsets and row strides):
     out[oo + r*os + c] = clip(sum_k x[xo + r*xs + k] * w[wo + k*ws + c] + bias[bo + c]
     (+ res[ro + r*rs + c] when has_res), lo, hi) (when has_clip); the loop over k runs
-    ``unroll`` steps an iteration (default UNROLL), in order, so results do not depend on it."""
+    ``unroll`` steps an iteration (default UNROLL), in order, so results do not depend on it.
+    With ``prefetch``, a last argument pf: iteration i also prefetches the cache line of w at
+    element pf + 16 i (the next panel's weights, while this panel's tiles compute: see
+    ``_prefetch_at``)."""
 
-    @intrinsic
-    def micro(typingctx, x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi):  # noqa: ANN001, ANN202, ARG001
-        sig = types.void(x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi)
+    def typer(typingctx, x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi, *pf):  # noqa: ANN001, ANN202, ARG001
+        sig = types.void(x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi, *pf)
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            x_, xo_, xs_, w_, wo_, ws_, depth_, out_, oo_, os_, b_, bo_, r_, ro_, rs_, flags_, lo_, hi_ = args
+            x_, xo_, xs_, w_, wo_, ws_, depth_, out_, oo_, os_, b_, bo_, r_, ro_, rs_, flags_, lo_, hi_ = (
+                args[:18]
+            )
             xp, wp, op, bp, rp = (
                 context.make_array(signature.args[i])(context, builder, value).data
                 for i, value in ((0, x_), (3, w_), (7, out_), (10, b_), (12, r_))
@@ -98,7 +102,19 @@ def _micro(widths: tuple[int, ...], rows: int = MR, unroll: int | None = None) -
                             builder.call(fmas[v], [a, weights[v], builder.load(accs[r][v])]), accs[r][v]
                         )
 
-            unrolled_range(builder, depth_, step, UNROLL if unroll is None else unroll)
+            head = None
+            if prefetch:
+                line_floats = const(64 // 4)
+                byte_ptr = ir.IntType(8).as_pointer()
+                fetch_type = ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32])
+                fetch = cgutils.get_or_insert_function(builder.module, fetch_type, "llvm.prefetch.p0")
+
+                def head(i: Any) -> None:  # a read, kept in every cache level, of data
+                    at = builder.gep(wp, [builder.add(args[18], builder.mul(i, line_floats))])
+                    flags = [ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)]
+                    builder.call(fetch, [builder.bitcast(at, byte_ptr), *flags])
+
+            unrolled_range(builder, depth_, step, UNROLL if unroll is None else unroll, head)
             has_res = builder.trunc(builder.and_(flags_, const(1)), ir.IntType(1))
             has_clip = builder.trunc(builder.lshr(flags_, const(1)), ir.IntType(1))
             for v in range(len(widths)):
@@ -125,14 +141,30 @@ def _micro(widths: tuple[int, ...], rows: int = MR, unroll: int | None = None) -
 
         return sig, codegen
 
-    return micro
+    if prefetch:
+
+        def micro(
+            typingctx, x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi, pf
+        ):  # noqa: ANN001, ANN202, E501
+            return typer(
+                typingctx, x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi, pf
+            )
+
+    else:
+
+        def micro(typingctx, x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi):  # noqa: ANN001, ANN202, E501
+            return typer(
+                typingctx, x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi
+            )  # noqa: E501
+
+    return intrinsic(micro)
 
 
-_micro_full = _micro((LANES, LANES))  # 6 x 32
+_micro_full = _micro((LANES, LANES), prefetch=True)  # 6 x 32
 # 7 x 32 (14 accumulators of AVX-512's 32 registers): a block of n >= 35 rows is n % 6 of these
 # and 6-row tiles for the rest, exactly; 49 pixels (7x7 layers) had cost as much as 54
 SEVEN = MR + 1
-_micro_full7 = _micro((LANES, LANES), SEVEN)
+_micro_full7 = _micro((LANES, LANES), SEVEN, prefetch=True)
 _micro_half = _micro((LANES,))  # 6 x 16: a panel's last 16 or fewer channels
 # A panel of 8, 16 or 24 channels (MobileNetV2's 16- and 24-channel projections): twice the rows, so
 # twelve accumulators keep both of a Zen 5 core's 512-bit FMA pipes busy where six did not
@@ -245,6 +277,8 @@ def _gemm_items(
     # 8 tiles and a 1-row remainder through scratch and a scalar copy
     rp, op = res.ctypes.data, out.ctypes.data
     in_place = has_res and rp < op + 4 * out.size and op < rp + 4 * res.size
+    panel_floats = (depth + 2) * NR
+    fetched = (depth // UNROLL) * 16  # floats of weights one full tile prefetches (a line an iteration)
     for item in range(first, last):
         s, rest = item // per_slot, item % per_slot
         p0, panel = (rest // panels) * block_rows, rest % panels
@@ -252,7 +286,13 @@ def _gemm_items(
         xs, os = s * rows * depth, s * rows * m
         j0 = panel * NR
         cols = min(NR, m - j0)
-        wo = (s * panels + panel) * (depth + 2) * NR
+        wo = (s * panels + panel) * panel_floats
+        # the next item's weights, a slice per full tile while this item's tiles compute: a
+        # panel read from memory (a big layer's, evicted since the last run) is then read while
+        # the cores compute, not in a burst at the panel's first tile
+        after = item + 1
+        ahead = ((after // per_slot) * panels + (after % per_slot) % panels) * panel_floats
+        ahead_end = min(ahead + panel_floats, packed.size)
         start = p0
         if cols < NR and cols % 8 == 0:  # 8, 16 or 24 channels: TALL-row tiles, then 6-row ones
             while start + TALL <= p1:
@@ -277,10 +317,12 @@ def _gemm_items(
         if cols == NR and sevens and p1 - start >= SEVEN * sevens:
             for _ in range(sevens):  # then 6-row tiles end exactly at p1
                 at, ro, xo = os + start * m + j0, start * rstride + j0, xs + start * depth
+                pf = ahead if ahead + fetched <= ahead_end else wo  # past it: this panel's own, cached
                 _micro_full7(
                     x, xo, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
-                    flags, lo, hi,
+                    flags, lo, hi, pf,
                 )  # fmt: skip
+                ahead += fetched
                 start += SEVEN
         for t0 in range(start, p1, MR):
             count = min(MR, p1 - t0)
@@ -288,10 +330,12 @@ def _gemm_items(
                 t0, count = p1 - MR, MR
             at, ro = os + t0 * m + j0, t0 * rstride + j0
             if count == MR and cols == NR:
+                pf = ahead if ahead + fetched <= ahead_end else wo
                 _micro_full(
                     x, xs + t0 * depth, depth, packed, wo, NR, depth, out, at, m, bias, j0, res, ro, rstride,
-                    flags, lo, hi,
+                    flags, lo, hi, pf,
                 )  # fmt: skip
+                ahead += fetched
                 continue
             source, offset = x, xs + t0 * depth
             if count < MR:  # the last rows, copied so the tile reads no row past the input
