@@ -50,6 +50,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "engine.ops.conv.im2col_jit": ("Conv", "FusedConv"),
     # a CNN's classifier (Gemm); rides along with the convs (a model of Gemms alone stays numpy)
     "engine.ops.gemv_jit": ("Conv", "FusedConv"),
+    # a CNN's stem pool; rides along with the convs too (jit_needs.RIDER_OPS)
+    "engine.ops.pool_jit": ("MaxPool",),
     # the conv GEMM; rides along where a UNet's norms bring numba in (its convs are ungrouped)
     "engine.ops.conv.gemm_conv_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),
     "engine.ops.conv.winograd_jit": ("Conv", "FusedConv", "GroupNormalization", "FusedGroupNorm"),

@@ -49,7 +49,7 @@ def jit_unused(program: Program) -> set[str]:
 
 
 # JIT kernels that never bring numba in on their own (see jit_ops)
-RIDER_OPS = ("FusedMatMul", "MatMul", "Gelu", "FusedGeglu", "FusedAttention", "LayerNormalization")
+RIDER_OPS = ("FusedMatMul", "MatMul", "Gelu", "FusedGeglu", "FusedAttention", "LayerNormalization", "MaxPool")
 
 
 def may_serve(step: Step) -> bool:
