@@ -25,7 +25,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,9 @@ import numpy as np
 from engine import jit, kernels
 from engine.ops.registry import Kernel, kernel_name
 from engine.planner import memory_order
+
+# called with a candidate's inputs before each timed call: puts its weights where a run finds them
+Evictor = Callable[[list[np.ndarray | None]], None]
 
 RUNS = 5  # timed rounds over the candidates (after one checked run each); each one's minimum counts
 PACKED_MARGIN = 0.85  # a kernel with pre-packed weights must take <= 85% of the default's time...
@@ -127,7 +130,7 @@ class KernelSearch:
         static: list[bool],
         make_inputs: Callable[[], list[np.ndarray | None]],
         default: Kernel | None = None,
-        evict: Callable[[], None] | None = None,
+        evict: Evictor | None = None,
     ) -> tuple[Kernel, str]:
         """The kernel this node should run and a note saying how it was chosen.
 
@@ -180,7 +183,7 @@ class KernelSearch:
         attrs: dict[str, Any],
         inputs: list[np.ndarray | None],
         node: str,
-        evict: Callable[[], None] | None = None,
+        evict: Evictor | None = None,
     ) -> tuple[Kernel, str]:
         orders: dict[Kernel, tuple[int, ...] | None] = {}
         out_bytes: list[int] = []
@@ -204,7 +207,7 @@ class KernelSearch:
         runnable: list[tuple[Kernel, list[np.ndarray | None]]],
         prefer: set[Kernel],
         allowance: float,
-        evict: Callable[[], None] | None = None,
+        evict: Evictor | None = None,
     ) -> tuple[Kernel, str]:
         best = {kernel: float("inf") for kernel, _ in runnable}
         clock = kernel_clock(self.threads)
@@ -257,14 +260,14 @@ def _time_rounds(
     attrs: dict[str, Any],
     best: dict[Kernel, float],
     clock: Callable[[], float] = time.perf_counter,
-    evict: Callable[[], None] | None = None,
+    evict: Evictor | None = None,
 ) -> None:
     """Each kernel's best time over RUNS rounds, taken in turn so a burst of machine noise
-    hits every candidate alike; ``evict()`` (untimed) before each call when given."""
+    hits every candidate alike; ``evict(args)`` (untimed) before each call when given."""
     for _ in range(RUNS):
         for kernel, args in runnable:
             if evict is not None:
-                evict()
+                evict(args)
             start = clock()
             kernel(args, attrs)
             best[kernel] = min(best[kernel], clock() - start)
@@ -292,20 +295,50 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=32 << 20)
 
 
+def weights_stay_cached(static: Mapping[str, Any], flush: Callable[[np.ndarray], None]) -> bool:
+    """Whether a model's fixed values, read through once, are still cached when read again:
+    measured, the second read's time against a read after ``flush`` put them out of cache.
+    The last-level cache's size alone does not tell: a virtual machine's L3 is shared with
+    other tenants (a Xeon's 480 MB, where ResNet18's 512-channel convs ran as slowly in a run as
+    with their weights flushed).  Reads a byte of each cache line of each value."""
+    flats = [
+        value.reshape(-1).view(np.uint8)
+        for value in static.values()
+        if isinstance(value, np.ndarray) and value.flags.c_contiguous and value.nbytes >= LINE
+    ]
+
+    def read() -> float:
+        start = time.perf_counter()
+        for flat in flats:
+            np.bitwise_or.reduce(flat[::LINE])
+        return time.perf_counter() - start
+
+    read()
+    warm = min(read(), read())
+    for flat in flats:
+        flush(flat)
+    return warm < RESIDENT_SHARE * read()
+
+
 def weights_evictor(
     static: dict[str, np.ndarray],
     own: Sequence[str],
     one_row: bool = False,
     flush: Callable[[np.ndarray], None] | None = None,
-) -> Callable[[], None] | None:
+    positions: Sequence[int] = (),
+    cached: Callable[[], bool] | None = None,
+) -> Evictor | None:
     """For a node whose fixed inputs ``own`` (names in ``static``, the plan's fixed values) are
-    at least MIN_STREAMED_BYTES: a call that puts them out of cache, as a run does between two
-    calls of the node, so the search times its kernels where the run will find its weights.
-    Where the plan's other fixed values exceed the last-level cache, it reads them (up to twice
-    its size).  Where they fit, only a ``one_row`` product (a memory-bound GEMV: a classifier)
-    is timed cold, with ``flush`` (flush_jit's clflush of an array's bytes) when there is one:
-    a run's activations and the rest of the machine pass through the cache too.  None where the
-    node's weights are small, or neither applies (timed warm)."""
+    at least MIN_STREAMED_BYTES: a call ``evict(args)`` that puts them out of cache, as a run
+    does between two calls of the node, so the search times its kernels where the run will find
+    its weights.  Where the plan's other fixed values exceed the last-level cache, it reads them
+    (up to twice its size).  Else, with ``flush`` (flush_jit's clflush of an array's bytes), it
+    flushes the candidate's args at ``positions`` (the fixed inputs, packed as that candidate
+    packs them) for a ``one_row`` product (a memory-bound GEMV: a classifier; a run's
+    activations and the rest of the machine pass through the cache too), and for any node when
+    ``cached()`` (``weights_stay_cached``, asked once it matters) says the model's weights do
+    not stay cached between runs.  None where the node's weights are small, or nothing applies
+    (timed warm)."""
     mine = [static[name] for name in dict.fromkeys(own) if name in static]
     if sum(value.nbytes for value in mine) < MIN_STREAMED_BYTES:
         return None
@@ -319,20 +352,26 @@ def weights_evictor(
             break
     if total >= cache:
 
-        def evict() -> None:
+        def evict(args: list[np.ndarray | None]) -> None:  # noqa: ARG001 - the others, whatever the args
             for flat in others:
                 np.bitwise_or.reduce(flat[::LINE])
 
         return evict
-    if not one_row or flush is None:
+    if flush is None or not (one_row or (cached is not None and not cached())):
         return None
-    flushed = [value.reshape(-1).view(np.uint8) for value in mine if value.flags.c_contiguous]
 
-    def flush_own() -> None:
-        for flat in flushed:
-            flush(flat)
+    def flush_own(args: list[np.ndarray | None]) -> None:
+        for position in positions:
+            value = args[position] if position < len(args) else None
+            if isinstance(value, np.ndarray) and value.flags.c_contiguous:
+                flush(value.reshape(-1).view(np.uint8))
 
     return flush_own
+
+
+# a second read of the model's fixed values under this share of a flushed read's time: they
+# stayed cached (a read from L2 or L3 against one from memory is 3-10x faster)
+RESIDENT_SHARE = 0.6
 
 
 def _key(node: str, shapes: Sequence[tuple[int, ...] | None]) -> str:

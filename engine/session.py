@@ -27,7 +27,7 @@ from engine.plan import Plan, PlanCache, Signature
 from engine.plan_threads import ThreadChoice
 from engine.planner import PlannedStep, Record, Recorder
 from engine.program import Program, Step, compile_program
-from engine.search import KernelSearch, weights_evictor
+from engine.search import KernelSearch, weights_evictor, weights_stay_cached
 from engine.tensor_specs import check_feeds, read_specs
 
 _controller: ThreadpoolController | None = None
@@ -118,6 +118,7 @@ class Session:
         if self.jit:
             jit_tier.load(ops=jit_ops(self._program), threads=threads, skip=jit_unused(self._program))
         self._flush = _cache_flush() if self.jit else None  # for the kernel search
+        self._resident: bool | None = None  # whether the weights stay cached: _weights_cached
         self._team_possible = self.jit and team.possible(threads, self._program.steps)
         if self._team_possible:
             team.prepare()  # its kernels compiled now, with the rest, for plans that use it
@@ -446,10 +447,20 @@ class Session:
         default = record.kernels[index]
         fixed = [name for name, known in zip(step.inputs, static, strict=True) if known]
         one_row = bool(shapes) and shapes[0] is not None and math.prod(shapes[0][:-1]) == 1
-        evict = weights_evictor(record.static, fixed, one_row, self._flush)
+        positions = [i for i, known in enumerate(static) if known]
+        evict = weights_evictor(
+            record.static, fixed, one_row, self._flush, positions, lambda: self._weights_cached(record.static)
+        )
         chosen = search.choose(step.op, step.name, step.attrs, shapes, static, make_inputs, default, evict)
         _note_output_order(record, step, search.output_orders)
         return chosen
+
+    def _weights_cached(self, static: dict[str, np.ndarray]) -> bool:
+        """Whether this model's weights stay cached between runs (``weights_stay_cached``),
+        measured once per session: the weights are the same for every plan."""
+        if self._resident is None:
+            self._resident = self._flush is None or weights_stay_cached(static, self._flush)
+        return self._resident
 
     # -- validation -----------------------------------------------------------------------------
 

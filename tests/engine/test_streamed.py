@@ -88,7 +88,7 @@ def test_weights_evictor_only_for_big_weights_in_a_plan_bigger_than_the_cache(mo
     strided = {"w": big, **{f"t{i}": np.ones((512, 256), np.float32).T for i in range(4)}}
     assert search.weights_evictor(strided, ["w"]) is None  # only contiguous ones are read
     evict = search.weights_evictor(static, ["w"])
-    evict()  # reads a byte of each cache line of the others, and leaves them as they were
+    evict([big])  # reads a byte of each cache line of the others, and leaves them as they were
     assert all(np.all(value == 1) for value in static.values())
 
 
@@ -102,13 +102,47 @@ def test_a_one_row_products_weights_are_flushed_where_the_plan_fits_the_cache(mo
     flushed: list[int] = []
     flush = flushed.append  # records what it is given: each array's bytes, once a call
 
-    evict = search.weights_evictor(static, ["w", "b"], one_row=True, flush=lambda data: flush(data.nbytes))
+    evict = search.weights_evictor(
+        static, ["w", "b"], one_row=True, flush=lambda data: flush(data.nbytes), positions=[1, 2]
+    )
     assert evict is not None
-    evict()
+    evict([np.ones((1, 1280), np.float32), w, bias])  # the candidate's args: its fixed ones flushed
     assert flushed == [w.nbytes, bias.nbytes]
     assert search.weights_evictor(static, ["w", "b"], one_row=False, flush=flush) is None
     assert search.weights_evictor(static, ["w", "b"], one_row=True, flush=None) is None
     assert search.weights_evictor(static, ["b"], one_row=True, flush=flush) is None  # 4 KB
+
+
+def test_any_nodes_big_weights_are_flushed_where_the_models_weights_do_not_stay_cached(monkeypatch):
+    """Where the model's weights do not stay cached between runs (measured: ``cached()``), a
+    conv's candidates are timed with their own packed weights flushed, each as it packs them;
+    the measurement is asked only for a node whose weights are big enough to matter."""
+    monkeypatch.setattr(search, "last_level_cache_bytes", lambda: 480 << 20)
+    w = np.ones((512, 512, 3, 3), np.float32)  # 9.4 MB
+    static = {"w": w, "other": np.ones(1000, np.float32)}
+    flushed: list[int] = []
+    asked: list[bool] = []
+
+    def cached(answer: bool):  # noqa: ANN202
+        return lambda: asked.append(answer) or answer
+
+    evict = search.weights_evictor(static, ["w"], False, flushed.append, [1], cached(False))
+    packed = np.ones((16, 4610, 32), np.float32)  # a candidate's panels, not the ONNX weights
+    evict([np.ones((1, 512, 7, 7), np.float32), packed])
+    assert [flat.nbytes for flat in flushed] == [packed.nbytes] and asked == [False]
+    assert search.weights_evictor(static, ["w"], False, flushed.append, [1], cached(True)) is None
+    asked.clear()
+    assert search.weights_evictor(static, ["other"], False, flushed.append, [1], cached(False)) is None
+    assert asked == []  # 4 KB of weights: not worth measuring for
+
+
+def test_weights_that_fit_the_cache_stay_cached():
+    if not jit_tier.enabled():
+        pytest.skip("no JIT tier (numba missing, or FERRY_JIT=0)")
+    flush_jit = jit_tier.module("engine.ops.flush_jit")
+    static = {"w": np.ones(64 << 10, np.float32), "b": np.ones(16, np.float32), "step": 3}  # 256 KB
+    assert search.weights_stay_cached(static, flush_jit.flush)
+    assert np.all(static["w"] == 1) and np.all(static["b"] == 1)
 
 
 def test_the_flush_kernel_leaves_an_arrays_values_as_they_were():
@@ -161,9 +195,9 @@ def test_a_decode_steps_products_are_searched_with_their_weights_out_of_cache(tm
         if evict is None:
             return None
 
-        def counted() -> None:
+        def counted(args: list) -> None:
             calls.append(",".join(own))
-            evict()
+            evict(args)
 
         return counted
 
@@ -219,8 +253,8 @@ def test_a_jit_sessions_classifier_is_searched_with_its_weights_flushed(tmp_path
     monkeypatch.setenv("FERRY_KERNEL_CACHE", str(tmp_path / "kernels"))
     built: dict[str, bool] = {}
 
-    def spying(static: dict, own: list, one_row: bool = False, flush: object = None) -> object:
-        evict = search.weights_evictor(static, own, one_row, flush)
+    def spying(static: dict, own: list, *more: object) -> object:
+        evict = search.weights_evictor(static, own, *more)
         built[",".join(own)] = evict is not None
         return evict
 
