@@ -35,8 +35,9 @@ from engine import jit
 MODULE = "engine.ops.team_jit"
 # the jobs a team shares: gemm8_jit's GEMM (6 x 16 tiles, AVX2), gemm_jit's (6 x 32, AVX-512),
 # attention_jit's row softmax, depthwise_vec_jit's 3x3 depthwise conv, rows_jit's exact GELU,
-# direct_jit's implicit-GEMM conv (a CNN's stem) and gemv_jit's dot products (its classifier)
-GEMM8, GEMM32, SOFTMAX, DEPTHWISE, GELU, DIRECT, GEMV = 0, 1, 2, 3, 4, 5, 6
+# direct_jit's implicit-GEMM conv (a CNN's stem), gemv_jit's dot products (its classifier) and
+# Winograd's input and output tile transforms (winograd_tiles_jit, by rows of tiles)
+GEMM8, GEMM32, SOFTMAX, DEPTHWISE, GELU, DIRECT, GEMV, WINO_IN, WINO_OUT = range(9)
 # multiply-adds from which a kernel shares its work with a spinning worker: ~10 us of work,
 # against a few us to open the job and meet the worker at its end
 MIN_MACS = 1 << 18
@@ -73,6 +74,8 @@ class Team:
             GELU: (kernels.gelu_shared, ()),
             DIRECT: (kernels.direct_shared, ()),
             GEMV: (kernels.gemv_shared, ()),
+            WINO_IN: (kernels.wino_in_shared, ()),
+            WINO_OUT: (kernels.wino_out_shared, ()),
         }
         arrays = (self._state, self._table, self._floats)
         self._thread = threading.Thread(target=kernels.serve, args=arrays, name="ferry-team", daemon=True)

@@ -30,7 +30,8 @@ Each chunk is the serial kernel's own body over a range of items (``_items16``,
 Attention's row softmax (attention_jit.py) and an exact GELU (rows_jit.py: a transformer's
 feed-forward activation, which the caller had run alone after the shared GEMM) are shared the
 same way, by rows; so are a CNN's stem (direct_jit.py, by output rows) and its classifier's GEMV
-(gemv_jit.py, by blocks of outputs), which a 2-thread run had left on the caller alone.
+(gemv_jit.py, by blocks of outputs), which a 2-thread run had left on the caller alone, and
+Winograd's input and output tile transforms (winograd_tiles_jit.py, by rows of tiles).
 """
 
 from __future__ import annotations
@@ -58,17 +59,18 @@ from engine.ops.conv.direct_jit import _ROWS as _DIRECT_ROWS
 from engine.ops.conv.direct_jit import _rows as _direct_rows
 from engine.ops.conv.gemm8_jit import _ITEMS, _items16
 from engine.ops.conv.gemm_jit import _gemm_items
+from engine.ops.conv.winograd_tiles_jit import _INPUT, _OUTPUT, _inputs, _outputs
 from engine.ops.gemv_jit import _DOTS, _dots
 from engine.ops.rows_jit import _gelu_rows
-from engine.team import DEPTHWISE, DIRECT, GELU, GEMM8, GEMV, ITEM_BITS, SOFTMAX
+from engine.team import DEPTHWISE, DIRECT, GELU, GEMM8, GEMV, ITEM_BITS, SOFTMAX, WINO_IN, WINO_OUT
 
 # int64 slots of ``state``, each on its own cache line: the last job's tag (the caller's), the
 # claim word, items done, whether a run is on (the worker spins) and the worker's exit flag
 TAG, NEXT, DONE, RUN, STOP = 0, 8, 16, 24, 32
 STATE_SLOTS = 40
 # the job table: rows 0-5 (address, size) of the job's arrays, row FLAGS (flags, the job's kind:
-# team.GEMM8, GEMM32, SOFTMAX, DEPTHWISE, GELU, DIRECT or GEMV), then its integer arguments two a row
-# from row INTS
+# team.GEMM8, GEMM32, SOFTMAX, DEPTHWISE, GELU, DIRECT, GEMV, WINO_IN or WINO_OUT), then its
+# integer arguments two a row from row INTS
 FLAGS, INTS = 6, 7
 TABLE_ROWS = 12
 _BITS = ITEM_BITS  # items and item counts: below 2^20 (team.run shares no larger job)
@@ -109,7 +111,21 @@ def _run(table, floats, first, last):  # noqa: ANN001, ANN202
         rows = array_at(table, 0, f32).reshape((_int(table, 1), _int(table, 0)))
         _gelu_rows(rows, array_at(table, 1, f32), first, last)
         return
+    if table[FLAGS, 1] == WINO_IN:
+        _inputs(
+            array_at(table, 0, f32), array_at(table, 1, f32),
+            _int(table, 0), _int(table, 1), _int(table, 2), _int(table, 3), _int(table, 4), first, last,
+        )  # fmt: skip
+        return
     flags = table[FLAGS, 0]
+    if table[FLAGS, 1] == WINO_OUT:
+        _outputs(
+            array_at(table, 0, f32), array_at(table, 1, f32), array_at(table, 2, f32),
+            array_at(table, 3, f32), flags, floats[0], floats[1],
+            _int(table, 0), _int(table, 1), _int(table, 2), _int(table, 3), _int(table, 4),
+            _int(table, 5), first, last,
+        )  # fmt: skip
+        return
     has_res, has_clip, lo, hi = (flags & 1) != 0, (flags & 2) != 0, floats[0], floats[1]
     if table[FLAGS, 1] == DIRECT:
         _direct_rows(
@@ -290,6 +306,36 @@ def gemv_shared(state, table, floats, x, b, bias, out, depth, n, first, last):  
     put_array(table, 3, out)
     table[FLAGS, 0], table[FLAGS, 1] = 0, GEMV
     table[INTS, 0], table[INTS, 1] = depth, n
+    _share(state, table, floats, last)
+
+
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS, *_INPUT.args)])
+def wino_in_shared(state, table, floats, xp, v, step, pw, c, th, tw, first, last):  # noqa: ANN001, ANN202
+    """winograd_tiles_jit's input transform by rows of tiles [first, last) with the worker
+    taking a share; first 0."""
+    put_array(table, 0, xp)
+    put_array(table, 1, v)
+    table[FLAGS, 0], table[FLAGS, 1] = 0, WINO_IN
+    table[INTS, 0], table[INTS, 1] = step, pw
+    table[INTS + 1, 0], table[INTS + 1, 1] = c, th
+    table[INTS + 2, 0] = tw
+    _share(state, table, floats, last)
+
+
+@jit.njit([types.void(_STATE, _TABLE, _FLOATS, *_OUTPUT.args)])
+def wino_out_shared(state, table, floats, prod, out, bias, res, flags, lo, hi, step, m, th, tw, ho, wo,
+                    first, last):  # noqa: ANN001, ANN202  # fmt: skip
+    """winograd_tiles_jit's output transform (bias, residual, clip) by rows of tiles
+    [first, last) with the worker taking a share; first 0."""
+    put_array(table, 0, prod)
+    put_array(table, 1, out)
+    put_array(table, 2, bias)
+    put_array(table, 3, res)
+    table[FLAGS, 0], table[FLAGS, 1] = flags, WINO_OUT
+    table[INTS, 0], table[INTS, 1] = step, m
+    table[INTS + 1, 0], table[INTS + 1, 1] = th, tw
+    table[INTS + 2, 0], table[INTS + 2, 1] = ho, wo
+    floats[0], floats[1] = lo, hi
     _share(state, table, floats, last)
 
 

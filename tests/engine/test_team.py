@@ -176,6 +176,32 @@ def test_a_shared_direct_conv_is_the_serial_kernel_bit_for_bit(split):
     assert np.array_equal(got, conv([small, w, b], attrs)[0])
 
 
+@pytest.mark.parametrize("kernel", ["conv_winograd_gemm", "conv_winograd4_gemm"])
+def test_shared_winograd_transforms_are_the_serial_kernels_bit_for_bit(kernel):
+    """Winograd's input and output tile transforms (with bias, residual and Clip) are team jobs by
+    rows of tiles, beside its slot GEMM: the serial kernel's results, in three jobs; a small
+    conv's transforms stay on the caller."""
+    wino = jit.module("engine.ops.conv.winograd_jit")
+    conv = getattr(wino, kernel)
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((1, 40, 29, 23)).astype(np.float32)
+    w = rng.standard_normal((48, 40, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(48).astype(np.float32)
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    attrs |= {"activation": "Clip", "activation_attrs": {"min": -1.0, "max": 2.0}}
+    residual = rng.standard_normal((1, 48, 29, 23)).astype(np.float32)
+    with jit.thread_limit(1):
+        want = conv([x, w, b, residual], attrs)[0]
+    got, jobs = _in_a_team_run(lambda: conv([x, w, b, residual], attrs)[0])
+    assert jobs == 3  # input transform, slot products, output transform
+    assert np.array_equal(got, want)
+    small = x[:, :8, :6, :6]
+    got, jobs = _in_a_team_run(lambda: conv([small, w[:, :8], b], attrs)[0])
+    assert jobs == 0
+    with jit.thread_limit(1):
+        assert np.array_equal(got, conv([small, w[:, :8], b], attrs)[0])
+
+
 def test_a_shared_classifier_gemv_is_the_serial_kernel_bit_for_bit():
     """A CNN's classifier (a one-row Gemm by B^T, gemv_jit) is a team job by blocks of outputs:
     the serial kernel's results, in one job; a small one stays on the caller."""

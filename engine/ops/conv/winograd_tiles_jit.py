@@ -27,7 +27,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from engine import jit
+from engine import jit, team
 from engine.ops.conv.common import clip_floats
 from engine.ops.conv.winograd import _WINO4_AT, _WINO4_BT, _WINO_AT, _WINO_BT
 from engine.ops.int_dot_ir import splat
@@ -244,6 +244,8 @@ def _outputs_parallel(prod, out, bias, res, flags, lo, hi, step, m, th, tw, ho, 
 
 # Below this many transformed values a pass runs on one thread (numba's pool launch costs more)
 MIN_PARALLEL_VALUES = 1 << 18
+# ... and below this many under a team run (its worker spins already: a job costs a few us)
+TEAM_MIN_VALUES = 1 << 14
 _NO_RESIDUAL = np.zeros(1, np.float32)
 
 
@@ -251,7 +253,7 @@ def transform_input(xp: np.ndarray, v: np.ndarray, step: int, th: int, tw: int) 
     """v (size^2, th * tw, C) = B^T d B of every tile of the padded channels-last image xp
     (step * th + 2, step * tw + 2, C); ``step`` 4 for F(4x4, 3x3), 2 for F(2x2, 3x3)."""
     args = (xp.reshape(-1), v.reshape(-1), step, xp.shape[1], xp.shape[2], th, tw, 0, th)
-    _run(_inputs, _inputs_parallel, v.size, args)
+    _run(team.WINO_IN, _inputs, _inputs_parallel, v.size, args)
 
 
 def transform_output(
@@ -271,11 +273,12 @@ def transform_output(
     res = _NO_RESIDUAL if residual is None else residual.reshape(-1)
     ho, wo, m = out.shape
     args = (prod.reshape(-1), out.reshape(-1), bias, res, flags, lo, hi, step, m, th, tw, ho, wo, 0, th)
-    _run(_outputs, _outputs_parallel, prod.size, args)
+    _run(team.WINO_OUT, _outputs, _outputs_parallel, prod.size, args)
 
 
-def _run(serial: Any, parallel: Any, values: int, args: tuple) -> None:
-    if values < MIN_PARALLEL_VALUES:
-        serial(*args)
-    else:
-        jit.run(serial, parallel, *args)
+def _run(kind: int, serial: Any, parallel: Any, values: int, args: tuple) -> None:
+    """A pass by rows of tiles: shared with a team run's worker (which held numba's pool closed:
+    the transforms ran on the caller alone, 0.7x of F(4x4)'s 1-thread time at 2 threads), on
+    numba's pool for a big one, else on this thread."""
+    least = TEAM_MIN_VALUES if team.active() is not None else MIN_PARALLEL_VALUES
+    team.run(kind, serial, parallel, *args, shared=values >= least and jit.threads() > 1)
