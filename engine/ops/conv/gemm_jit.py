@@ -289,10 +289,12 @@ def _gemm_items(
         wo = (s * panels + panel) * panel_floats
         # the next item's weights, a slice per full tile while this item's tiles compute: a
         # panel read from memory (a big layer's, evicted since the last run) is then read while
-        # the cores compute, not in a burst at the panel's first tile
+        # the cores compute, not in a burst at the panel's first tile.  Only within [first,
+        # last): a team's worker claims its chunks from the back, so the item after its chunk
+        # is one it has done, and its next one is not known here
         after = item + 1
         ahead = ((after // per_slot) * panels + (after % per_slot) % panels) * panel_floats
-        ahead_end = min(ahead + panel_floats, packed.size)
+        ahead_end = min(ahead + panel_floats, packed.size) if after < last else 0
         start = p0
         if cols < NR and cols % 8 == 0:  # 8, 16 or 24 channels: TALL-row tiles, then 6-row ones
             while start + TALL <= p1:
