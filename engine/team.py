@@ -5,7 +5,8 @@ start to the process's exit.  ``Team.running()`` wakes it for the length of one 
 spins, taking a share of each job the run publishes (a GEMM, a depthwise conv, a softmax, a GELU),
 until the run ends; then it sleeps on a futex until the next run opens.  The wake (30-75 us on
 the 2-core hosts) is paid once a run, and no run waits for it: the caller claims work too, so a
-worker that wakes late joins late.
+worker that wakes late joins late.  Each run keeps the worker off the caller's CPU
+(``engine.cpu_affinity``): woken on it, it halved the caller's time.
 
 While the team runs, JIT kernels that would start numba's pool (``jit.run``) run serially, and
 OpenBLAS is held at one thread by the session: their sleeping threads and this spinning one
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import jit
+from engine import cpu_affinity, jit
 
 MODULE = "engine.ops.team_jit"
 # the jobs a team shares: gemm8_jit's GEMM (6 x 16 tiles, AVX2), gemm_jit's (6 x 32, AVX-512),
@@ -80,6 +81,9 @@ class Team:
         arrays = (self._state, self._table, self._floats)
         self._thread = threading.Thread(target=kernels.serve, args=arrays, name="ferry-team", daemon=True)
         self._thread.start()
+        # the worker kept off the caller's CPU at each run (engine.cpu_affinity: wake-affine
+        # scheduling put it on the caller's CPU after an idle spell)
+        self._apart = cpu_affinity.KeepApart(self._thread.native_id, cpu_affinity.allowed_cpus())
 
     def close(self) -> None:
         """Stop the worker (at exit: it must not be running compiled code while the interpreter
@@ -95,6 +99,7 @@ class Team:
             yield False
             return
         try:
+            self._apart.away_from(cpu_affinity.current_cpu())
             self._kernels.signal(self._state, self._kernels.RUN, 1)
             _local.team = self
             try:
