@@ -304,7 +304,10 @@ def weights_stay_cached(static: Mapping[str, Any], flush: Callable[[np.ndarray],
     flats = [
         value.reshape(-1).view(np.uint8)
         for value in static.values()
-        if isinstance(value, np.ndarray) and value.flags.c_contiguous and value.nbytes >= LINE
+        if isinstance(value, np.ndarray)
+        and value.dtype.kind != "O"
+        and value.flags.c_contiguous
+        and value.nbytes >= LINE
     ]
 
     def read() -> float:

@@ -44,8 +44,8 @@ def _micro(widths: tuple[int, ...], rows: int = MR, unroll: int | None = None, p
     (+ res[ro + r*rs + c] when has_res), lo, hi) (when has_clip); the loop over k runs
     ``unroll`` steps an iteration (default UNROLL), in order, so results do not depend on it.
     With ``prefetch``, a last argument pf: iteration i also prefetches the cache line of w at
-    element pf + 16 i (the next panel's weights, while this panel's tiles compute: see
-    ``_prefetch_at``)."""
+    element pf + 16 i (the next work item's weights, while this one's tiles compute: see
+    ``_gemm_items``)."""
 
     def typer(typingctx, x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi, *pf):  # noqa: ANN001, ANN202, ARG001
         sig = types.void(x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi, *pf)
@@ -155,7 +155,7 @@ def _micro(widths: tuple[int, ...], rows: int = MR, unroll: int | None = None, p
         def micro(typingctx, x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi):  # noqa: ANN001, ANN202, E501
             return typer(
                 typingctx, x, xo, xs, w, wo, ws, depth, out, oo, os, bias, bo, res, ro, rs, flags, lo, hi
-            )  # noqa: E501
+            )
 
     return intrinsic(micro)
 
