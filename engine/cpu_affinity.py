@@ -12,23 +12,29 @@ moved (one ``sched_getcpu`` call a run, a syscall when it changes).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
+from collections.abc import Callable
 
-try:
-    _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    _getcpu = _libc.sched_getcpu
-    _getcpu.restype = ctypes.c_int
-    _getcpu.argtypes = []
-except (OSError, AttributeError):  # not glibc / not Linux
-    _getcpu = None
+
+@functools.cache
+def _sched_getcpu() -> Callable[[], int] | None:
+    """libc's sched_getcpu from the process's own symbols (``dlopen(NULL)``: no library search,
+    which would spawn ldconfig), or None where there is none (not glibc / not Linux)."""
+    try:
+        function = ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError, TypeError):
+        return None
+    function.restype, function.argtypes = ctypes.c_int, []
+    return function
 
 
 def current_cpu() -> int | None:
     """The CPU the calling thread runs on now, or None where that cannot be asked."""
-    if _getcpu is None:
+    getcpu = _sched_getcpu()
+    if getcpu is None:
         return None
-    cpu = _getcpu()
+    cpu = getcpu()
     return cpu if cpu >= 0 else None
 
 
