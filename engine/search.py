@@ -277,6 +277,9 @@ def _time_rounds(
 # projection is 1 MB; a conv's few KB of taps stay cached between runs whatever the model)
 MIN_STREAMED_BYTES = 256 << 10
 LINE = 64  # bytes of a cache line: ``weights_evictor`` reads one byte of each
+# a second read of the model's fixed values under this share of a flushed read's time: they
+# stayed cached (a read from L2 or L3 against one from memory is 3-10x faster)
+RESIDENT_SHARE = 0.6
 
 
 @functools.cache
@@ -370,11 +373,6 @@ def weights_evictor(
                 flush(value.reshape(-1).view(np.uint8))
 
     return flush_own
-
-
-# a second read of the model's fixed values under this share of a flushed read's time: they
-# stayed cached (a read from L2 or L3 against one from memory is 3-10x faster)
-RESIDENT_SHARE = 0.6
 
 
 def _key(node: str, shapes: Sequence[tuple[int, ...] | None]) -> str:

@@ -19,8 +19,7 @@ import numpy as np
 from numba import types
 
 from engine import jit
-from engine.ops import window
-from engine.ops.pool import max_pool
+from engine.ops.pool import _geometry, max_pool
 from engine.ops.registry import Kernel
 
 _I64 = types.int64
@@ -65,10 +64,7 @@ def max_pool_jit(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
     pixels = x.transpose(0, 2, 3, 1)
     if not pixels.flags.c_contiguous or x.flags.c_contiguous:  # NCHW (or C == 1): numpy's form
         return max_pool(inputs, attrs)
-    kernel = attrs.get("kernel_shape")
-    if not kernel or len(kernel) != 2:
-        return max_pool(inputs, attrs)
-    win = window.geometry(attrs, tuple(x.shape[2:]), tuple(kernel))
+    win = _geometry(x, attrs)  # numpy's checks and errors: a 4-D input's window is 2-D
     out = np.empty((x.shape[0], *win.out, x.shape[1]), np.float32)
     _max_nhwc(pixels, out, *win.kernel, *win.strides, *win.dilations, *win.pads_begin)
     return [out.transpose(0, 3, 1, 2)]
